@@ -1,0 +1,3 @@
+from hladsl.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""The ``hladsl`` command. Spec problems print ``file:line:col``, the line and a
+caret, and exit 1; no Python traceback ever reaches the user for a bad spec."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import hladsl
+from hladsl.errors import SpecError
+
+EMITS = ["ast", "ir", "serial", "combine", "vjp", "chains", "chunk", "torch", "triton"]
+
+
+def _parse_params(items: list[str]) -> dict:
+    params = {}
+    for item in items:
+        if "=" not in item:
+            raise SpecError(f"-p expects key=value, got '{item}'")
+        key, value = item.split("=", 1)
+        text = value.strip().lower()
+        if text in ("true", "false"):
+            params[key.strip()] = text == "true"
+        else:
+            try:
+                params[key.strip()] = int(text)
+            except ValueError:
+                try:
+                    params[key.strip()] = float(text)
+                except ValueError:
+                    raise SpecError(f"-p {key}: '{value}' is not a number or true/false") from None
+    return params
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hladsl", description="Compile state-algebra specs (.hla) of causal sequence mixers.")
+    parser.add_argument("--version", action="version", version=f"hladsl {hladsl.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    comp = sub.add_parser("compile", help="derive and print (or write) what a spec compiles to")
+    comp.add_argument("spec", help="path to a .hla file or a shipped spec name (e.g. hla2)")
+    comp.add_argument("--emit", choices=EMITS, default=None,
+                      help="what to print; default: write the Triton module and say where")
+    comp.add_argument("-o", "--output-dir", default=None, help="directory to write generated code to")
+    comp.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                      help="set a spec parameter, e.g. -p p=3")
+    chk = sub.add_parser("check", help="verify a spec: syntax, names, indices, associativity, "
+                                       "grading, VJP")
+    chk.add_argument("spec")
+    chk.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    try:
+        params = _parse_params(args.param)
+        if args.command == "check":
+            from hladsl.ir.checks import check_report
+            print(check_report(args.spec, **params))
+            return 0
+        from hladsl.emit import emit
+        print(emit(args.spec, args.emit, params, args.output_dir), end="")
+        return 0
+    except SpecError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"hladsl: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,1 @@
+"""Frontend: spec text -> checked AST (grammar.lark, parser, checks, printer)."""
