@@ -22,9 +22,17 @@ class _Ctx:
     spec: ast.Spec
     errors: list[SpecError] = field(default_factory=list)
     slot_dims: dict[str, tuple[str | None, ...]] = field(default_factory=dict)
+    rejected: int = 0   # factors reported and dropped; their terms get no index checks
 
     def err(self, message: str, pos: Pos | None) -> None:
         self.errors.append(SpecCheckError(message, pos))
+
+    def reject(self, message: str, pos: Pos | None) -> list:
+        """Report a factor that cannot be used; the product it is in is not checked
+        further (its indices are unknown, so index errors would only pile up)."""
+        self.err(message, pos)
+        self.rejected += 1
+        return []
 
 
 def _slots(indices) -> tuple[tuple[str, object], ...]:
@@ -44,6 +52,14 @@ def dependency_graph(spec: ast.Spec) -> nx.DiGraph:
     return graph
 
 
+def declaration_order(spec: ast.Spec, graph: nx.DiGraph | None = None) -> list[str]:
+    """Summaries ordered so each comes after those its cross terms read, ties
+    broken by declaration order (the graph must be acyclic)."""
+    graph = dependency_graph(spec) if graph is None else graph
+    rank = {s.name: n for n, s in enumerate(spec.states)}
+    return list(nx.lexicographical_topological_sort(graph.reverse(), key=rank.__getitem__))
+
+
 def _tensors(factors):
     for f in factors:
         if isinstance(f, ast.Tensor):
@@ -59,7 +75,7 @@ def check(spec: ast.Spec) -> ast.Spec:
     _check_params(ctx)
     graph = dependency_graph(spec)
     acyclic = _check_cycles(ctx, graph)
-    order = list(reversed(list(nx.topological_sort(graph)))) if acyclic else [s.name for s in spec.states]
+    order = declaration_order(spec, graph) if acyclic else [s.name for s in spec.states]
     for name in order:
         _check_state(ctx, spec.state(name))
     _check_outputs(ctx)
@@ -67,6 +83,10 @@ def check(spec: ast.Spec) -> ast.Spec:
         ctx.errors.sort(key=lambda e: (e.pos.line, e.pos.column) if e.pos else (0, 0))
         raise ctx.errors[0] if len(ctx.errors) == 1 else SpecErrors(ctx.errors)
     return spec
+
+
+_ARTICLE = {"dim": "a dim", "input": "an input", "param": "a parameter", "state": "a state",
+            "output": "the output"}
 
 
 def _check_names(ctx: _Ctx) -> None:
@@ -81,9 +101,11 @@ def _check_names(ctx: _Ctx) -> None:
         if name == BUILTIN_EYE:
             ctx.err(f"'{BUILTIN_EYE}' is the built-in identity tensor and cannot be declared", pos)
         elif name in seen:
-            ctx.err(f"'{name}' is already declared as a {seen[name]}", pos)
+            first_kind, first_pos = seen[name]
+            where = f" on line {first_pos.line}" if first_pos is not None else ""
+            ctx.err(f"'{name}' is already declared as {_ARTICLE[first_kind]}{where}", pos)
         else:
-            seen[name] = kind
+            seen[name] = (kind, pos)
     for i in spec.inputs:
         if i.dim not in spec.dims:
             ctx.err(f"unknown dim '{i.dim}' (declared dims: {', '.join(spec.dims) or 'none'})", i.pos)
@@ -103,10 +125,11 @@ def _check_params(ctx: _Ctx) -> None:
             ctx.err(f"parameter '{p.name}' must be a number", p.pos)
     has_flag = spec.param("normalize") is not None
     if spec.normalizer is not None:
-        for name in RESERVED_PARAMS:
-            if spec.param(name) is None:
-                ctx.err(f"a normalizer needs the parameter '{name}' (e.g. param normalize = false, "
-                        f"eps = 1e-6)", spec.normalizer_pos)
+        missing = [f"'{name}'" for name in RESERVED_PARAMS if spec.param(name) is None]
+        if missing:
+            ctx.err(f"a normalizer needs the parameter{'s' * (len(missing) > 1)} "
+                    f"{' and '.join(missing)} (e.g. param normalize = false, eps = 1e-6)",
+                    spec.normalizer_pos)
     elif has_flag:
         ctx.err("parameter 'normalize' needs a 'normalizer = ...' declaration", spec.param("normalize").pos)
 
@@ -124,14 +147,16 @@ def _check_cycles(ctx: _Ctx, graph: nx.DiGraph) -> bool:
 
 
 def _check_state(ctx: _Ctx, s: ast.StateDecl) -> None:
-    lhs = _check_lhs(ctx, s.indices, f"state {s.name}")
+    lhs = _check_lhs(ctx, s.indices, f"state '{s.name}'")
     dims: dict[str, str] = {}
     if s.delta.is_zero and s.cross is None:
         ctx.err(f"state '{s.name}' has a zero token delta and no cross terms: it is always zero", s.pos)
-    if not s.delta.is_zero:
+    if lhs is None:   # a repeated left-hand index: every term would be reported again
+        pass
+    elif not s.delta.is_zero:
         for term in s.delta.terms:
             _check_term(ctx, term, lhs, dims, where="delta", state=s)
-    if s.cross is not None:
+    if s.cross is not None and lhs is not None:
         for term in s.cross.terms:
             _check_term(ctx, term, lhs, dims, where="cross", state=s)
     slot_dims = tuple(dims.get(name) for name, _ in _slots(s.indices))
@@ -143,14 +168,17 @@ def _check_state(ctx: _Ctx, s: ast.StateDecl) -> None:
         _check_symmetric(ctx, s, group, dims)
 
 
-def _check_lhs(ctx: _Ctx, indices, what: str) -> dict[str, object]:
+def _check_lhs(ctx: _Ctx, indices, what: str) -> dict[str, object] | None:
+    """The left-hand indices as name -> pack count; None if one is repeated."""
     lhs: dict[str, object] = {}
+    repeated = False
     for index in indices:
         if index.name in lhs:
             ctx.err(f"index '{index.name}' appears twice on the left-hand side of {what}", index.pos)
+            repeated = True
         lhs[index.name] = index.count
         _check_count(ctx, index)
-    return lhs
+    return None if repeated else lhs
 
 
 def _check_count(ctx: _Ctx, index: ast.Index) -> None:
@@ -167,18 +195,31 @@ def _check_count(ctx: _Ctx, index: ast.Index) -> None:
 
 
 def _check_symmetric(ctx, s, group, dims) -> None:
-    lhs_names = [i.name for i in s.indices]
-    width = 0
+    lhs = {i.name: i for i in s.indices}
+    width, names = 0, set()
     for index in group:
-        if index.name not in lhs_names:
+        if index.name not in lhs:
             ctx.err(f"symmetric index '{index.name}' is not an index of '{s.name}'", index.pos)
             return
+        if index.name in names:
+            ctx.err(f"index '{index.name}' appears twice in symmetric(...)", index.pos)
+            return
+        if index.count != lhs[index.name].count:
+            ctx.err(f"symmetric index '{_index_text(index)}' does not match "
+                    f"'{_index_text(lhs[index.name])}' of '{s.name}'", index.pos)
+            return
+        names.add(index.name)
         width += 1 if index.count is None else 2
     group_dims = {dims.get(i.name) for i in group}
     if width < 2:
         ctx.err("symmetric(...) needs at least two indices", group[0].pos)
     elif len(group_dims) > 1:
-        ctx.err(f"symmetric indices of '{s.name}' must share one dim", group[0].pos)
+        over = ", ".join(f"'{i.name}' over '{dims.get(i.name)}'" for i in group)
+        ctx.err(f"symmetric indices of '{s.name}' must share one dim ({over})", group[0].pos)
+
+
+def _index_text(index: ast.Index) -> str:
+    return index.name if index.count is None else f"{index.name}^{index.count}"
 
 
 def _term_indices(ctx: _Ctx, term: ast.Term, dims: dict[str, str], where: str, state):
@@ -189,14 +230,22 @@ def _term_indices(ctx: _Ctx, term: ast.Term, dims: dict[str, str], where: str, s
             occurrences.extend(_tensor_indices(ctx, f, where, state))
         elif isinstance(f, ast.ParamRef):
             p = ctx.spec.param(f.name)
-            if p is None:
+            tensor = ("the identity tensor" if f.name == BUILTIN_EYE else "an input"
+                      if ctx.spec.input(f.name) else "a state" if ctx.spec.state(f.name) else None)
+            if p is None and tensor is not None:
+                ctx.reject(f"'{f.name}' is {tensor}, not a parameter: write it with its "
+                           f"indices, as in {f.name}[...]", f.pos)
+            elif p is None:
                 ctx.err(f"unknown parameter '{f.name}'", f.pos)
             elif isinstance(p.value, bool):
                 ctx.err(f"parameter '{f.name}' is a flag and cannot be used as a coefficient", f.pos)
         elif isinstance(f, ast.Group):
             free = None
             for t in f.expr.terms:
+                rejected = ctx.rejected
                 occ = _term_indices(ctx, t, dims, where, state)
+                if ctx.rejected != rejected:
+                    continue
                 counts = Counter(i.name for i, _ in occ)
                 t_free = [(i, d) for i, d in occ if counts[i.name] == 1]
                 names = sorted(i.name for i, _ in t_free)
@@ -212,77 +261,92 @@ def _term_indices(ctx: _Ctx, term: ast.Term, dims: dict[str, str], where: str, s
 def _tensor_indices(ctx: _Ctx, f: ast.Tensor, where: str, state):
     spec = ctx.spec
     decl_input, decl_state = spec.input(f.name), spec.state(f.name)
+    if f.side is not None and where != "cross":
+        return ctx.reject(f"'{f.name}@{f.side}': segment sides are only meaningful in cross "
+                          f"terms", f.pos)
     if f.name == BUILTIN_EYE:
-        if len(f.indices) != 2 or any(i.count is not None for i in f.indices):
-            ctx.err("eye takes exactly two plain indices: eye[i, j]", f.pos)
-            return []
         if where != "output":
-            ctx.err("eye[...] may only be used in the output and the normalizer", f.pos)
+            return ctx.reject("eye[...] may only be used in the output and the normalizer", f.pos)
+        if len(f.indices) != 2 or any(i.count is not None for i in f.indices):
+            return ctx.reject("eye takes exactly two plain indices: eye[i, j]", f.pos)
         return [(f.indices[0], "eye"), (f.indices[1], "eye")]
     if decl_input is None and decl_state is None:
-        kinds = {"delta": "token input", "cross": "state", "output": "input or state"}
-        ctx.err(f"unknown {kinds[where]} '{f.name}'", f.pos)
-        return []
+        if spec.param(f.name) is not None:
+            return ctx.reject(f"'{f.name}' is a parameter and takes no indices", f.pos)
+        kinds = {"delta": ("token input", spec.inputs), "cross": ("state", spec.states),
+                 "output": ("input or state", spec.inputs + spec.states)}
+        kind, decls = kinds[where]
+        known = ", ".join(d.name for d in decls) or "none"
+        return ctx.reject(f"unknown {kind} '{f.name}' (declared: {known})", f.pos)
     if f.side is not None and f.side not in ("A", "B"):
-        ctx.err(f"unknown segment side '@{f.side}': cross-term factors are X@B (the later "
-                f"segment) or X@A (the earlier one)", f.pos)
-        return []
+        return ctx.reject(f"unknown segment side '@{f.side}': cross-term factors are X@B (the "
+                          f"later segment) or X@A (the earlier one)", f.pos)
     if where == "delta":
         if decl_input is None:
-            ctx.err(f"a token delta is a product of token inputs; '{f.name}' is a state "
-                    f"(put state factors in a 'cross' clause as {f.name}@A or {f.name}@B)", f.pos)
-            return []
+            return ctx.reject(f"a token delta is a product of token inputs; '{f.name}' is a state "
+                              f"(put state factors in a 'cross' clause as {f.name}@A or "
+                              f"{f.name}@B)", f.pos)
     elif where == "cross":
         if decl_state is None:
-            ctx.err(f"cross terms combine summaries of the two segments; '{f.name}' is a token "
-                    f"input (token factors belong in the delta)", f.pos)
-            return []
+            return ctx.reject(f"cross terms combine summaries of the two segments; '{f.name}' is a "
+                              f"token input (token factors belong in the delta)", f.pos)
         if f.side is None:
-            ctx.err(f"cross-term factor '{f.name}' needs a segment side: {f.name}@A or {f.name}@B",
-                    f.pos)
-            return []
+            return ctx.reject(f"cross-term factor '{f.name}' needs a segment side: {f.name}@A or "
+                              f"{f.name}@B", f.pos)
         if f.side == "A" and decl_state.combine_only:
-            ctx.err(f"'{f.name}' is combine_only (not carried in the streaming state), so it can "
-                    f"only be read from the later segment as {f.name}@B", f.pos)
-            return []
-    else:
-        if f.side is not None:
-            ctx.err(f"'{f.name}@{f.side}': segment sides are only meaningful in cross terms", f.pos)
-            return []
-        if decl_state is not None and decl_state.combine_only:
-            ctx.err(f"'{f.name}' is combine_only and not part of the streaming state, so the "
-                    f"output cannot read it", f.pos)
-            return []
+            return ctx.reject(f"'{f.name}' is combine_only (not carried in the streaming state), so "
+                              f"it can only be read from the later segment as {f.name}@B", f.pos)
+    elif decl_state is not None and decl_state.combine_only:
+        return ctx.reject(f"'{f.name}' is combine_only and not part of the streaming state, so the "
+                          f"output cannot read it", f.pos)
     if decl_input is not None:
         if len(f.indices) != 1:
-            ctx.err(f"input '{f.name}' has one index, got {len(f.indices)}", f.pos)
-            return []
+            return ctx.reject(f"input '{f.name}' has one index (declared as "
+                              f"{f.name}[{decl_input.dim}]); {f.name}{_indices_text(f.indices)} "
+                              f"has {len(f.indices)}", f.pos)
         return [(f.indices[0], decl_input.dim)]
     declared = _slots(decl_state.indices)
     used = _slots(f.indices)
-    if len(used) != len(declared) or any(u[1] != d[1] for u, d in zip(used, declared)):
-        want = "[" + ", ".join(n if c is None else f"{n}^{c}" for n, c in declared) + "]"
-        ctx.err(f"'{f.name}' is declared with indices {want}; got {len(f.indices)} index "
-                f"slot(s) that do not match", f.pos)
-        return []
+    if len(used) != len(declared):
+        return ctx.reject(f"'{f.name}' has {_n_indices(len(declared))} (declared as "
+                          f"{f.name}{_indices_text(decl_state.indices)}); "
+                          f"{f.name}{_indices_text(f.indices)} has {len(used)}", f.pos)
+    if any(u[1] != d[1] for u, d in zip(used, declared)):
+        return ctx.reject(f"index packs must be written as declared: '{f.name}' is declared as "
+                          f"{f.name}{_indices_text(decl_state.indices)}, used as "
+                          f"{f.name}{_indices_text(f.indices)}", f.pos)
     slot_dims = ctx.slot_dims.get(f.name, (None,) * len(declared))
     return list(zip(f.indices, slot_dims))
+
+
+def _n_indices(n: int) -> str:
+    return "1 index" if n == 1 else f"{n} indices"
+
+
+def _indices_text(indices) -> str:
+    return "[" + ", ".join(_index_text(i) for i in indices) + "]"
 
 
 def _check_term(ctx: _Ctx, term: ast.Term, lhs: dict[str, object], dims: dict[str, str],
                 *, where: str, state=None, lhs_name: str | None = None) -> None:
     owner = lhs_name or (state.name if state else "")
+    rejected = ctx.rejected
     occ = _term_indices(ctx, term, dims, where, state)
-    if where == "delta" and not any(isinstance(f, ast.Tensor) for f in term.factors):
+    if ctx.rejected != rejected:
+        return
+    if where == "delta" and not any(True for _ in _tensors(term.factors)):
         ctx.err(f"a token delta term must contain token inputs (a constant delta would count "
                 f"padding tokens)", term.pos)
+        return
     if where == "cross":
-        sides = [f.side for f in _tensors(term.factors) if ctx.spec.state(f.name) is not None]
-        if sides and sides.count("B") != 1:
+        sides = [f.side for f in _tensors(term.factors)]
+        if sides.count("B") != 1:
             ctx.err(f"a cross term needs exactly one factor of the later segment (X@B); "
                     f"this one has {sides.count('B')}", term.pos)
-        elif sides and "A" not in sides:
+            return
+        if "A" not in sides:
             ctx.err("a cross term needs at least one factor of the earlier segment (Y@A)", term.pos)
+            return
     counts = Counter(i.name for i, _ in occ)
     local_dims: dict[str, tuple[str, ast.Index]] = {}
     reported = set()
@@ -315,19 +379,35 @@ def _check_term(ctx: _Ctx, term: ast.Term, lhs: dict[str, object], dims: dict[st
     for name in lhs:
         if counts[name] == 0:
             ctx.err(f"this term of '{owner}' does not use its index '{name}'", term.pos)
-    for index, dim in occ:   # a pack count must agree with the declaration
-        if index.name in lhs and index.count != lhs[index.name]:
-            ctx.err(f"index '{index.name}' is declared as '{index.name}"
-                    f"{'' if lhs[index.name] is None else '^' + str(lhs[index.name])}' on the "
-                    f"left-hand side", index.pos)
+    contracted: dict[str, ast.Index] = {}
+    for index, dim in occ:   # pack counts: as declared, or equal on both sides of a contraction
+        if index.name in reported:
+            continue
+        if index.name in lhs:
+            if index.count != lhs[index.name]:
+                declared = ast.Index(index.name, lhs[index.name])
+                ctx.err(f"index '{_index_text(index)}' does not match '{_index_text(declared)}' on "
+                        f"the left-hand side of '{owner}'", index.pos)
+                reported.add(index.name)
+        elif index.name not in contracted:
+            contracted[index.name] = index
+            errors = len(ctx.errors)
+            _check_count(ctx, index)
+            if len(ctx.errors) != errors:
+                reported.add(index.name)
+        elif index.count != contracted[index.name].count:
+            ctx.err(f"index '{_index_text(index)}' is contracted with "
+                    f"'{_index_text(contracted[index.name])}'; both sides of a contraction need "
+                    f"the same pack", index.pos)
+            reported.add(index.name)
 
 
 def _check_outputs(ctx: _Ctx) -> None:
     spec = ctx.spec
     if spec.output is not None:
-        lhs = _check_lhs(ctx, spec.output.indices, f"output {spec.output.name}")
+        lhs = _check_lhs(ctx, spec.output.indices, f"output '{spec.output.name}'")
         dims: dict[str, str] = {}
-        for term in spec.output.expr.terms:
+        for term in (spec.output.expr.terms if lhs is not None else ()):
             _check_term(ctx, term, lhs, dims, where="output", lhs_name=spec.output.name)
     if spec.normalizer is not None:
         for term in spec.normalizer.terms:

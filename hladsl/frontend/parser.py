@@ -2,6 +2,9 @@
 syntax errors become SpecSyntaxError with what the parser expected."""
 from __future__ import annotations
 
+import difflib
+import math
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -20,10 +23,25 @@ _TERMINAL_NAMES = {
 }
 
 
+_KEYWORDS: dict[str, str] = {}   # terminal name -> keyword ("STATE" -> "state")
+
+
+def _whole_word_keyword(terminal: lark.lexer.TerminalDef) -> None:
+    """A keyword ends at a word boundary: 'states S[i]' is a misspelt keyword, not
+    'state' followed by the name 's'. Where a name is acceptable too, the keyword
+    wins (as lark's own keyword handling does)."""
+    pattern = terminal.pattern
+    if pattern.type == "str" and pattern.value.replace("_", "").isalpha():
+        _KEYWORDS[terminal.name] = pattern.value
+        terminal.pattern = lark.lexer.PatternRE(re.escape(pattern.value) + r"(?![A-Za-z0-9_])")
+        terminal.priority = 1
+
+
 @lru_cache(maxsize=1)
 def _parser() -> lark.Lark:
     grammar = (Path(__file__).parent / "grammar.lark").read_text()
-    return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=False)
+    return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=False,
+                     edit_terminals=_whole_word_keyword)
 
 
 def _pos(meta_or_token) -> Pos:
@@ -34,12 +52,29 @@ def _pos(meta_or_token) -> Pos:
 def _describe(terminal: str) -> str:
     if terminal in _TERMINAL_NAMES:
         return _TERMINAL_NAMES[terminal]
+    if terminal in _KEYWORDS:
+        return f"'{_KEYWORDS[terminal]}'"
     pattern = _parser().get_terminal(terminal).pattern
     return f"'{pattern.value}'" if pattern.type == "str" else terminal.lower()
 
 
 def _expected(names) -> str:
     return ", ".join(sorted({_describe(n) for n in names}))
+
+
+def _acceptable(exc, fallback) -> set[str]:
+    """The terminals the parser can really take here. LALR lookahead sets merge
+    contexts (``exc.expected`` lists ')' inside an index list, for instance), so ask
+    the parser state itself, which tries each terminal."""
+    try:
+        return set(exc.interactive_parser.accepts()) or set(fallback or ())
+    except (AttributeError, lark.exceptions.LarkError):   # fall back to the coarse set
+        return set(fallback or ())
+
+
+# Parenthesised groups may nest this deep; deeper ones are rejected before the
+# (recursive) AST builder, checker and printer see them.
+MAX_NESTING = 32
 
 
 @v_args(meta=True)
@@ -102,7 +137,11 @@ class _ToAst(Transformer):
     def state_decl(self, meta, children):
         name, indices, delta, *rest = children
         cross, decay, symmetric, combine_only = None, None, [], False
-        for kind, value in rest:
+        seen = set()
+        for kind, value, pos in rest:
+            if kind in seen and kind != "symmetric":
+                raise SpecSyntaxError(f"'{kind}' is given twice for state '{name}'", pos)
+            seen.add(kind)
             if kind == "cross":
                 cross = value
             elif kind == "decay":
@@ -116,16 +155,16 @@ class _ToAst(Transformer):
         return ("state", decl, _pos(meta))
 
     def cross_clause(self, meta, children):
-        return ("cross", children[0])
+        return ("cross", children[0], _pos(meta))
 
     def decay_modifier(self, meta, children):
-        return ("decay", int(children[0]))
+        return ("decay", _int(children[0]), _pos(meta))
 
     def symmetric_modifier(self, meta, children):
-        return ("symmetric", tuple(children))
+        return ("symmetric", tuple(children), _pos(meta))
 
     def combine_only_modifier(self, meta, children):
-        return ("combine_only", True)
+        return ("combine_only", True, _pos(meta))
 
     def output_decl(self, meta, children):
         name, indices, expr = children
@@ -142,7 +181,7 @@ class _ToAst(Transformer):
 
     def pack_index(self, meta, children):
         name, count = children
-        count = int(count) if count.type == "INT" else str(count)
+        count = _int(count) if count.type == "INT" else str(count)
         return ast.Index(str(name), count, pos=_pos(name))
 
     def sum(self, meta, children):
@@ -184,39 +223,102 @@ def _number(token) -> int | float:
     try:
         return int(text)
     except ValueError:
-        return float(text)
+        pass
+    value = float(text)
+    if not math.isfinite(value):
+        raise SpecSyntaxError(f"number '{_short(text)}' is out of range", _pos(token))
+    return value
+
+
+def _int(token) -> int:
+    try:
+        return int(str(token))
+    except ValueError:   # more digits than Python converts
+        raise SpecSyntaxError(f"integer '{_short(str(token))}' is too large", _pos(token)) from None
+
+
+def _short(text: str, width: int = 24) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def parse(source: str, path: str = "<spec>") -> ast.Spec:
     """Parse spec text into an AST, or raise a located SpecSyntaxError."""
     try:
         tree = _parser().parse(source)
+        _check_nesting(source)
         return _ToAst().transform(tree)
     except lark.exceptions.VisitError as exc:
         err = exc.orig_exc
         if isinstance(err, SpecError):
             raise err.located(path, source) from None
         raise
+    except SpecError as err:
+        raise err.located(path, source) from None
     except lark.exceptions.UnexpectedToken as exc:
+        acceptable = _acceptable(exc, exc.expected)
         if exc.token.type == "$END":
-            lines = source.splitlines() or [""]
-            pos = Pos(len(lines), len(lines[-1]) + 1)
-            msg = f"unexpected end of file; expected {_expected(exc.expected)}"
+            pos = _end_pos(exc.token, source)
+            msg = f"unexpected end of file; expected {_expected(acceptable)}"
         else:
             pos = Pos(exc.line, exc.column)
-            msg = f"unexpected {_token_text(exc.token)}; expected {_expected(exc.expected)}"
+            msg = (f"unexpected {_token_text(exc.token)}; expected {_expected(acceptable)}"
+                   + _did_you_mean(exc.token, acceptable))
         raise SpecSyntaxError(msg, pos, path=path, source=source) from None
     except lark.exceptions.UnexpectedCharacters as exc:
         char = source[exc.pos_in_stream] if exc.pos_in_stream < len(source) else ""
         msg = f"unexpected character {char!r}"
-        if exc.allowed:
-            msg += f"; expected {_expected(exc.allowed)}"
+        allowed = _acceptable(exc, exc.allowed)
+        if allowed:
+            msg += f"; expected {_expected(allowed)}"
+        if "NAME" in allowed and (char == "_" or char.isalnum()):
+            msg += " (a name is an ASCII letter followed by letters, digits or '_')"
+        elif char == "*":
+            msg += " (a product is written by juxtaposition, as in k[i] v[e])"
         raise SpecSyntaxError(msg, Pos(exc.line, exc.column), path=path, source=source) from None
     except lark.exceptions.UnexpectedEOF as exc:
         lines = source.splitlines() or [""]
         msg = f"unexpected end of file; expected {_expected(exc.expected)}"
         raise SpecSyntaxError(msg, Pos(len(lines), len(lines[-1]) + 1), path=path,
                               source=source) from None
+
+
+def _end_pos(token, source: str) -> Pos:
+    """Where a missing token belongs: right after the last token (lark's $END token
+    borrows its position), else after the last line."""
+    if getattr(token, "end_line", None) is not None:
+        return Pos(token.end_line, token.end_column)
+    lines = source.splitlines() or [""]
+    return Pos(len(lines), len(lines[-1]) + 1)
+
+
+def _check_nesting(source: str) -> None:
+    """Reject parentheses nested deeper than MAX_NESTING (the text has parsed, so
+    every '(' outside a comment is a grammar token)."""
+    depth, line, column, in_comment = 0, 1, 0, False
+    for char in source:
+        column += 1
+        if char == "\n":
+            line, column, in_comment = line + 1, 0, False
+        elif in_comment:
+            continue
+        elif char == "#":
+            in_comment = True
+        elif char == "(":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise SpecSyntaxError(f"parentheses nested more than {MAX_NESTING} deep",
+                                      Pos(line, column))
+        elif char == ")":
+            depth -= 1
+
+
+def _did_you_mean(token, acceptable) -> str:
+    """' (did you mean 'state'?)' for a name that is a misspelt acceptable keyword."""
+    if token.type != "NAME":
+        return ""
+    keywords = [_KEYWORDS[t] for t in acceptable if t in _KEYWORDS]
+    close = difflib.get_close_matches(str(token), keywords, n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _token_text(token) -> str:

@@ -1,0 +1,79 @@
+"""The state algebra of one mechanism with its parameters bound: summaries,
+their token deltas, cross terms and decay weights, and the outputs. Produced by
+``lower.lower_spec``; everything else in hladsl is derived from it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from hladsl.ir.expr import Factor, Monomial, Poly
+
+
+@dataclass(frozen=True)
+class Summary:
+    name: str
+    indices: tuple[str, ...]            # expanded index names (packs become i#1, i#2, ...)
+    dims: tuple[str, ...]               # dim name per slot
+    weight: int                         # decay weight (grade) w
+    delta: Poly                         # token delta: token inputs at time 't'
+    crosses: tuple[Monomial, ...]       # each: one factor @B, one or more @A
+    symmetric: tuple[tuple[int, ...], ...] = ()
+    combine_only: bool = False
+
+    def factor(self, where: str, indices: tuple[str, ...] | None = None) -> Factor:
+        return Factor("state", self.name, where, indices or self.indices, self.symmetric)
+
+
+@dataclass(frozen=True, eq=False)   # identity hash: used as a cache key
+class Algebra:
+    name: str
+    dims: tuple[str, ...]
+    inputs: dict[str, str]              # input name -> dim
+    params: dict[str, object]
+    summaries: tuple[Summary, ...]      # dependency order: a summary after what it reads
+    output: Poly                        # free indices: output indices; reads the inclusive state
+    normalizer: Poly | None             # scalar; None when normalisation is off
+    output_name: str = "o"
+    source: str = field(default="", compare=False)
+
+    def summary(self, name: str) -> Summary:
+        for s in self.summaries:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def normalize(self) -> bool:
+        return self.normalizer is not None
+
+    @property
+    def eps(self) -> float:
+        return float(self.params.get("eps", 0.0))
+
+    def graph(self) -> nx.DiGraph:
+        """X -> Y (side=...) when a cross term of X reads Y; outputs as node '<out>'."""
+        g = nx.DiGraph()
+        for s in self.summaries:
+            g.add_node(s.name)
+            for c in s.crosses:
+                for f in c.factors:
+                    g.add_edge(s.name, f.name, side=f.where)
+        g.add_node("<out>")
+        for poly in (self.output, self.normalizer):
+            for t in (poly.terms if poly else ()):
+                for f in t.factors:
+                    if f.kind == "state":
+                        g.add_edge("<out>", f.name, side="A")
+        return g
+
+    @property
+    def streaming(self) -> tuple[Summary, ...]:
+        """Summaries carried from segment to segment: what the outputs read,
+        closed under A-side reads. The rest are combine-only: a later segment's
+        value is formed from its tokens when needed."""
+        g = self.graph()
+        a_side = nx.DiGraph([(u, v) for u, v, side in g.edges(data="side") if side == "A"])
+        a_side.add_node("<out>")
+        keep = nx.descendants(a_side, "<out>")
+        return tuple(s for s in self.summaries if s.name in keep)

@@ -1,0 +1,183 @@
+"""Chunk program: every chain term of the output and of each streaming
+summary, as a tensor network over [C, ·] tiles with a contraction plan.
+
+Operands of a term:
+  token   an input tile X[T_n, i]       (time index 'T<node>' of size C)
+  carry   a carried state P[...]       (per chunk)
+  mask    M[T_b, T_a] = [a rel b] · exp(W (Λ_b − Λ_a))   between consecutive times
+  decay   exp(W (Λ_end − Λ_a)) over T_a (state pass) or exp(W Λ_t) over T_t
+          (carry decayed from the chunk start to t)
+Carry-only output terms are summed into derived carry tensors first (HLA2's
+W_P = S_P C_P − G_P): one matmul per chunk instead of one per term.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+
+from hladsl.ir.algebra import Algebra
+from hladsl.ir.chains import ANCHOR, ChainTerm, output_chains, summary_chains
+from hladsl.ir.contract import Plan, plan
+from hladsl.ir.expr import Factor, Monomial, Poly, canonical_key
+
+
+@dataclass(frozen=True)
+class Operand:
+    kind: str                      # 'token' | 'carry' | 'derived' | 'mask' | 'decay'
+    name: str                      # input / state / derived name; '' otherwise
+    indices: tuple[str, ...]
+    rel: str = ""                  # masks: '<' or '<='
+    weight: int = 0                # masks and decays: the decay weight W
+    anchor: str = ""               # decays: 'end' (to chunk end) or 'start' (carry to t)
+
+    def text(self) -> str:
+        idx = ",".join(self.indices)
+        if self.kind == "mask":
+            b, a = self.indices
+            return f"M[{idx}] = [{a} {self.rel} {b}]" + (f"·exp({self.weight}(Λ_{b}−Λ_{a}))"
+                                                         if self.weight else "")
+        if self.kind == "decay":
+            (a,) = self.indices
+            return (f"exp({self.weight}(Λ_end−Λ_{a}))" if self.anchor == "end"
+                    else f"exp({self.weight}·Λ_{a})")
+        return f"{self.name}[{idx}]"
+
+
+@dataclass(frozen=True)
+class TermProgram:
+    coef: float
+    operands: tuple[Operand, ...]
+    output: tuple[str, ...]
+    plan: Plan
+    carry_weight: int              # state pass: result scaled by exp(W Λ_end)
+    source: str                    # the chain term, for comments
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A per-chunk tensor summed from carried states (free: its indices)."""
+    name: str
+    poly: Poly
+
+
+@dataclass(frozen=True)
+class ChunkProgram:
+    algebra: Algebra
+    chunk: int
+    sizes: tuple[tuple[str, int], ...]
+    gated: bool
+    derived: tuple[Derived, ...]
+    output: tuple[TermProgram, ...]
+    normalizer: tuple[TermProgram, ...]
+    states: tuple[tuple[str, tuple[TermProgram, ...]], ...]   # streaming summary -> terms
+
+    def flops(self) -> dict[str, int]:
+        return {"output": sum(t.plan.flops for t in self.output + self.normalizer),
+                "state": sum(t.plan.flops for _, ts in self.states for t in ts)}
+
+
+def _time(where: str) -> str:
+    return "T" + where
+
+
+def _operands(term: ChainTerm, token_anchor: bool, carry_factors, gated: bool) -> list[Operand]:
+    ops = []
+    for f in term.factors:
+        if f.kind == "input":
+            ops.append(Operand("token", f.name, (_time(f.where), f.indices[0])))
+    ops.extend(carry_factors)
+    cumulative = 0
+    for n in range(term.nodes):
+        cumulative += term.weights[n]
+        here = _time(f"n{n}")
+        if n < term.nodes - 1:
+            ops.append(Operand("mask", "", (_time(f"n{n + 1}"), here), term.rels[n],
+                               cumulative if gated else 0))
+        elif token_anchor:
+            ops.append(Operand("mask", "", (_time(ANCHOR), here), term.last,
+                               cumulative if gated else 0))
+        elif cumulative and gated:
+            ops.append(Operand("decay", "", (here,), weight=cumulative, anchor="end"))
+    if token_anchor and term.carry_weight and gated:
+        ops.append(Operand("decay", "", (_time(ANCHOR),), weight=term.carry_weight, anchor="start"))
+    return ops
+
+
+def _carry_ops(term: ChainTerm):
+    return [Operand("carry", f.name, f.indices) for f in term.factors if f.where == "P"]
+
+
+def _program(term: ChainTerm, operands, output, ctx, token_anchor, extra=()) -> TermProgram:
+    alg, dims, chunk, gated = ctx
+    sizes = index_sizes(tuple(term.factors) + tuple(extra), alg, dims)
+    sizes.update((i, chunk) for o in operands for i in o.indices if i.startswith("T"))
+    p = plan(tuple(o.indices for o in operands), output, tuple(sorted(sizes.items())))
+    carry_weight = 0 if token_anchor or not gated else term.carry_weight
+    return TermProgram(float(term.coef), tuple(operands), output, p, carry_weight, term.text())
+
+
+def _output_programs(alg, poly, sizes, derived: list[Derived], prefix: str, gated: bool):
+    chains = output_chains(alg, poly)
+    out_index = (_time(ANCHOR),) + poly.free
+    programs, groups = [], {}
+    for term in chains:
+        if term.nodes == 0:
+            # carry only: anchor tokens x (sum of carry contractions) -> derived tensor
+            anchor = tuple(f for f in term.factors if f.kind == "input")
+            interface = tuple(sorted({i for f in anchor for i in f.indices} | set(poly.free)))
+            carry = tuple(f for f in term.factors if f.kind != "input")
+            inner_free = tuple(i for i in interface
+                               if any(i in f.indices for f in carry))
+            key = (canonical_key(Monomial(Fraction(1), anchor), interface), inner_free,
+                   term.carry_weight)
+            groups.setdefault(key, (term, anchor, inner_free, []))[3].append(
+                Monomial(term.coef, carry))
+            continue
+        ops = _operands(term, True, _carry_ops(term), gated)
+        programs.append(_program(term, ops, out_index, sizes, True))
+    for n, (term, anchor, inner_free, monos) in enumerate(groups.values()):
+        name = f"{prefix}{n}"
+        derived.append(Derived(name, Poly(inner_free, tuple(monos))))
+        rep = ChainTerm(Fraction(1), anchor, (), (), "", term.carry_weight, poly.free)
+        ops = _operands(rep, True, [Operand("derived", name, inner_free)], gated)
+        text = f"{Monomial(Fraction(1), anchor).text()} {name}[{','.join(inner_free)}]   [carry only]"
+        extra = [f for m in monos for f in m.factors]
+        prog = _program(rep, ops, out_index, sizes, True, extra)
+        programs.insert(n, TermProgram(1.0, prog.operands, prog.output, prog.plan, 0, text))
+    return tuple(programs)
+
+
+@lru_cache(maxsize=64)
+def chunk_program(alg: Algebra, chunk: int, dim_sizes: tuple[tuple[str, int], ...],
+                  gated: bool = True) -> ChunkProgram:
+    """The chunk program for these dim sizes; ``gated=False`` drops every decay
+    (no gates: masks are plain 0/1 and carries do not decay)."""
+    size_items = (alg, dict(dim_sizes), chunk, gated)
+    derived: list[Derived] = []
+    output = _output_programs(alg, alg.output, size_items, derived, "W", gated)
+    normalizer = (_output_programs(alg, alg.normalizer, size_items, derived, "Wn", gated)
+                  if alg.normalizer is not None else ())
+    states = []
+    for s in alg.streaming:
+        terms = tuple(_program(t, _operands(t, False, _carry_ops(t), gated), s.indices, size_items,
+                               False)
+                      for t in summary_chains(alg, s))
+        states.append((s.name, terms))
+    return ChunkProgram(alg, chunk, dim_sizes, gated, tuple(derived), output, normalizer, tuple(states))
+
+
+def index_sizes(term_factors, alg: Algebra, dims: dict[str, int]) -> dict[str, int]:
+    sizes = {}
+    for f in term_factors:
+        if f.kind == "input":
+            sizes[f.indices[0]] = dims[alg.inputs[f.name]]
+        elif f.kind == "state":
+            s = alg.summary(f.name)
+            sizes.update((i, dims[d]) for i, d in zip(f.indices, s.dims))
+    for f in term_factors:   # eye[i, j]: both indices share the dim of whichever is known
+        if f.kind == "eye":
+            a, b = f.indices
+            sizes.setdefault(a, sizes.get(b))
+            sizes.setdefault(b, sizes.get(a))
+    return sizes

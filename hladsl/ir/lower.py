@@ -1,0 +1,206 @@
+"""AST -> state algebra: bind parameters, expand index packs and groups into
+sums of monomials, infer dims and decay weights, check grading, and drop
+summaries no output needs."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import networkx as nx
+
+from hladsl.errors import AlgebraError, SpecError
+from hladsl.frontend import ast
+from hladsl.frontend.check import BUILTIN_EYE, declaration_order
+from hladsl.frontend.printer import sum_text
+from hladsl.frontend.specs import load_ast
+from hladsl.ir.algebra import Algebra, Summary
+from hladsl.ir.expr import Factor, Monomial, Poly, eliminate_eye
+
+
+def bind_params(spec: ast.Spec, overrides: dict) -> dict[str, object]:
+    params = {p.name: p.value for p in spec.params}
+    for key, value in overrides.items():
+        if key not in params:
+            known = ", ".join(params) or "none"
+            raise SpecError(f"unknown parameter '{key}' for {spec.name} (parameters: {known})")
+        default = params[key]
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise SpecError(f"parameter '{key}' must be true or false, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SpecError(f"parameter '{key}' must be a number, got {value!r}")
+        elif isinstance(default, int) and _is_count(spec, key) and (
+                not float(value).is_integer() or value < 1):
+            raise SpecError(f"parameter '{key}' is a repetition count and must be a positive "
+                            f"integer, got {value!r}")
+        params[key] = int(value) if _is_count(spec, key) else value
+    return params
+
+
+def _is_count(spec: ast.Spec, name: str) -> bool:
+    def walk(sum_):
+        for t in sum_.terms if sum_ else ():
+            for f in t.factors:
+                if isinstance(f, ast.Tensor) and any(i.count == name for i in f.indices):
+                    return True
+                if isinstance(f, ast.Group) and walk(f.expr):
+                    return True
+        return False
+    return any(any(i.count == name for i in s.indices) or walk(s.delta) or walk(s.cross)
+               for s in spec.states) or walk(spec.output.expr if spec.output else None)
+
+
+class _Lowerer:
+    def __init__(self, spec: ast.Spec, params: dict):
+        self.spec, self.params = spec, params
+        self.slot_dims: dict[str, tuple[str, ...]] = {}
+
+    def count(self, index: ast.Index) -> int:
+        if index.count is None:
+            return 1
+        return int(self.params[index.count]) if isinstance(index.count, str) else index.count
+
+    def expand(self, index: ast.Index) -> list[str]:
+        if index.count is None:
+            return [index.name]
+        return [f"{index.name}#{n + 1}" for n in range(self.count(index))]
+
+    def expand_all(self, indices) -> tuple[str, ...]:
+        return tuple(i for index in indices for i in self.expand(index))
+
+    def symmetric_slots(self, decl: ast.StateDecl) -> tuple[tuple[int, ...], ...]:
+        names = self.expand_all(decl.indices)
+        groups = []
+        for group in decl.symmetric:
+            wanted = [i for index in group for i in self.expand(index)]
+            groups.append(tuple(names.index(i) for i in wanted))
+        return tuple(g for g in groups if len(g) > 1)
+
+    def tensor(self, t: ast.Tensor, where_input: str) -> list[Factor]:
+        if t.name == BUILTIN_EYE:
+            return [Factor("eye", BUILTIN_EYE, "", (t.indices[0].name, t.indices[1].name))]
+        if self.spec.input(t.name) is not None:
+            return [Factor("input", t.name, where_input, (i,)) for i in self.expand(t.indices[0])]
+        decl = self.spec.state(t.name)
+        return [Factor("state", t.name, t.side or "", self.expand_all(t.indices),
+                       self.symmetric_slots(decl))]
+
+    def sum(self, expr: ast.Sum, where_input: str) -> list[Monomial]:
+        out: list[Monomial] = []
+        for term in expr.terms:
+            partial = [Monomial(Fraction(term.sign), ())]
+            for f in term.factors:
+                if isinstance(f, ast.Number):
+                    partial = [p.scaled(_frac(f.value)) for p in partial]
+                elif isinstance(f, ast.ParamRef):
+                    partial = [p.scaled(_frac(self.params[f.name])) for p in partial]
+                elif isinstance(f, ast.Group):
+                    inner = self.sum(f.expr, where_input)
+                    partial = [p.times(q) for p in partial for q in inner]
+                else:
+                    m = Monomial(Fraction(1), tuple(self.tensor(f, where_input)))
+                    partial = [p.times(m) for p in partial]
+            out.extend(p for p in partial if p.coef != 0)
+        return out
+
+    def infer_dims(self, name: str, indices: tuple[str, ...], terms: list[Monomial]) -> tuple[str, ...]:
+        dims: dict[str, str] = {}
+        for t in terms:
+            for f in t.factors:
+                if f.kind == "input":
+                    dims.setdefault(f.indices[0], self.spec.input(f.name).dim)
+                elif f.kind == "state":
+                    for i, dim in zip(f.indices, self.slot_dims[f.name]):
+                        dims.setdefault(i, dim)
+        return tuple(dims[i] for i in indices)
+
+
+def _frac(value) -> Fraction:
+    return Fraction(str(value)) if isinstance(value, float) else Fraction(value)
+
+
+def lower_spec(name_or_path, **overrides) -> Algebra:
+    spec, display, source = load_ast(name_or_path)
+    try:
+        return lower(spec, bind_params(spec, overrides), source)
+    except SpecError as exc:
+        raise exc.located(display, source)
+
+
+def lower(spec: ast.Spec, params: dict, source: str = "") -> Algebra:
+    low = _Lowerer(spec, params)
+    order = declaration_order(spec)
+    weights: dict[str, int] = {}
+    summaries: dict[str, Summary] = {}
+    for name in order:
+        decl = spec.state(name)
+        indices = low.expand_all(decl.indices)
+        delta = [] if decl.delta.is_zero else low.sum(decl.delta, "t")
+        crosses = low.sum(decl.cross, "t") if decl.cross is not None else []
+        low.slot_dims[name] = low.infer_dims(name, indices, delta + crosses)
+        weights[name] = _weight(decl, crosses, weights)
+        summaries[name] = Summary(name, indices, low.slot_dims[name], weights[name],
+                                  Poly(indices, tuple(delta)), tuple(crosses),
+                                  low.symmetric_slots(decl), decl.combine_only)
+    normalize = bool(params.get("normalize", False))
+    out_indices = low.expand_all(spec.output.indices)
+    output = _without_eye(Poly(out_indices, tuple(low.sum(spec.output.expr, "t"))), spec.output.pos)
+    normalizer = (_without_eye(Poly((), tuple(low.sum(spec.normalizer, "t"))), spec.normalizer_pos)
+                  if normalize else None)
+    needed = _needed(summaries, output, normalizer)
+    kept = tuple(summaries[n] for n in order if n in needed)
+    return Algebra(spec.name, spec.dims, {i.name: i.dim for i in spec.inputs}, params, kept,
+                   output, normalizer, spec.output.name, source)
+
+
+def _without_eye(poly: Poly, pos) -> Poly:
+    terms = []
+    for t in poly.terms:
+        reduced = eliminate_eye(t, poly.free)
+        if reduced is None:
+            raise SpecError("eye[i, j] with both indices free has nothing to contract with", pos)
+        terms.append(reduced)
+    return Poly(poly.free, tuple(terms)).canonical()
+
+
+def _weight(decl: ast.StateDecl, crosses: list[Monomial], weights: dict[str, int]) -> int:
+    """Decay weight: the override, else 1 for a summary with a token delta, else
+    the weight of its first cross term. Every cross term must match (grading)."""
+    def cross_weight(m: Monomial) -> int:
+        return sum(weights[f.name] for f in m.factors if f.kind == "state")
+
+    if decl.decay is not None:
+        w = decl.decay
+    elif not decl.delta.is_zero:
+        w = 1
+    else:
+        w = cross_weight(crosses[0])
+    for m, term in zip(crosses, decl.cross.terms if decl.cross else ()):
+        cw = cross_weight(m)
+        if cw != w:
+            parts = ", ".join(f"{f.name}: {weights[f.name]}" for f in m.factors if f.kind == "state")
+            how = (f"declared 'decay {w}'" if decl.decay is not None else
+                   f"its {'token delta' if not decl.delta.is_zero else 'first cross term'} "
+                   f"gives weight {w}")
+            raise AlgebraError(
+                f"cross term '{sum_text(ast.Sum((term,)))}' of '{decl.name}' has decay weight {cw} "
+                f"({parts}) but '{decl.name}' decays with weight {w} ({how}). The combine "
+                f"{decl.name}(AB) = rho_B^{w} {decl.name}(A) + {decl.name}(B) + ... is associative "
+                f"only if every cross term has the summary's weight; "
+                f"{'use decay ' + str(cw) if cw >= 0 else 'fix the weights'}.",
+                term.pos)
+    return w
+
+
+def _needed(summaries: dict[str, Summary], output: Poly, normalizer: Poly | None) -> set[str]:
+    graph = nx.DiGraph()
+    graph.add_node("<out>")
+    for s in summaries.values():
+        for c in s.crosses:
+            for f in c.factors:
+                graph.add_edge(s.name, f.name)
+    for poly in (output, normalizer):
+        for t in (poly.terms if poly else ()):
+            for f in t.factors:
+                if f.kind == "state":
+                    graph.add_edge("<out>", f.name)
+    return nx.descendants(graph, "<out>")

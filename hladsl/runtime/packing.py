@@ -1,0 +1,94 @@
+"""Packed storage of symmetric summaries: a group of p symmetric slots over a
+dim of size n is stored as its C(n+p-1, p) entries with non-decreasing
+indices (D = 2080 for n = 64, p = 2), at the position of the group's first slot."""
+from __future__ import annotations
+
+import itertools
+from functools import lru_cache
+from math import comb
+
+import torch
+
+from hladsl.ir.algebra import Summary
+
+
+def full_shape(s: Summary, dims: dict[str, int]) -> tuple[int, ...]:
+    return tuple(dims[d] for d in s.dims)
+
+
+def packed_shape(s: Summary, dims: dict[str, int]) -> tuple[int, ...]:
+    shape, skip = [], set()
+    for group in s.symmetric:
+        skip.update(group[1:])
+    for slot, d in enumerate(s.dims):
+        if slot in skip:
+            continue
+        group = next((g for g in s.symmetric if g[0] == slot), None)
+        n = dims[d]
+        shape.append(comb(n + len(group) - 1, len(group)) if group else n)
+    return tuple(shape)
+
+
+@lru_cache(maxsize=256)
+def _combos(n: int, p: int) -> torch.Tensor:
+    return torch.tensor(list(itertools.combinations_with_replacement(range(n), p)), dtype=torch.long)
+
+
+@lru_cache(maxsize=256)
+def _positions(n: int, p: int) -> torch.Tensor:
+    """For every full multi-index (row-major over p slots), its packed position."""
+    lookup = {c: k for k, c in enumerate(itertools.combinations_with_replacement(range(n), p))}
+    return torch.tensor([lookup[tuple(sorted(idx))] for idx in itertools.product(range(n), repeat=p)],
+                        dtype=torch.long)
+
+
+def pack(s: Summary, full: torch.Tensor, dims: dict[str, int]) -> torch.Tensor:
+    """[..., *full_shape] -> [..., *packed_shape]."""
+    lead = full.dim() - len(s.dims)
+    x = full
+    for group in sorted(s.symmetric, key=lambda g: -g[0]):
+        x = _pack_group(x, lead, group, dims[s.dims[group[0]]])
+    return x
+
+
+def unpack(s: Summary, packed: torch.Tensor, dims: dict[str, int]) -> torch.Tensor:
+    lead = packed.dim() - len(packed_shape(s, dims))
+    x = packed
+    for group in sorted(s.symmetric, key=lambda g: g[0]):
+        x = _unpack_group(x, lead, group, dims[s.dims[group[0]]], s)
+    return x
+
+
+def _pack_group(x, lead, group, n):
+    p = len(group)
+    # bring the group's slots to the end, flatten them, gather the sorted multi-indices
+    slots = [lead + g for g in group]
+    rest = [k for k in range(x.dim()) if k not in slots]
+    moved = x.permute(rest + slots).reshape(*[x.shape[k] for k in rest], n ** p)
+    flat = (_combos(n, p).to(x.device) * torch.tensor([n ** (p - 1 - j) for j in range(p)],
+                                                      device=x.device)).sum(-1)
+    packed = moved.index_select(-1, flat)
+    first = lead + group[0]
+    order = list(range(packed.dim() - 1))
+    order.insert(first, packed.dim() - 1)
+    return packed.permute(order)
+
+
+def _unpack_group(x, lead, group, n, s):
+    p = len(group)
+    first = lead + group[0]
+    moved = x.movedim(first, -1)
+    full = moved.index_select(-1, _positions(n, p).to(x.device))
+    full = full.reshape(*moved.shape[:-1], *([n] * p))
+    # put the p slots back at their positions
+    base = list(range(moved.dim() - 1))
+    result_dims = moved.dim() - 1 + p
+    order = [None] * result_dims
+    slots = [lead + g for g in group]
+    others = iter(base)
+    for k in range(result_dims):
+        if k in slots:
+            order[k] = moved.dim() - 1 + slots.index(k)
+        else:
+            order[k] = next(others)
+    return full.permute(order)

@@ -1,0 +1,93 @@
+"""Input validation for the op: every problem is a ValueError naming the argument."""
+from __future__ import annotations
+
+import torch
+
+from hladsl.ir.algebra import Algebra
+from hladsl.runtime.packing import packed_shape
+
+FLOAT_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _tensor(name, x, ndim):
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    if x.dtype not in FLOAT_TYPES:
+        raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+
+
+def check_inputs(alg: Algebra, q, k, v, g, scale, cu_seqlens) -> dict[str, int]:
+    """Validate q, k, v, g, scale, cu_seqlens; return the dim sizes."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _tensor(name, x, 4)
+    B, T, H, _ = q.shape
+    for name, x in (("k", k), ("v", v)):
+        if x.shape[:3] != q.shape[:3]:
+            raise ValueError(f"{name} must have q's [B, T, H] = {tuple(q.shape[:3])}, got "
+                             f"{tuple(x.shape[:3])}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
+        if x.dtype != q.dtype:
+            raise ValueError(f"{name} has dtype {x.dtype} but q has {q.dtype}")
+    dims: dict[str, int] = {}
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        dim = alg.inputs.get(name)
+        if dim is None:
+            continue
+        if dims.setdefault(dim, x.shape[-1]) != x.shape[-1]:
+            raise ValueError(f"{name} has last dimension {x.shape[-1]} but the spec gives it dim "
+                             f"'{dim}' = {dims[dim]}")
+    if g is not None:
+        if not isinstance(g, torch.Tensor) or g.dim() != 3 or tuple(g.shape) != (B, T, H):
+            raise ValueError(f"g must be a tensor of shape [B, T, H] = {(B, T, H)}, got "
+                             f"{tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__}")
+        if g.dtype not in FLOAT_TYPES:
+            raise ValueError(f"g must be a floating tensor, got {g.dtype}")
+        if g.device != q.device:
+            raise ValueError(f"g is on {g.device} but q is on {q.device}")
+        if not bool(torch.isfinite(g).all()):
+            raise ValueError("g must be finite")
+        if bool((g > 0).any()):
+            raise ValueError("g holds log decays and must be <= 0 (got a positive entry)")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise ValueError(f"scale must be a number, got {type(scale).__name__}")
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or \
+                cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError("cu_seqlens must be a 1-D int32/int64 tensor")
+        if B != 1:
+            raise ValueError(f"with cu_seqlens the batch size must be 1, got B = {B}")
+        if cu_seqlens.numel() < 2:
+            raise ValueError("cu_seqlens needs at least two entries [0, ..., T]")
+        c = cu_seqlens.tolist()
+        if c[0] != 0:
+            raise ValueError(f"cu_seqlens must start at 0, got {c[0]}")
+        if any(b < a for a, b in zip(c, c[1:])):
+            raise ValueError("cu_seqlens must be non-decreasing")
+        if c[-1] != T:
+            raise ValueError(f"cu_seqlens must end at T = {T}, got {c[-1]}")
+    return dims
+
+
+def check_state(alg: Algebra, state, n: int, h: int, dims: dict[str, int], device) -> None:
+    if not isinstance(state, dict):
+        raise ValueError(f"initial_state must be a dict of tensors, got {type(state).__name__}")
+    want = {s.name: s for s in alg.streaming}
+    missing = sorted(set(want) - set(state))
+    extra = sorted(set(state) - set(want))
+    if missing or extra:
+        raise ValueError(f"initial_state must have exactly the entries {sorted(want)}; "
+                         + (f"missing {missing}" if missing else "")
+                         + ("; " if missing and extra else "") + (f"unexpected {extra}" if extra else ""))
+    for name, s in want.items():
+        x = state[name]
+        shape = (n, h) + packed_shape(s, dims)
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"initial_state['{name}'] must have shape {shape}, got {got}")
+        if x.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"initial_state['{name}'] must be float32 (or float64), got {x.dtype}")
+        if x.device != device:
+            raise ValueError(f"initial_state['{name}'] is on {x.device} but q is on {device}")
