@@ -151,12 +151,12 @@ def _check_state(ctx: _Ctx, s: ast.StateDecl) -> None:
     dims: dict[str, str] = {}
     if s.delta.is_zero and s.cross is None:
         ctx.err(f"state '{s.name}' has a zero token delta and no cross terms: it is always zero", s.pos)
-    if lhs is None:   # a repeated left-hand index: every term would be reported again
-        pass
-    elif not s.delta.is_zero:
+    if lhs is None:   # a repeated left-hand index: the terms cannot be checked against it
+        return
+    if not s.delta.is_zero:
         for term in s.delta.terms:
             _check_term(ctx, term, lhs, dims, where="delta", state=s)
-    if s.cross is not None and lhs is not None:
+    if s.cross is not None:
         for term in s.cross.terms:
             _check_term(ctx, term, lhs, dims, where="cross", state=s)
     slot_dims = tuple(dims.get(name) for name, _ in _slots(s.indices))
@@ -334,7 +334,7 @@ def _check_term(ctx: _Ctx, term: ast.Term, lhs: dict[str, object], dims: dict[st
     occ = _term_indices(ctx, term, dims, where, state)
     if ctx.rejected != rejected:
         return
-    if where == "delta" and not any(True for _ in _tensors(term.factors)):
+    if where == "delta" and next(_tensors(term.factors), None) is None:
         ctx.err(f"a token delta term must contain token inputs (a constant delta would count "
                 f"padding tokens)", term.pos)
         return

@@ -20,6 +20,7 @@ class Summary:
     crosses: tuple[Monomial, ...]       # each: one factor @B, one or more @A
     symmetric: tuple[tuple[int, ...], ...] = ()
     combine_only: bool = False
+    pos: object = field(default=None, compare=False, repr=False)   # declaration, for errors
 
     def factor(self, where: str, indices: tuple[str, ...] | None = None) -> Factor:
         return Factor("state", self.name, where, indices or self.indices, self.symmetric)

@@ -140,7 +140,7 @@ def lower(spec: ast.Spec, params: dict, source: str = "") -> Algebra:
         weights[name] = _weight(decl, crosses, weights)
         summaries[name] = Summary(name, indices, low.slot_dims[name], weights[name],
                                   Poly(indices, tuple(delta)), tuple(crosses),
-                                  low.symmetric_slots(decl), decl.combine_only)
+                                  low.symmetric_slots(decl), decl.combine_only, decl.pos)
     normalize = bool(params.get("normalize", False))
     out_indices = low.expand_all(spec.output.indices)
     output = _without_eye(Poly(out_indices, tuple(low.sum(spec.output.expr, "t"))), spec.output.pos)

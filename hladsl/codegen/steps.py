@@ -1,0 +1,154 @@
+"""Lowering of contraction steps to straight-line Triton code.
+
+A value in a generated kernel is a register tile whose axes carry index names
+(``Tile``). One plan ``Step`` contracts two tiles into a tile with the step's
+result indices; ``Block.contract`` picks the Triton form:
+
+* matmul   -- no index shared by both sides survives, each side keeps at least
+  one index and at least one index is summed: ``_dot`` on the two tiles
+  (transposed, or permuted and reshaped into 2-D index groups as needed);
+* broadcast -- everything else (Hadamard products, row scalings, row-wise dots,
+  outer products, 3-D intermediates): align both tiles on the union of their
+  indices with ``[:, None]`` slots, multiply, ``tl.sum`` the contracted axes.
+
+Only generated names (``t<n>``) and the caller's validated variable names reach
+the code; index names appear in comments only (``comment`` strips anything that
+could end a comment line).
+"""
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+
+
+def comment(text: str) -> str:
+    """``text`` made safe for a one-line comment: no line breaks or control characters."""
+    return "".join(ch if ch == " " or unicodedata.category(ch)[0] not in "CZ" else " "
+                   for ch in text)
+
+
+@dataclass(frozen=True)
+class Tile:
+    var: str
+    indices: tuple[str, ...]
+
+    def label(self) -> str:
+        return f"{self.var}[{','.join(self.indices)}]"
+
+
+class Block:
+    """Straight-line code of one kernel region; ``sizes`` maps an index name to
+    the constexpr expression of its (padded, power-of-two) tile extent."""
+
+    def __init__(self, sizes: dict[str, str], temps: list[int] | None = None):
+        self.sizes = sizes
+        self.lines: list[str] = []
+        self._temps = temps if temps is not None else [0]   # shared counter across blocks
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def note(self, text: str) -> None:
+        self.lines.append("# " + comment(text))
+
+    def assign(self, var: str, expr: str) -> None:
+        self.lines.append(f"{var} = {expr}")
+
+    def temp(self) -> str:
+        self._temps[0] += 1
+        return f"t{self._temps[0]}"
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    # -- tile algebra -----------------------------------------------------------------------
+    def arrange(self, t: Tile, order) -> str:
+        """Expression for ``t`` with its axes in ``order`` (same index set)."""
+        order = tuple(order)
+        if t.indices == order:
+            return t.var
+        perm = tuple(t.indices.index(i) for i in order)
+        if len(perm) == 2:
+            return f"tl.trans({t.var})"
+        return f"tl.permute({t.var}, {perm})"
+
+    def _group(self, idx) -> str:
+        return " * ".join(self.sizes[i] for i in idx)
+
+    def reduce(self, t: Tile, out) -> Tile:
+        """Sum away the indices of ``t`` not in ``out``, then order the axes as ``out``."""
+        out = tuple(out)
+        extra = [i for i in t.indices if i not in out]
+        if not extra and t.indices == out:
+            return t
+        expr, idx = t.var, list(t.indices)
+        for i in sorted(extra, key=idx.index, reverse=True):
+            expr = f"tl.sum({expr}, axis={idx.index(i)})"
+            idx.remove(i)
+        var = self.temp()
+        if extra:
+            self.note(f"[{','.join(idx)}] = sum over {','.join(extra)} of {t.label()}")
+        self.assign(var, expr)
+        return self._ordered(Tile(var, tuple(idx)), out)
+
+    def _ordered(self, t: Tile, out) -> Tile:
+        if t.indices == tuple(out):
+            return t
+        var = self.temp()
+        self.assign(var, self.arrange(t, out))
+        return Tile(var, tuple(out))
+
+    def contract(self, a: Tile, b: Tile, out) -> Tile:
+        """The tile ``out`` = Σ a · b over the indices not in ``out``."""
+        out = tuple(out)
+        a = self._presum(a, b, out)
+        b = self._presum(b, a, out)
+        summed = [i for i in a.indices if i in b.indices and i not in out]
+        batch = [i for i in a.indices if i in b.indices and i in out]
+        free_a = [i for i in out if i in a.indices and i not in b.indices]
+        free_b = [i for i in out if i in b.indices and i not in a.indices]
+        var = self.temp()
+        head = f"[{','.join(out)}] = {a.label()} · {b.label()}"
+        if summed and not batch and free_a and free_b:
+            self.note(f"{head}   (matmul over {','.join(summed)})")
+            expr, idx = self._matmul(a, b, summed, free_a, free_b, out)
+        else:
+            kind = f"sum over {','.join(summed)}" if summed else "elementwise"
+            self.note(f"{head}   ({kind})")
+            expr, idx = self._broadcast(a, b, out)
+        self.assign(var, expr)
+        return self._ordered(Tile(var, idx), out)
+
+    def _presum(self, t: Tile, other: Tile, out) -> Tile:
+        """Indices only ``t`` has and the result drops are summed before the product."""
+        keep = tuple(i for i in t.indices if i in out or i in other.indices)
+        return t if keep == t.indices else self.reduce(t, keep)
+
+    def _matmul(self, a, b, summed, free_a, free_b, out):
+        # orient so that the result comes out in ``out`` order whenever possible
+        if set(out[:len(free_a)]) != set(free_a) and set(out[:len(free_b)]) == set(free_b):
+            a, b, free_a, free_b = b, a, free_b, free_a
+        left = self.arrange(a, free_a + summed)
+        right = self.arrange(b, summed + free_b)
+        if len(free_a) > 1 or len(summed) > 1:
+            left = f"tl.reshape({left}, ({self._group(free_a)}, {self._group(summed)}))"
+        if len(free_b) > 1 or len(summed) > 1:
+            right = f"tl.reshape({right}, ({self._group(summed)}, {self._group(free_b)}))"
+        expr = f"_dot({left}, {right}, DOT)"
+        idx = tuple(free_a + free_b)
+        if len(free_a) > 1 or len(free_b) > 1:
+            expr = f"tl.reshape({expr}, ({', '.join(self.sizes[i] for i in idx)}))"
+        return expr, idx
+
+    def _broadcast(self, a, b, out):
+        union = list(out) + [i for i in a.indices + b.indices if i not in out]
+        union = list(dict.fromkeys(union))
+        parts = []
+        for t in (a, b):
+            own = [i for i in union if i in t.indices]
+            expr = self.arrange(t, own)
+            if len(own) < len(union):
+                expr += "[" + ", ".join(":" if i in t.indices else "None" for i in union) + "]"
+            parts.append(expr)
+        expr = " * ".join(parts)
+        for axis in range(len(union) - 1, len(out) - 1, -1):
+            expr = f"tl.sum({expr}, axis={axis})"
+        return expr, tuple(out)

@@ -1,0 +1,275 @@
+"""Frontend tests: error goldens (API and CLI), shipped specs round-trip through the
+canonical printer, identifier hygiene, and property tests that the parser and
+checker only ever fail with a located SpecError.
+
+Regenerate the error goldens after an intended message change with
+``HLADSL_UPDATE_GOLDENS=1 python -m pytest tests/test_frontend.py -k golden``
+and read every changed .err file before committing it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hladsl import cli
+from hladsl.errors import SpecError, SpecSyntaxError
+from hladsl.frontend.check import check
+from hladsl.frontend.parser import parse
+from hladsl.frontend.printer import to_text
+from hladsl.frontend.specs import SHIPPED_DIR, load_ast, shipped_names
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+GOLDEN_DIR = TESTS / "golden" / "errors"
+GOLDENS = sorted(GOLDEN_DIR.glob("*.hla"))
+SHIPPED = shipped_names()
+SHIPPED_TEXT = {name: (SHIPPED_DIR / f"{name}.hla").read_text() for name in SHIPPED}
+
+# A few goldens of each kind (lexer, parser, transformer, checker, several errors)
+# also go through a real `python -m hladsl` process; all of them would only repeat
+# the API test slowly (`hladsl check` imports torch).
+CLI_GOLDENS = ["04_end_of_file", "06_dunder_name", "13_unknown_state", "42_two_outputs",
+               "51_pack_count_zero"]
+
+
+def rel(path: Path) -> str:
+    """A path as the user typed it: relative to the repository root."""
+    return path.relative_to(REPO).as_posix()
+
+
+@pytest.fixture
+def at_repo_root(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+def hladsl_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, "-m", "hladsl", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def hladsl_main(capsys, *args: str) -> tuple[int, str, str]:
+    """The CLI in this process (exit code, stdout, stderr): the same code path as
+    the command without paying for a fresh interpreter each time."""
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def spec_error(path: str) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        load_ast(path)
+    return info.value
+
+
+def parse_and_check(text: str):
+    """The checked AST, or None if the spec is rejected. Anything but a SpecError
+    escapes (and fails the calling test); every error must render and be located."""
+    try:
+        return check(parse(text, "fuzz.hla"))
+    except SpecError as err:
+        n_lines = max(1, len(text.splitlines()))
+        for e in getattr(err, "errors", [err]):
+            assert e.pos is not None, f"unlocated error: {e.message}"
+            assert 1 <= e.pos.line <= n_lines and e.pos.column >= 1, e.message
+            assert str(e.located("fuzz.hla", text)).startswith(f"fuzz.hla:{e.pos.line}:")
+        return None
+
+
+def assert_round_trips(spec) -> None:
+    canonical = to_text(spec)
+    again = parse(canonical, "canonical.hla")
+    assert again == spec
+    assert to_text(again) == canonical
+    check(again)
+
+
+# ---------------------------------------------------------------- error goldens
+
+def test_goldens_are_complete():
+    assert len(GOLDENS) >= 26
+    hla = {p.stem for p in GOLDENS}
+    err = {p.stem for p in GOLDEN_DIR.glob("*.err")}
+    assert hla == err, f"goldens without .err: {hla - err}; .err without spec: {err - hla}"
+    assert all(re.fullmatch(r"\d\d_[a-z0-9_]+", stem) for stem in hla)
+    assert set(CLI_GOLDENS) <= hla
+
+
+@pytest.mark.parametrize("path", GOLDENS, ids=lambda p: p.stem)
+def test_error_golden(path, at_repo_root):
+    message = str(spec_error(rel(path)))
+    expected_file = path.with_suffix(".err")
+    if os.environ.get("HLADSL_UPDATE_GOLDENS"):
+        expected_file.write_text(message)
+    assert message.startswith(f"{rel(path)}:")
+    assert message == expected_file.read_text()
+
+
+@pytest.mark.parametrize("stem", CLI_GOLDENS)
+def test_error_golden_cli(stem):
+    path = GOLDEN_DIR / f"{stem}.hla"
+    result = hladsl_cli("check", rel(path))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr == path.with_suffix(".err").read_text() + "\n"
+    assert result.stdout == ""
+
+
+# ---------------------------------------------------------------- shipped specs
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_spec_round_trips(name):
+    spec = check(parse(SHIPPED_TEXT[name], f"{name}.hla"))
+    assert spec.name == name
+    assert_round_trips(spec)
+    assert load_ast(name)[0] == spec
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_spec_cli_emit_ast(name):
+    result = hladsl_cli("compile", name, "--emit", "ast")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == to_text(parse(SHIPPED_TEXT[name]))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_spec_cli_check(name, capsys):
+    code, out, err = hladsl_main(capsys, "check", name)
+    assert (code, err) == (0, "")
+    assert "OK" in out
+
+
+def test_cli_check_process():
+    result = hladsl_cli("check", SHIPPED[0])
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout
+
+
+@pytest.mark.parametrize("flag", ["--version", "--help"])
+def test_cli_info(flag):
+    result = hladsl_cli(flag)
+    assert result.returncode == 0, result.stderr
+    assert "hladsl" in result.stdout
+
+
+def test_cli_missing_file(capsys):
+    code, out, err = hladsl_main(capsys, "check", "no/such/spec.hla")
+    assert (code, out) == (1, "")
+    assert err == "no/such/spec.hla: no such spec file: no/such/spec.hla\n"
+
+
+# ---------------------------------------------------------------- identifiers
+
+TEMPLATE = """mechanism {mechanism} {{
+  dims d, dv
+  input q[d], {input}[d], v[dv]
+  param normalize = false, eps = 1e-6, {param} = 0.5
+  state {state}[i, e] = {input}[i] v[e]
+  state z[i] = {input}[i]
+  output o[e] = {param} q[i] {state}[i, e]
+  normalizer = q[i] z[i]
+}}
+"""
+ROLES = ["mechanism", "input", "param", "state"]
+GOOD_NAMES = dict(mechanism="m", input="k", param="r", state="S")
+BAD_NAMES = ["__import__", "_x", "a.b", "os.system", 'q"', '"q"', "x-y", "é", "café", "ß",
+             "1x", "9", "x y", "a[0]", "x;y", "x__import__()"]
+
+
+def with_name(role: str, name: str) -> str:
+    return TEMPLATE.format(**{**GOOD_NAMES, role: name})
+
+
+def test_identifier_template_is_valid():
+    assert parse_and_check(with_name("state", "S")) is not None
+    for role in ROLES:   # plain names with digits and underscores are fine everywhere
+        assert parse_and_check(with_name(role, "x_1Y")) is not None
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_non_plain_identifiers_are_rejected(role, name):
+    text = with_name(role, name)
+    with pytest.raises(SpecSyntaxError) as info:
+        parse(text, "names.hla")
+    # the error points into the first occurrence of the name
+    first = text.index(name)
+    line = text.count("\n", 0, first) + 1
+    column = first - (text.rfind("\n", 0, first) + 1) + 1
+    assert info.value.pos.line == line
+    assert column <= info.value.pos.column <= column + len(name)
+
+
+# ---------------------------------------------------------------- properties
+
+FUZZ = settings(max_examples=300, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+# everything the grammar uses, plus characters it does not
+ALPHABET = st.characters(codec="ascii", min_codepoint=32, max_codepoint=126) | st.sampled_from(
+    "\n\t{}[](),=@^+-#._\"'" + "é\x00\r")
+
+
+@FUZZ
+@given(st.text(ALPHABET, max_size=200))
+def test_random_text_fails_only_with_spec_errors(text):
+    parse_and_check(text)
+
+
+@FUZZ
+@given(st.text(ALPHABET, max_size=120))
+def test_random_mechanism_body_fails_only_with_spec_errors(body):
+    parse_and_check("mechanism m {\n" + body + "\n}\n")
+
+
+def _tokens(text: str) -> list[str]:
+    return re.findall(r"[A-Za-z_][A-Za-z0-9_]*|\d+(?:\.\d*)?(?:e-?\d+)?|\S", text)
+
+
+VOCABULARY = sorted({t for text in SHIPPED_TEXT.values() for t in _tokens(text)}
+                    | {"eye", "true", "false", "0", "1.5", "-", "@A", "@B", "@C", "^p", "^2",
+                       "decay", "combine_only", "symmetric", "(", ")", "\n", "#"})
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(VOCABULARY), max_size=60))
+def test_token_soup_fails_only_with_spec_errors(tokens):
+    spec = parse_and_check("mechanism m {\n" + " ".join(tokens) + "\n}\n")
+    if spec is not None:
+        assert_round_trips(spec)
+
+
+EDIT_CHARS = list("{}[](),=@^+-#._\"'*/0129aAeiBqkz\n")
+
+
+@st.composite
+def mutated_specs(draw) -> str:
+    """A shipped spec with a few random character or token edits."""
+    text = SHIPPED_TEXT[draw(st.sampled_from(SHIPPED))]
+    for _ in range(draw(st.integers(1, 4))):
+        spans = [m.span() for m in re.finditer(r"[A-Za-z0-9_.]+|\S", text)]
+        if draw(st.booleans()):   # a token
+            start, end = spans[draw(st.integers(0, len(spans) - 1))]
+            replacement = draw(st.sampled_from(["", text[start:end] * 2, *VOCABULARY]))
+        else:                     # a character
+            start = draw(st.integers(0, len(text)))
+            end = start + draw(st.integers(0, 1))
+            replacement = draw(st.sampled_from(["", " ", *EDIT_CHARS]))
+        text = text[:start] + replacement + text[end:]
+    return text
+
+
+@FUZZ
+@given(mutated_specs())
+def test_mutated_shipped_specs(text):
+    spec = parse_and_check(text)
+    if spec is not None:
+        assert_round_trips(spec)
