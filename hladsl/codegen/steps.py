@@ -40,10 +40,11 @@ class Block:
     """Straight-line code of one kernel region; ``sizes`` maps an index name to
     the constexpr expression of its (padded, power-of-two) tile extent."""
 
-    def __init__(self, sizes: dict[str, str], temps: list[int] | None = None):
-        self.sizes = sizes
+    def __init__(self, sizes: dict[str, str] | None = None):
+        self.sizes = sizes or {}
         self.lines: list[str] = []
-        self._temps = temps if temps is not None else [0]   # shared counter across blocks
+        self._temps = 0
+        self._known: dict[str, str] = {}    # expression -> temp holding it (CSE)
 
     # -- plumbing ---------------------------------------------------------------------------
     def note(self, text: str) -> None:
@@ -52,9 +53,19 @@ class Block:
     def assign(self, var: str, expr: str) -> None:
         self.lines.append(f"{var} = {expr}")
 
-    def temp(self) -> str:
-        self._temps[0] += 1
-        return f"t{self._temps[0]}"
+    def define(self, expr: str, why: str = "") -> str:
+        """A temp holding ``expr``: an earlier one with the same expression (the
+        inputs of a kernel region are never reassigned), else a new one."""
+        if expr in self._known:
+            if why:
+                self.note(f"{why}   = {self._known[expr]}, computed above")
+            return self._known[expr]
+        if why:
+            self.note(why)
+        self._temps += 1
+        var = self._known[expr] = f"t{self._temps}"
+        self.assign(var, expr)
+        return var
 
     def text(self) -> str:
         return "\n".join(self.lines)
@@ -83,18 +94,13 @@ class Block:
         for i in sorted(extra, key=idx.index, reverse=True):
             expr = f"tl.sum({expr}, axis={idx.index(i)})"
             idx.remove(i)
-        var = self.temp()
-        if extra:
-            self.note(f"[{','.join(idx)}] = sum over {','.join(extra)} of {t.label()}")
-        self.assign(var, expr)
-        return self._ordered(Tile(var, tuple(idx)), out)
+        why = f"[{','.join(idx)}] = sum over {','.join(extra)} of {t.label()}" if extra else ""
+        return self._ordered(Tile(self.define(expr, why), tuple(idx)), out)
 
     def _ordered(self, t: Tile, out) -> Tile:
         if t.indices == tuple(out):
             return t
-        var = self.temp()
-        self.assign(var, self.arrange(t, out))
-        return Tile(var, tuple(out))
+        return Tile(self.define(self.arrange(t, out)), tuple(out))
 
     def contract(self, a: Tile, b: Tile, out) -> Tile:
         """The tile ``out`` = Σ a · b over the indices not in ``out``."""
@@ -105,17 +111,14 @@ class Block:
         batch = [i for i in a.indices if i in b.indices and i in out]
         free_a = [i for i in out if i in a.indices and i not in b.indices]
         free_b = [i for i in out if i in b.indices and i not in a.indices]
-        var = self.temp()
         head = f"[{','.join(out)}] = {a.label()} · {b.label()}"
         if summed and not batch and free_a and free_b:
-            self.note(f"{head}   (matmul over {','.join(summed)})")
+            why = f"{head}   (matmul over {','.join(summed)})"
             expr, idx = self._matmul(a, b, summed, free_a, free_b, out)
         else:
-            kind = f"sum over {','.join(summed)}" if summed else "elementwise"
-            self.note(f"{head}   ({kind})")
+            why = f"{head}   ({'sum over ' + ','.join(summed) if summed else 'elementwise'})"
             expr, idx = self._broadcast(a, b, out)
-        self.assign(var, expr)
-        return self._ordered(Tile(var, idx), out)
+        return self._ordered(Tile(self.define(expr, why), idx), out)
 
     def _presum(self, t: Tile, other: Tile, out) -> Tile:
         """Indices only ``t`` has and the result drops are summed before the product."""

@@ -14,6 +14,7 @@ from hladsl.errors import Pos, SpecCheckError, SpecError, SpecErrors
 from hladsl.frontend import ast
 
 BUILTIN_EYE = "eye"                 # Kronecker delta eye[i,j]; both indices of one dim
+_STATE_KEYWORDS = ("cross", "decay", "symmetric", "combine_only")   # may follow a state's delta
 RESERVED_PARAMS = {"normalize": bool, "eps": float}
 
 
@@ -23,6 +24,7 @@ class _Ctx:
     errors: list[SpecError] = field(default_factory=list)
     slot_dims: dict[str, tuple[str | None, ...]] = field(default_factory=dict)
     rejected: int = 0   # factors reported and dropped; their terms get no index checks
+    bad_counts: set = field(default_factory=set)   # pack counts already reported
 
     def err(self, message: str, pos: Pos | None) -> None:
         self.errors.append(SpecCheckError(message, pos))
@@ -120,9 +122,9 @@ def _check_params(ctx: _Ctx) -> None:
     for p in spec.params:
         want = RESERVED_PARAMS.get(p.name)
         if want is bool and not isinstance(p.value, bool):
-            ctx.err(f"parameter '{p.name}' must be true or false", p.pos)
+            ctx.err(f"parameter '{p.name}' must be true or false, not {_literal(p.value)}", p.pos)
         elif want is float and isinstance(p.value, bool):
-            ctx.err(f"parameter '{p.name}' must be a number", p.pos)
+            ctx.err(f"parameter '{p.name}' must be a number, not {_literal(p.value)}", p.pos)
     has_flag = spec.param("normalize") is not None
     if spec.normalizer is not None:
         missing = [f"'{name}'" for name in RESERVED_PARAMS if spec.param(name) is None]
@@ -153,6 +155,12 @@ def _check_state(ctx: _Ctx, s: ast.StateDecl) -> None:
         ctx.err(f"state '{s.name}' has a zero token delta and no cross terms: it is always zero", s.pos)
     if lhs is None:   # a repeated left-hand index: the terms cannot be checked against it
         return
+    first = s.delta.terms[0].factors[0] if s.delta.terms and s.delta.terms[0].factors else None
+    if (isinstance(first, ast.ParamRef) and first.name in _STATE_KEYWORDS
+            and ctx.spec.param(first.name) is None):   # "S[i] = cross ...": read as a parameter
+        ctx.err(f"state '{s.name}' has no token delta before '{first.name}' (write "
+                f"'{s.name}[...] = 0 {first.name} ...' if no token contributes)", first.pos)
+        return
     if not s.delta.is_zero:
         for term in s.delta.terms:
             _check_term(ctx, term, lhs, dims, where="delta", state=s)
@@ -182,16 +190,26 @@ def _check_lhs(ctx: _Ctx, indices, what: str) -> dict[str, object] | None:
 
 
 def _check_count(ctx: _Ctx, index: ast.Index) -> None:
+    """A pack count is a positive integer or names one; each bad count is reported once."""
+    if index.count in ctx.bad_counts:
+        return
     if isinstance(index.count, str):
         p = ctx.spec.param(index.count)
         if p is None:
-            ctx.err(f"unknown parameter '{index.count}' in index pack '{index.name}^{index.count}'",
-                    index.pos)
+            ctx.err(f"unknown parameter '{index.count}' in index pack '{index.name}^{index.count}' "
+                    f"(declared: {_names(ctx.spec.params)})", index.pos)
+            ctx.bad_counts.add(index.count)
         elif isinstance(p.value, bool) or not isinstance(p.value, int) or p.value < 1:
             ctx.err(f"parameter '{index.count}' is used as a repetition count and must be a "
-                    f"positive integer, not {p.value!r}", index.pos)
+                    f"positive integer, not {_literal(p.value)}", index.pos)
+            ctx.bad_counts.add(index.count)
     elif isinstance(index.count, int) and index.count < 1:
         ctx.err(f"index pack '{index.name}^{index.count}' needs a count of at least 1", index.pos)
+        ctx.bad_counts.add(index.count)
+
+
+def _literal(value) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else repr(value)
 
 
 def _check_symmetric(ctx, s, group, dims) -> None:
@@ -236,7 +254,7 @@ def _term_indices(ctx: _Ctx, term: ast.Term, dims: dict[str, str], where: str, s
                 ctx.reject(f"'{f.name}' is {tensor}, not a parameter: write it with its "
                            f"indices, as in {f.name}[...]", f.pos)
             elif p is None:
-                ctx.err(f"unknown parameter '{f.name}'", f.pos)
+                ctx.err(f"unknown parameter '{f.name}' (declared: {_names(ctx.spec.params)})", f.pos)
             elif isinstance(p.value, bool):
                 ctx.err(f"parameter '{f.name}' is a flag and cannot be used as a coefficient", f.pos)
         elif isinstance(f, ast.Group):
@@ -276,8 +294,7 @@ def _tensor_indices(ctx: _Ctx, f: ast.Tensor, where: str, state):
         kinds = {"delta": ("token input", spec.inputs), "cross": ("state", spec.states),
                  "output": ("input or state", spec.inputs + spec.states)}
         kind, decls = kinds[where]
-        known = ", ".join(d.name for d in decls) or "none"
-        return ctx.reject(f"unknown {kind} '{f.name}' (declared: {known})", f.pos)
+        return ctx.reject(f"unknown {kind} '{f.name}' (declared: {_names(decls)})", f.pos)
     if f.side is not None and f.side not in ("A", "B"):
         return ctx.reject(f"unknown segment side '@{f.side}': cross-term factors are X@B (the "
                           f"later segment) or X@A (the earlier one)", f.pos)
@@ -317,6 +334,12 @@ def _tensor_indices(ctx: _Ctx, f: ast.Tensor, where: str, state):
                           f"{f.name}{_indices_text(f.indices)}", f.pos)
     slot_dims = ctx.slot_dims.get(f.name, (None,) * len(declared))
     return list(zip(f.indices, slot_dims))
+
+
+def _names(decls, limit: int = 12) -> str:
+    names = list(dict.fromkeys(d.name for d in decls))
+    more = ", ..." if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more if names else "none"
 
 
 def _n_indices(n: int) -> str:

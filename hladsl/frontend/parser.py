@@ -98,11 +98,13 @@ class _ToAst(Transformer):
                 states.append(value)
             elif kind == "output":
                 if output is not None:
-                    raise SpecSyntaxError("a mechanism has one output; this is a second one", pos)
+                    raise SpecSyntaxError(f"a mechanism has one output; this is a second one "
+                                          f"(the first is on line {output.pos.line})", pos)
                 output = value
             elif kind == "normalizer":
                 if normalizer is not None:
-                    raise SpecSyntaxError("a mechanism has one normalizer; this is a second one", pos)
+                    raise SpecSyntaxError(f"a mechanism has one normalizer; this is a second one "
+                                          f"(the first is on line {normalizer_pos.line})", pos)
                 normalizer, normalizer_pos = value, pos
         return ast.Spec(str(name), tuple(dims), tuple(inputs), tuple(params), tuple(states),
                         output, normalizer, pos=_pos(meta), dim_pos=tuple(dim_pos),
@@ -272,7 +274,7 @@ def parse(source: str, path: str = "<spec>") -> ast.Spec:
             msg += f"; expected {_expected(allowed)}"
         if "NAME" in allowed and (char == "_" or char.isalnum()):
             msg += " (a name is an ASCII letter followed by letters, digits or '_')"
-        elif char == "*":
+        elif char == "*" and "ADDOP" in allowed:   # right after a factor
             msg += " (a product is written by juxtaposition, as in k[i] v[e])"
         raise SpecSyntaxError(msg, Pos(exc.line, exc.column), path=path, source=source) from None
     except lark.exceptions.UnexpectedEOF as exc:

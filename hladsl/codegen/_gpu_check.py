@@ -1,0 +1,51 @@
+"""Temporary: GPU check of generated kernels vs chunk_torch (removed after use)."""
+import sys, time
+import torch, triton
+import hladsl
+from hladsl.ir.chunk import chunk_program
+from hladsl.runtime import chunk_torch
+from hladsl.codegen.triton_run import forward_triton
+
+
+def case(name, gated, normalize, dtype, d=64, dv=64, C=64, N=2, H=4, nC=8, **kw):
+    alg = hladsl.compile_spec(name, normalize=normalize, **kw)
+    dims = {"d": d, "dv": dv}
+    prog = chunk_program(alg, C, tuple(sorted(dims.items())), gated)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tiles = {x: torch.randn(N, H, nC, C, dims[dm], generator=g, device="cuda") * d ** -0.5
+             for x, dm in alg.inputs.items()}
+    if normalize:
+        tiles = {x: t.abs() for x, t in tiles.items()}
+    lam = (-torch.rand(N, H, nC, C, generator=g, device="cuda") * 0.1).cumsum(-1) if gated else None
+    init = {s.name: torch.zeros((N, H) + tuple(dims[x] for x in s.dims), device="cuda") for s in alg.streaming}
+    t64 = {k: v.double() for k, v in tiles.items()}
+    l64 = None if lam is None else lam.double()
+    starts, final = chunk_torch.state_pass(prog, t64, l64, {k: v.double() for k, v in init.items()}, torch.float64)
+    num = chunk_torch.outputs(prog, prog.output, t64, l64, starts, torch.float64)
+    if alg.normalizer is not None:
+        den = chunk_torch.outputs(prog, prog.normalizer, t64, l64, starts, torch.float64)
+        num = num / (den.unsqueeze(-1) + alg.eps)
+    tin = {k: v.to(dtype) for k, v in tiles.items()}
+    t = time.time()
+    o, fin = forward_triton(prog, tin, lam, init, alg.eps)
+    torch.cuda.synchronize()
+    el = time.time() - t
+    rms = lambda x: x.double().pow(2).mean().sqrt().item()
+    eo = rms(num - o) / rms(num)
+    ef = max(rms(final[k] - fin[k]) / max(rms(final[k]), 1e-30) for k in final)
+    ms = triton.testing.do_bench(lambda: forward_triton(prog, tin, lam, init, alg.eps))
+    print(f"{name:12s} g={gated:d} n={normalize:d} {str(dtype)[6:]:8s} d={d} out={eo:.1e} state={ef:.1e} "
+          f"first={el:.1f}s bench={ms:.3f}ms", flush=True)
+
+
+if __name__ == "__main__":
+    names = sys.argv[1].split(",")
+    dts = [getattr(torch, x) for x in sys.argv[2].split(",")]
+    d = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+    for n in names:
+        for dt in dts:
+            for gated, norm in ((True, False), (False, True)):
+                try:
+                    case(n, gated, norm, dt, d=d, dv=d)
+                except Exception as e:
+                    print(f"{n} g={gated} n={norm} {dt} FAILED: {type(e).__name__}: {str(e)[:800]}", flush=True)

@@ -1,0 +1,283 @@
+"""Triton source for a chunk program (DESIGN §5): a state-pass kernel walking the
+chunks of one (sequence, head) in order, and an output kernel parallel over
+(chunk, sequence·head). ``kernel_context`` lowers the program to a plain,
+JSON-serialisable description (names, shapes and the straight-line code of every
+term); ``templates/chunk_kernels.py.jinja`` lays the kernels out around it.
+
+Spec names reach the source only as validated identifiers behind fixed prefixes
+(``in_`` token tiles, ``st_``/``nx_`` states in registers, ``init_``/``final_``/
+``starts_`` state pointers, ``off_``/``msk_`` state layouts, ``dr_`` derived carries),
+so they cannot collide with each other or with the kernels' own names.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from hladsl.codegen.steps import Block, Tile, comment
+from hladsl.ir.chunk import ChunkProgram, Operand, TermProgram
+from hladsl.ir.contract import plan
+
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATE = "chunk_kernels.py.jinja"
+_IDENT = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+
+
+def _ident(what: str, name: str) -> str:
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise ValueError(f"{what} name {name!r} cannot be used in generated code "
+                         f"(expected [A-Za-z][A-Za-z0-9_]*)")
+    return name
+
+
+def block_size(n: int) -> int:
+    """Tile extent for a dim of size n: a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, 1 << (int(n) - 1).bit_length())
+
+
+def constexprs(program: ChunkProgram) -> dict[str, int]:
+    """The tl.constexpr arguments shared by both kernels: C, D_<dim>, B_<dim>."""
+    out = {"C": program.chunk}
+    for dim, n in program.sizes:
+        out[f"D_{dim}"] = n
+        out[f"B_{dim}"] = block_size(n)
+    return out
+
+
+class _Lowering:
+    """Walks one chunk program and collects the pieces of the template context."""
+
+    def __init__(self, program: ChunkProgram):
+        self.p = program
+        self.alg = alg = program.algebra
+        c = program.chunk
+        if c < 16 or c & (c - 1):
+            raise ValueError(f"Triton chunk kernels need a power-of-two chunk size >= 16, got {c}")
+        _ident("mechanism", alg.name)
+        self.dims = [_ident("dim", d) for d in alg.dims]
+        self.input_dim = {_ident("input", x): _ident("dim", d) for x, d in alg.inputs.items()}
+        self.state_dims = {_ident("summary", s.name): s.dims for s in alg.streaming}
+        self.derived_dims = {}
+        for d in program.derived:
+            _ident("derived", d.name)
+            self.derived_dims[d.name] = self._poly_dims(d.poly)
+        self.block = Block()     # the current kernel region (temps, CSE)
+
+    # -- sizes --------------------------------------------------------------------------
+    def _poly_dims(self, poly) -> dict[str, str]:
+        dims = {}
+        for m in poly.terms:
+            for f in m.factors:
+                if f.kind != "state" or m.rho:
+                    raise ValueError(f"derived carry factor {f} is not a plain carried state")
+                dims.update(zip(f.indices, self.state_dims[f.name]))
+        return dims
+
+    def index_dims(self, operands) -> dict[str, str | None]:
+        """index name -> its dim (None for a chunk-time index), for the operands of one term."""
+        dims = {}
+        for o in operands:
+            if o.kind == "token":
+                dims[o.indices[0]] = None
+                dims[o.indices[1]] = self.input_dim[o.name]
+            elif o.kind == "carry":
+                dims.update(zip(o.indices, self.state_dims[o.name]))
+            elif o.kind == "derived":
+                dims.update((i, self.derived_dims[o.name][i]) for i in o.indices)
+            else:
+                dims.update((i, None) for i in o.indices)
+        return dims
+
+    def sizes(self, operands) -> dict[str, str]:
+        """index name -> constexpr tile extent (C or B_<dim>)."""
+        return {i: "C" if d is None else f"B_{d}" for i, d in self.index_dims(operands).items()}
+
+    # -- operands -----------------------------------------------------------------------
+    def operand(self, o: Operand, defs: dict) -> Tile:
+        if o.kind == "token":
+            return Tile(f"in_{o.name}", o.indices)
+        if o.kind == "carry":
+            return Tile(f"st_{o.name}", o.indices)
+        if o.kind == "derived":
+            return Tile(f"dr_{o.name}", o.indices)
+        if o.kind == "mask":
+            rel = {"<=": "le", "<": "lt"}[o.rel]
+            var = f"mask_{rel}_w{o.weight}"
+            if var not in defs:
+                keep = f"offs_t[:, None] {'>=' if o.rel == '<=' else '>'} offs_t[None, :]"
+                if o.weight:
+                    expr = (f"tl.exp(tl.where({keep}, {o.weight} * (lam[:, None] - lam[None, :]), "
+                            f"float(\"-inf\")))")
+                else:
+                    expr = f"tl.where({keep}, 1.0, 0.0)"
+                defs[var] = (comment(o.text()), expr)
+            return Tile(var, o.indices)
+        if o.kind == "decay":
+            var = f"decay_{o.anchor}_w{o.weight}"
+            if var not in defs:
+                expr = (f"tl.exp({o.weight} * (lam_end - lam))" if o.anchor == "end"
+                        else f"tl.exp({o.weight} * lam)")
+                defs[var] = (comment(o.text()), expr)
+            return Tile(var, o.indices)
+        raise ValueError(f"operand kind {o.kind!r} has no Triton lowering")
+
+    # -- code ---------------------------------------------------------------------------
+    def region(self) -> None:
+        """Start a new kernel: temps are numbered afresh, nothing is reused across."""
+        self.block = Block()
+
+    def terms(self, terms: tuple[TermProgram, ...], acc: str, defs: dict, scale_end=False) -> str:
+        """Code summing ``terms`` into ``acc``; ``scale_end``: state pass (carry weights)."""
+        block = self.block
+        start = len(block.lines)
+        for n, t in enumerate(terms):
+            block.lines.append("")
+            block.note(f"{t.coef:+g} · {t.source}")
+            block.sizes = self.sizes(t.operands)
+            tiles = [self.operand(o, defs) for o in t.operands]
+            for s in t.plan.steps:
+                tiles.append(block.contract(tiles[s.left], tiles[s.right], s.indices))
+            value = block.reduce(tiles[t.plan.result], t.output).var
+            if scale_end and t.carry_weight:
+                value = f"{value} * tl.exp({t.carry_weight} * lam_end)"
+            self._accumulate(block, acc, value, t.coef, first=n == 0)
+        return "\n".join(block.lines[start:]).lstrip("\n")
+
+    @staticmethod
+    def _accumulate(block: Block, acc: str, value: str, coef: float, first: bool) -> None:
+        sign = "-" if coef < 0 else "+"
+        mag = abs(float(coef))
+        if mag != 1.0:
+            value = f"{mag!r} * {value}"
+        if first:
+            neg = f"-{value}" if value.isidentifier() else f"-({value})"
+            block.assign(acc, value if sign == "+" else neg)
+        else:
+            block.lines.append(f"{acc} {sign}= {value}")
+
+    def derived(self) -> str:
+        block = self.block
+        start = len(block.lines)
+        sizes = dict(self.p.sizes)
+        for d in self.p.derived:
+            dims = self.derived_dims[d.name]
+            block.lines.append("")
+            block.note(f"{d.name}[{','.join(d.poly.free)}] = {d.poly.text()}")
+            block.sizes = {i: f"B_{dim}" for i, dim in dims.items()}
+            for n, m in enumerate(d.poly.terms):
+                tiles = [Tile(f"st_{f.name}", f.indices) for f in m.factors]
+                pl = plan(tuple(f.indices for f in m.factors), d.poly.free,
+                          tuple((i, sizes[dim]) for i, dim in dims.items()))
+                for s in pl.steps:
+                    tiles.append(block.contract(tiles[s.left], tiles[s.right], s.indices))
+                value = block.reduce(tiles[pl.result], d.poly.free).var
+                self._accumulate(block, f"dr_{d.name}", value, float(m.coef), first=n == 0)
+        return "\n".join(block.lines[start:]).lstrip("\n")
+
+
+def _layout(dims) -> tuple[str, str, str]:
+    """(offset, mask, numel) expressions of a contiguous state tile over ``dims``."""
+    r = len(dims)
+    offs, masks = [], []
+    for k, dim in enumerate(dims):
+        slots = "" if r == 1 else "[" + ", ".join(":" if j == k else "None" for j in range(r)) + "]"
+        stride = " * ".join(f"D_{x}" for x in dims[k + 1:])
+        offs.append(f"offs_{dim}{slots}" + (f" * {stride}" if stride else ""))
+        masks.append(f"(offs_{dim}{slots} < D_{dim})")
+    numel = " * ".join(f"D_{x}" for x in dims)
+    return " + ".join(offs), " & ".join(masks), numel if r == 1 else f"({numel})"
+
+
+def _defs(defs: dict) -> list[dict]:
+    return [{"var": var, "text": text, "expr": expr} for var, (text, expr) in defs.items()]
+
+
+def kernel_context(program: ChunkProgram) -> dict:
+    """Everything the template needs, as plain data (also the cache key's program part)."""
+    low = _Lowering(program)
+    alg = program.algebra
+
+    def inputs_of(terms):
+        names = dict.fromkeys(o.name for t in terms for o in t.operands if o.kind == "token")
+        return [{"name": x, "dim": low.input_dim[x]} for x in names]
+
+    out_terms = program.output + program.normalizer
+    read = dict.fromkeys([o.name for t in out_terms for o in t.operands if o.kind == "carry"]
+                         + [f.name for d in program.derived for m in d.poly.terms
+                            for f in m.factors])
+    states = []
+    for s in alg.streaming:
+        if not s.dims:
+            raise ValueError(f"summary {s.name} has no indices: scalar states are not supported")
+        off, msk, numel = _layout(s.dims)
+        states.append({"name": s.name, "index": ",".join(s.indices), "dims": list(s.dims),
+                       "off": off, "msk": msk, "numel": numel, "read": s.name in read})
+    state_defs, out_defs = {}, {}
+    state_code = []
+    for name, terms in program.states:
+        code = low.terms(terms, f"nx_{name}", state_defs, scale_end=True)
+        state_code.append({"name": name, "code": code})
+    low.region()
+    derived_code = low.derived()
+    num_code = low.terms(program.output, "num", out_defs)
+    den_code = low.terms(program.normalizer, "den", out_defs) if program.normalizer else ""
+    (o_index,) = alg.output.free
+    o_dim = low.index_dims(program.output[0].operands)[o_index]
+    return {
+        "name": alg.name,
+        "chunk": program.chunk,
+        "sizes": [[d, n] for d, n in program.sizes],
+        "dims": low.dims,
+        "gated": program.gated,
+        "normalize": bool(program.normalizer),
+        "state_inputs": inputs_of([t for _, ts in program.states for t in ts]),
+        "output_inputs": inputs_of(out_terms),
+        "states": states,
+        "state_defs": _defs(state_defs),
+        "state_code": state_code,
+        "output_defs": _defs(out_defs),
+        "output_lam_end": any("lam_end" in expr for _, expr in out_defs.values()),
+        "derived_code": derived_code,
+        "num_code": num_code,
+        "den_code": den_code,
+        "o_dim": o_dim,
+        "output_text": comment(f"{alg.output_name}[{o_index}] = {alg.output.text()}"),
+        "normalizer_text": comment(alg.normalizer.text()) if alg.normalizer is not None else "",
+    }
+
+
+def template_text() -> str:
+    return (TEMPLATE_DIR / TEMPLATE).read_text()
+
+
+def render(context: dict, version: str) -> str:
+    env = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), undefined=StrictUndefined,
+                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    return env.get_template(TEMPLATE).render(version=version, **context)
+
+
+def generate(program: ChunkProgram) -> str:
+    """The Python/Triton module source for ``program`` (uncached)."""
+    import hladsl
+    return render(kernel_context(program), hladsl.__version__)
+
+
+
+_MODULES: dict = {}
+
+
+def kernels(program: ChunkProgram):
+    """(module, context): the imported module with ``state_pass_kernel`` and
+    ``output_kernel`` for ``program`` (rendered once, then served from the disk
+    cache, see hladsl.codegen.cache) and the context it was rendered from."""
+    hit = _MODULES.get(program)
+    if hit is None:
+        import hladsl
+        from hladsl.codegen.cache import cache_key, load_module
+        context = kernel_context(program)
+        key = cache_key(context, template_text())
+        module = load_module(context["name"], key, lambda: render(context, hladsl.__version__))
+        hit = _MODULES[program] = (module, context)
+    return hit

@@ -1,0 +1,67 @@
+"""Launching the generated chunk kernels: the Triton counterpart of
+``chunk_torch.state_pass`` + ``chunk_torch.outputs`` (same calling convention)."""
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from hladsl.codegen.triton_gen import constexprs, kernels
+from hladsl.ir.chunk import ChunkProgram
+
+_DOT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _token_args(inputs, tiles, lam, gated) -> dict:
+    args = {}
+    for x in inputs:
+        name = x["name"]
+        t = tiles[name]
+        if t.stride(-1) != 1:
+            t = t.contiguous()
+        args[f"in_{name}_ptr"] = t
+        for axis, s in zip("nhct", t.stride()[:4]):
+            args[f"str_{name}_{axis}"] = s
+    if gated:
+        args["lam_ptr"] = lam
+    return args
+
+
+def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
+                   init_states: dict[str, torch.Tensor], eps: float, num_warps: int = 4):
+    """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16; may be a strided view);
+    lam: [N, H, nC, C] in-chunk cumulative log gates (None iff the program is ungated);
+    init_states: summary -> [N, H, *shape] unpacked. Returns (o [N, H, nC, C, dv] fp32,
+    {summary: final state [N, H, *shape] fp32})."""
+    module, ctx = kernels(program)
+    if program.gated != (lam is not None):
+        raise ValueError("lam must be given exactly when the chunk program is gated")
+    first = next(iter(tiles.values()))
+    n_seq, heads, n_chunks, chunk = first.shape[:4]
+    if chunk != program.chunk:
+        raise ValueError(f"tiles have chunk size {chunk}, the program {program.chunk}")
+    device = first.device
+    if lam is not None:
+        lam = lam.to(device=device, dtype=torch.float32).contiguous()
+    common = dict(H=heads, n_chunks=n_chunks, DOT=_DOT.get(first.dtype, tl.float32),
+                  num_warps=num_warps, **constexprs(program))
+
+    state_args, out_args, final = {}, {}, {}
+    for s in ctx["states"]:
+        name = s["name"]
+        init = init_states[name].to(device=device, dtype=torch.float32).contiguous()
+        final[name] = torch.empty_like(init)
+        state_args[f"init_{name}"], state_args[f"final_{name}"] = init, final[name]
+        if s["read"]:
+            starts = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
+            state_args[f"starts_{name}"] = out_args[f"starts_{name}"] = starts
+    state_args.update(_token_args(ctx["state_inputs"], tiles, lam, program.gated))
+    module.state_pass_kernel[(n_seq * heads,)](**state_args, **common)
+
+    dv = dict(program.sizes)[ctx["o_dim"]]
+    o = torch.empty((n_seq, heads, n_chunks, chunk, dv), device=device, dtype=torch.float32)
+    out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated))
+    out_args["out_ptr"] = o
+    if ctx["normalize"]:
+        out_args["eps"] = float(eps)
+    module.output_kernel[(n_chunks, n_seq * heads)](**out_args, **common)
+    return o, final
