@@ -62,6 +62,8 @@ class Op:
         """The derived serial recurrence, token by token (inference path / reference)."""
         alg = self.algebra
         dims = check_inputs(alg, q, k, v, g, scale, None)
+        if initial_state is not None:
+            check_state(alg, initial_state, q.shape[0], q.shape[2], dims, q.device)
         scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         tokens = {"q": q.to(compute) * scale, "k": k.to(compute), "v": v.to(compute)}
