@@ -164,5 +164,5 @@ def test_hla2_chunk_program_is_design_three_terms():
     assert len(sources) == 3
     assert "carry only" in sources[0]                         # Q W_P
     assert "S@P" in sources[1] and "n0 <= t" in sources[1]    # ((Q S_P) Q^T ⊙ L) V
-    assert "n0 <= n1 <= t" in sources[2]                      # ((QK^T)((KQ^T)⊙U))⊙L) V
+    assert "n0 <= n1, n1 <= t" in sources[2]                 # ((QK^T)((KQ^T)⊙U))⊙L) V
     assert prog.derived[0].poly.text() == "-G@P[_0,e] + C@P[_1,e] S@P[_0,_1]"

@@ -135,7 +135,7 @@ class Block:
             left = f"tl.reshape({left}, ({self._group(free_a)}, {self._group(summed)}))"
         if len(free_b) > 1 or len(summed) > 1:
             right = f"tl.reshape({right}, ({self._group(summed)}, {self._group(free_b)}))"
-        expr = f"_dot({left}, {right}, DOT)"
+        expr = f"_dot({left}, {right}, DOT, PREC)"
         idx = tuple(free_a + free_b)
         if len(free_a) > 1 or len(free_b) > 1:
             expr = f"tl.reshape({expr}, ({', '.join(self.sizes[i] for i in idx)}))"

@@ -27,10 +27,13 @@ def _token_args(inputs, tiles, lam, gated) -> dict:
 
 
 def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
-                   init_states: dict[str, torch.Tensor], eps: float, num_warps: int = 4):
+                   init_states: dict[str, torch.Tensor], eps: float, precision: str = "tf32x3",
+                   num_warps: int = 4):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16; may be a strided view);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff the program is ungated);
-    init_states: summary -> [N, H, *shape] unpacked. Returns (o [N, H, nC, C, dv] fp32,
+    init_states: summary -> [N, H, *shape] unpacked. precision: how fp32 tiles are
+    multiplied (tl.dot input_precision: "ieee" exact but slow to compile and run,
+    "tf32x3" about fp32-accurate on tensor cores, "tf32" fastest). Returns (o [N, H, nC, C, dv] fp32,
     {summary: final state [N, H, *shape] fp32})."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
@@ -42,7 +45,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     device = first.device
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
-    common = dict(H=heads, n_chunks=n_chunks, DOT=_DOT.get(first.dtype, tl.float32),
+    common = dict(H=heads, n_chunks=n_chunks, DOT=_DOT.get(first.dtype, tl.float32), PREC=precision,
                   num_warps=num_warps, **constexprs(program))
 
     state_args, out_args, final = {}, {}, {}

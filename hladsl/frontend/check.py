@@ -247,9 +247,7 @@ def _term_indices(ctx: _Ctx, term: ast.Term, dims: dict[str, str], where: str, s
         if isinstance(f, ast.Tensor):
             occurrences.extend(_tensor_indices(ctx, f, where, state))
         elif isinstance(f, ast.ParamRef):
-            p = ctx.spec.param(f.name)
-            tensor = ("the identity tensor" if f.name == BUILTIN_EYE else "an input"
-                      if ctx.spec.input(f.name) else "a state" if ctx.spec.state(f.name) else None)
+            p, tensor = ctx.spec.param(f.name), _tensor_kind(ctx.spec, f.name)
             if p is None and tensor is not None:
                 ctx.reject(f"'{f.name}' is {tensor}, not a parameter: write it with its "
                            f"indices, as in {f.name}[...]", f.pos)
@@ -274,6 +272,14 @@ def _term_indices(ctx: _Ctx, term: ast.Term, dims: dict[str, str], where: str, s
                             f"([{', '.join(free_names)}] and [{', '.join(names)}])", t.pos)
             occurrences.extend(free or [])
     return occurrences
+
+
+def _tensor_kind(spec: ast.Spec, name: str) -> str | None:
+    if name == BUILTIN_EYE:
+        return "the identity tensor"
+    if spec.input(name) is not None:
+        return "an input"
+    return "a state" if spec.state(name) is not None else None
 
 
 def _tensor_indices(ctx: _Ctx, f: ast.Tensor, where: str, state):
@@ -321,7 +327,8 @@ def _tensor_indices(ctx: _Ctx, f: ast.Tensor, where: str, state):
             return ctx.reject(f"input '{f.name}' has one index (declared as "
                               f"{f.name}[{decl_input.dim}]); {f.name}{_indices_text(f.indices)} "
                               f"has {len(f.indices)}", f.pos)
-        return [(f.indices[0], decl_input.dim)]
+        # an undeclared dim is reported once, at the input; it binds nothing here
+        return [(f.indices[0], decl_input.dim if decl_input.dim in spec.dims else None)]
     declared = _slots(decl_state.indices)
     used = _slots(f.indices)
     if len(used) != len(declared):

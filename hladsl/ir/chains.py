@@ -28,19 +28,21 @@ ANCHOR = "t"
 @dataclass(frozen=True)
 class ChainTerm:
     """coef · carry factors · Π_nodes token factors, summed over token times
-    n0 r0 n1 r1 ... n_{k-1} r_last anchor with r ∈ {'<', '<='}.
+    ordered as a forest below the anchor: node i relates to ``parents[i]``
+    (another node, or -1 for the anchor) by ``rels[i]`` ∈ {'<', '<='}. A chain
+    n0 ⋚ n1 ⋚ ... ⋚ anchor is the special case parents[i] = i + 1.
 
     ``factors`` hold token inputs (where = 'n0', 'n1', ... or 't' for the anchor
     token) and carry states (where = 'P'). ``weights[i]`` is node i's decay
     weight; carry factors decay by ρ^{carry_weight} from the chunk start. For a
-    state pass the anchor is the chunk end (no token): r_last is ''.
+    state pass the anchor is the chunk end (no token) and a root's rel is ''.
     """
 
     coef: Fraction
     factors: tuple[Factor, ...]
     weights: tuple[int, ...]
+    parents: tuple[int, ...]
     rels: tuple[str, ...]
-    last: str
     carry_weight: int
     free: tuple[str, ...]
 
@@ -48,29 +50,47 @@ class ChainTerm:
     def nodes(self) -> int:
         return len(self.weights)
 
-    def node_factors(self, label: str) -> tuple[Factor, ...]:
-        return tuple(f for f in self.factors if f.kind == "input" and f.where == label)
+    def children(self, n: int) -> list[int]:
+        return [c for c, p in enumerate(self.parents) if p == n]
+
+    def subtree_weight(self, n: int) -> int:
+        return self.weights[n] + sum(self.subtree_weight(c) for c in self.children(n))
 
     @property
     def carry(self) -> tuple[Factor, ...]:
         return tuple(f for f in self.factors if f.where == "P")
 
+    def renumbered(self, order: list[int]) -> "ChainTerm":
+        """Node order[k] becomes node k."""
+        new_of = {old: new for new, old in enumerate(order)}
+        factors = tuple(replace(f, where=f"n{new_of[int(f.where[1:])]}")
+                        if f.kind == "input" and f.where.startswith("n") else f for f in self.factors)
+        return replace(self, factors=factors,
+                       weights=tuple(self.weights[o] for o in order),
+                       parents=tuple(-1 if self.parents[o] < 0 else new_of[self.parents[o]]
+                                     for o in order),
+                       rels=tuple(self.rels[o] for o in order))
+
     def key(self):
-        factors, _ = canonical_key(Monomial(Fraction(1), self.factors), self.free)
-        return (factors, self.weights, self.rels, self.last, self.carry_weight)
+        best = None
+        for order in itertools.permutations(range(self.nodes)):
+            t = self.renumbered(list(order))
+            factors, _ = canonical_key(Monomial(Fraction(1), t.factors), t.free)
+            k = (factors, t.weights, t.parents, t.rels, t.carry_weight)
+            if best is None or k < best:
+                best = k
+        return best
 
     def text(self) -> str:
-        order = []
+        rels = []
         for n in range(self.nodes):
-            order.append(f"n{n}")
-            order.append(self.rels[n] if n < self.nodes - 1 else (self.last or "in chunk"))
-        if self.last:
-            order.append(ANCHOR)
+            parent = ANCHOR if self.parents[n] < 0 else f"n{self.parents[n]}"
+            rels.append(f"n{n} in chunk" if not self.rels[n] else f"n{n} {self.rels[n]} {parent}")
         decay = [f"w(n{n})={w}" for n, w in enumerate(self.weights) if w]
         if self.carry_weight:
             decay.append(f"w(P)={self.carry_weight}")
         mono = Monomial(self.coef, self.factors).text()
-        where = " ".join(order) if self.nodes else "carry only"
+        where = ", ".join(rels) if self.nodes else "carry only"
         return f"{mono}   [{where}{'; ' + ', '.join(decay) if decay else ''}]"
 
 
@@ -207,33 +227,59 @@ def _linearise(raw: _Raw, free: tuple[str, ...], token_anchor: bool) -> list[Cha
                 where.update({n: ANCHOR for n in blocks[-1]})
             factors = tuple(replace(f, where=where.get(f.where, f.where)) for f in raw.mono.factors)
             weights = tuple(sum(by_label[n].weight for n in block) for block in chain)
-            last = "" if not token_anchor else "<"
-            out.append(ChainTerm(raw.mono.coef, factors, weights, ("<",) * max(len(chain) - 1, 0),
-                                 last if chain else "", carry_weight, free))
+            k = len(chain)
+            root_rel = "<" if token_anchor else ""
+            out.append(ChainTerm(raw.mono.coef, factors, weights,
+                                 tuple(range(1, k)) + (-1,) if k else (),
+                                 ("<",) * (k - 1) + (root_rel,) if k else (),
+                                 carry_weight, free))
     return out
 
 
 # -- cancellation and '<' + '=' -> '<=' --------------------------------------------
 
-def _merge_at(term: ChainTerm, i: int) -> ChainTerm:
-    """Blocks i and i+1 as one time (i+1 == nodes means: into the anchor)."""
-    n = term.nodes
-    def relabel(where: str) -> str:
-        if not where.startswith("n"):
-            return where
-        k = int(where[1:])
-        if k > i:
-            k -= 1
-        if i == n - 1 and k == n - 1:
-            return ANCHOR
-        return f"n{k}"
-    factors = tuple(replace(f, where=relabel(f.where)) if f.kind == "input" else f for f in term.factors)
-    if i == n - 1:   # into the anchor
-        return replace(term, factors=factors, weights=term.weights[:-1], rels=term.rels[:-1],
-                       last=term.rels[-1] if n > 1 else "")
-    weights = term.weights[:i] + (term.weights[i] + term.weights[i + 1],) + term.weights[i + 2:]
-    rels = term.rels[:i] + term.rels[i + 1:]
-    return replace(term, factors=factors, weights=weights, rels=rels)
+def _merge_into_parent(term: ChainTerm, n: int) -> ChainTerm:
+    """Node n at the same time as its parent (or as the anchor token)."""
+    p = term.parents[n]
+    keep = [m for m in range(term.nodes) if m != n]
+    factors = []
+    for f in term.factors:
+        if f.kind == "input" and f.where == f"n{n}":
+            f = replace(f, where=ANCHOR if p < 0 else f"n{p}")
+        factors.append(f)
+    weights = list(term.weights)
+    if p >= 0:
+        weights[p] += weights[n]
+    parents = [p if q == n else q for q in term.parents]
+    merged = replace(term, factors=tuple(factors), weights=tuple(weights), parents=tuple(parents))
+    return merged.renumbered(keep)
+
+
+def _with_rel(term: ChainTerm, n: int, rel: str) -> ChainTerm:
+    return replace(term, rels=term.rels[:n] + (rel,) + term.rels[n + 1:])
+
+
+def _swap_leaf(term: ChainTerm, a: int) -> ChainTerm | None:
+    """For a leaf a with a <= b = parent(a), b's only child: the term with a and
+    b exchanged and the leaf edge strict (b < a). Together the two cover a and
+    b unordered below b's old parent."""
+    b = term.parents[a]
+    if b < 0 or term.children(a) or term.children(b) != [a] or term.rels[a] != "<=":
+        return None
+    swapped = term.renumbered([b if m == a else a if m == b else m for m in range(term.nodes)])
+    # renumbering exchanged the contents of a and b but also their edges: restore
+    parents, rels = list(term.parents), list(term.rels)
+    rels[a] = "<"
+    return replace(swapped, parents=tuple(parents), rels=tuple(rels))
+
+
+def _unordered(term: ChainTerm, a: int) -> ChainTerm:
+    b = term.parents[a]
+    parents = list(term.parents)
+    parents[a] = term.parents[b]
+    rels = list(term.rels)
+    rels[a] = term.rels[b]
+    return replace(term, parents=tuple(parents), rels=tuple(rels))
 
 
 def simplify(terms: list[ChainTerm]) -> list[ChainTerm]:
@@ -251,18 +297,18 @@ def simplify(terms: list[ChainTerm]) -> list[ChainTerm]:
         for k, t in list(table.items()):
             if k not in table:
                 continue
-            positions = [i for i, r in enumerate(t.rels) if r == "<"]
-            if t.last == "<":
-                positions.append(t.nodes - 1)
-            for i in positions:
-                partner = _merge_at(t, i)
+            for n in range(t.nodes):
+                if t.rels[n] == "<":      # '<' plus '=' is '<='
+                    partner = _merge_into_parent(t, n)
+                    merged = _with_rel(t, n, "<=")
+                else:                     # a <= b plus b < a is a, b unordered
+                    partner = _swap_leaf(t, n)
+                    merged = _unordered(t, n) if partner is not None else None
+                if partner is None:
+                    continue
                 pk = partner.key()
-                if pk in table and table[pk].coef == t.coef:
+                if pk != k and pk in table and table[pk].coef == t.coef:
                     del table[pk], table[k]
-                    if i == t.nodes - 1:
-                        merged = replace(t, last="<=")
-                    else:
-                        merged = replace(t, rels=t.rels[:i] + ("<=",) + t.rels[i + 1:])
                     table[merged.key()] = merged
                     changed = True
                     break

@@ -87,18 +87,15 @@ def _operands(term: ChainTerm, token_anchor: bool, carry_factors, gated: bool) -
         if f.kind == "input":
             ops.append(Operand("token", f.name, (_time(f.where), f.indices[0])))
     ops.extend(carry_factors)
-    cumulative = 0
-    for n in range(term.nodes):
-        cumulative += term.weights[n]
-        here = _time(f"n{n}")
-        if n < term.nodes - 1:
-            ops.append(Operand("mask", "", (_time(f"n{n + 1}"), here), term.rels[n],
-                               cumulative if gated else 0))
+    for n in range(term.nodes):   # one mask per forest edge; decay telescoped along it
+        here, parent = _time(f"n{n}"), term.parents[n]
+        weight = term.subtree_weight(n) if gated else 0
+        if parent >= 0:
+            ops.append(Operand("mask", "", (_time(f"n{parent}"), here), term.rels[n], weight))
         elif token_anchor:
-            ops.append(Operand("mask", "", (_time(ANCHOR), here), term.last,
-                               cumulative if gated else 0))
-        elif cumulative and gated:
-            ops.append(Operand("decay", "", (here,), weight=cumulative, anchor="end"))
+            ops.append(Operand("mask", "", (_time(ANCHOR), here), term.rels[n], weight))
+        elif weight:
+            ops.append(Operand("decay", "", (here,), weight=weight, anchor="end"))
     if token_anchor and term.carry_weight and gated:
         ops.append(Operand("decay", "", (_time(ANCHOR),), weight=term.carry_weight, anchor="start"))
     return ops
@@ -139,7 +136,7 @@ def _output_programs(alg, poly, sizes, derived: list[Derived], prefix: str, gate
     for n, (term, anchor, inner_free, monos) in enumerate(groups.values()):
         name = f"{prefix}{n}"
         derived.append(Derived(name, Poly(inner_free, tuple(monos))))
-        rep = ChainTerm(Fraction(1), anchor, (), (), "", term.carry_weight, poly.free)
+        rep = ChainTerm(Fraction(1), anchor, (), (), (), term.carry_weight, poly.free)
         ops = _operands(rep, True, [Operand("derived", name, inner_free)], gated)
         text = f"{Monomial(Fraction(1), anchor).text()} {name}[{','.join(inner_free)}]   [carry only]"
         extra = [f for m in monos for f in m.factors]

@@ -24,10 +24,10 @@ def _term(term: ChainTerm, tokens, lam, T: int) -> torch.Tensor:
     for f in term.factors:
         specs.append(names["time_" + f.where] + names[f.indices[0]])
         operands.append(tokens[f.name])
-    for i in range(term.nodes):   # order relations between consecutive times
-        later = times[i + 1]
-        specs.append(names["time_" + later] + names["time_" + times[i]])
-        operands.append(_order(term.rels[i] if i < term.nodes - 1 else term.last, T, like))
+    for i in range(term.nodes):   # order relation of each node to its parent (or t)
+        parent = ANCHOR if term.parents[i] < 0 else f"n{term.parents[i]}"
+        specs.append(names["time_" + parent] + names["time_" + times[i]])
+        operands.append(_order(term.rels[i], T, like))
         if lam is not None and term.weights[i]:   # node i decays to the anchor t
             specs.append(names["time_" + ANCHOR] + names["time_" + times[i]])
             operands.append(torch.exp(term.weights[i] * (lam[:, None] - lam[None, :])).tril())
