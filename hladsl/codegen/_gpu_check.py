@@ -63,3 +63,25 @@ def bench(name, T, dtype=torch.bfloat16, gated=False, B=2, H=16, d=64, C=64, pre
     forward_triton(prog, tiles, lam, init, 1e-6, precision=precision)
     ms = triton.testing.do_bench(lambda: forward_triton(prog, tiles, lam, init, 1e-6, precision=precision))
     print(f"bench {name:8s} T={T:6d} {str(dtype)[6:]} gated={gated:d} {ms:.3f} ms", flush=True)
+
+
+def split_times(name, T, dtype=torch.bfloat16, gated=False, B=2, H=16, d=64, C=64):
+    from torch.profiler import profile, ProfilerActivity
+    alg = hladsl.compile_spec(name)
+    dims = {"d": d, "dv": d}
+    prog = chunk_program(alg, C, tuple(sorted(dims.items())), gated)
+    nC = T // C
+    x = {n: torch.randn(B, T, H, d, device="cuda", dtype=dtype) * d ** -0.5 for n in alg.inputs}
+    tiles = {n: t.reshape(B, nC, C, H, d).permute(0, 3, 1, 2, 4) for n, t in x.items()}
+    lam = (-torch.rand(B, H, nC, C, device="cuda") * 0.1).cumsum(-1) if gated else None
+    init = {s.name: torch.zeros((B, H) + tuple(dims[v] for v in s.dims), device="cuda") for s in alg.streaming}
+    for _ in range(3):
+        forward_triton(prog, tiles, lam, init, 1e-6)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            forward_triton(prog, tiles, lam, init, 1e-6)
+        torch.cuda.synchronize()
+    for e in prof.key_averages():
+        if "kernel" in e.key:
+            print(f"  {name} T={T} {e.key[:40]:40s} {e.device_time / 1000:.3f} ms avg", flush=True)
