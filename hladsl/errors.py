@@ -39,7 +39,7 @@ class SpecError(Exception):
             head = f"{self.path}:{self.pos.line}:{self.pos.column}: {self.message}"
         lines = [head]
         if self.pos is not None and self.source is not None:
-            src_lines = self.source.splitlines()
+            src_lines = self.source.split("\n")   # as lark counts lines
             if 1 <= self.pos.line <= len(src_lines):
                 text = src_lines[self.pos.line - 1].expandtabs(1)
                 lines.append(f"    {text}")

@@ -50,6 +50,16 @@ STATES = {
 }
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """The shapes here are tiny: intra-op threading only adds overhead (and spins badly
+    on a busy 2-core runner, 80 s instead of 22 s). Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def cid(cfg):
     name, params = cfg
     return name + "".join(f"-{k}={v}" for k, v in params.items())
@@ -74,7 +84,7 @@ def gen(seed):
 
 
 def make_inputs(B, T, H, d, dv, gate="random", seed=0, dtype=F64):
-    """q, k, v ~ N(0, 1), scaled by 1/sqrt(d) so outputs stay O(1); g per `gate`."""
+    """q, k ~ N(0, 1/d) (so q.k = O(1)), v ~ N(0, 1); g per `gate`; all float64 then cast."""
     rng = gen(seed)
     q = torch.randn(B, T, H, d, generator=rng, dtype=F64) / d ** 0.5
     k = torch.randn(B, T, H, d, generator=rng, dtype=F64) / d ** 0.5
@@ -125,14 +135,17 @@ def assert_states(a, b, tol, what=""):
         assert_rel(a[name], b[name], tol, f"{what} state {name}")
 
 
-def random_state(op, N, H, d, dv, seed, dtype=F64, positive=False):
+def random_state(op, N, H, d, dv, seed, positive=False):
+    """A random (packed) initial state dict {summary: [N, H, *shape]} in float64."""
     rng = gen(seed)
-    out = {}
-    for name, shape in op.state_shapes(d, dv).items():
-        x = torch.rand if positive else torch.randn
-        out[name] = 0.3 * x((N, H) + shape, generator=rng, dtype=F64)
-        out[name] = out[name].to(dtype)
-    return out
+    draw = torch.rand if positive else torch.randn
+    return {name: 0.3 * draw((N, H) + shape, generator=rng, dtype=F64)
+            for name, shape in op.state_shapes(d, dv).items()}
+
+
+def row(state, n):
+    """Sequence n of a state dict, keeping the leading N dim."""
+    return {key: x[n:n + 1] for key, x in state.items()}
 
 
 # ------------------------------------------------ 1. op and serial against the oracle
@@ -178,6 +191,19 @@ def test_matches_oracle(name, params, gate, normalize, T, d, dv):
         assert_states(outs[16][1], ss, 1e-10, "final state, chunked vs serial")
 
 
+@pytest.mark.parametrize("name", SPECS)
+def test_chunk_sizes_agree_with_serial(name):
+    """T = 70 runs two chunks at the default size (64 + 6 padded); odd sizes too."""
+    q, k, v, g = make_inputs(1, 70, 2, 3, 4, "random", seed=3)
+    op = make_op(name)
+    os_, ss = op.serial(q, k, v, g)
+    for cs in (64, 24, 8, 1):
+        op.chunk_size = cs
+        o, s = op(q, k, v, g, output_final_state=True)
+        assert_rel(o, os_, 1e-10, f"chunk_size={cs} output")
+        assert_states(s, ss, 1e-10, f"chunk_size={cs}")
+
+
 def test_default_scale_is_inverse_sqrt_d():
     q, k, v, g = make_inputs(2, 9, 2, 4, 3, "random", seed=5)
     op = make_op("hla2")
@@ -190,15 +216,14 @@ def test_default_scale_is_inverse_sqrt_d():
 
 # ------------------------------------------------------------------ 2. state passing
 SPLIT_T = 40
-SPLITS = [1, 7, 16, 23, 32, 39]  # with chunk_size 16: 16 and 32 are chunk boundaries
+SPLITS = [7, 16, 23, 39]  # chunk_size 16: inside chunk 0, a boundary, inside chunk 1, last token
 
 
 @pytest.mark.parametrize("normalize", [False, True], ids=["plain", "norm"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=cid)
 def test_state_passing(cfg, normalize):
     name, params = cfg
-    d = 3 if name == "power" and params.get("p", 2) > 2 else 4
-    q, k, v, g = make_inputs(2, SPLIT_T, 2, d, 3, "random", seed=11)
+    q, k, v, g = make_inputs(2, SPLIT_T, 2, 3, 4, "random", seed=11)
     op = make_op(name, dict(params, normalize=normalize), 16)
     o_full, s_full = op(q, k, v, g, output_final_state=True)
     for t in SPLITS:
@@ -225,6 +250,40 @@ def test_initial_state_serial_matches_chunked(name):
     os_, ss = op.serial(q, k, v, g, initial_state=init)
     assert_rel(o, os_, 1e-10, "output")
     assert_states(s, ss, 1e-10, "final state")
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_strong_gates(name):
+    """Large |g| (Lam down to -720 inside one 32-token chunk: exp(-Lam) would overflow
+    even float64) must neither overflow nor lose accuracy, in float64 and float32;
+    gradients stay finite."""
+    T = 24
+    q, k, v, _ = make_inputs(1, T, 1, 3, 4, seed=15)
+    for gval in (-2.0, -30.0):
+        g = torch.full((1, T, 1), gval, dtype=F64)
+        ref = oracle_all(name, {}, q, k, v, g)
+        op = make_op(name)
+        o64, _ = op(q, k, v, g, scale=1.0)
+        assert_rel(o64, ref, 1e-9, f"g={gval} float64")
+        leaves = [x.float().requires_grad_(True) for x in (q, k, v, g)]
+        o32, s32 = op(*leaves, scale=1.0, output_final_state=True)
+        assert_rel(o32, ref, 1e-5, f"g={gval} float32")
+        (o32.sum() + sum(x.sum() for x in s32.values())).backward()
+        for x, n in zip(leaves, "qkvg"):
+            assert bool(torch.isfinite(x.grad).all()), f"g={gval}: non-finite grad of {n}"
+
+
+def test_noncontiguous_inputs():
+    """[B, H, T, d] storage viewed as [B, T, H, d] gives the same result."""
+    rng = gen(16)
+    x = [torch.randn(2, 2, 19, n, generator=rng, dtype=F64) for n in (3, 3, 4)]
+    g = -0.5 * torch.rand(2, 2, 19, generator=rng, dtype=F64)
+    views = [t.transpose(1, 2) for t in x] + [g.transpose(1, 2)]
+    op = make_op("hla2", {}, 16)
+    o1, s1 = op(*views, output_final_state=True)
+    o2, s2 = op(*[t.contiguous() for t in views], output_final_state=True)
+    assert_rel(o1, o2, 1e-14, "output")
+    assert_states(s1, s2, 1e-14, "state")
 
 
 def test_no_final_state_unless_asked():
@@ -256,11 +315,26 @@ def test_varlen(cfg, with_init):
         assert x.shape[0] == len(LENGTHS), name_
     for n in range(len(LENGTHS)):
         a, b = int(cu[n]), int(cu[n + 1])
-        init_n = None if init is None else {key: x[n:n + 1] for key, x in init.items()}
-        o_n, s_n = op(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], initial_state=init_n,
+        o_n, s_n = op(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b],
+                      initial_state=None if init is None else row(init, n), output_final_state=True)
+        assert_rel(o[:, a:b], o_n, 1e-10, f"sequence {n} output")
+        assert_states(row(s, n), s_n, 1e-10, f"sequence {n} state")
+
+
+def test_varlen_empty_sequences_keep_initial_state():
+    op = make_op("hla2", {"normalize": True}, 16)
+    q, k, v, g = make_inputs(1, 9, 2, 3, 4, "random", seed=23)
+    init = random_state(op, 4, 2, 3, 4, seed=24)
+    cu = torch.tensor([0, 0, 5, 5, 9])
+    o, s = op(q, k, v, g, initial_state=init, output_final_state=True, cu_seqlens=cu)
+    for n, (a, b) in enumerate(zip(cu.tolist(), cu.tolist()[1:])):
+        if a == b:
+            assert_states(row(s, n), row(init, n), 0.0, f"empty sequence {n}")
+            continue
+        o_n, s_n = op(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], initial_state=row(init, n),
                       output_final_state=True)
         assert_rel(o[:, a:b], o_n, 1e-10, f"sequence {n} output")
-        assert_states({key: x[n:n + 1] for key, x in s.items()}, s_n, 1e-10, f"sequence {n} state")
+        assert_states(row(s, n), s_n, 1e-10, f"sequence {n} state")
 
 
 def test_varlen_int64_and_single_sequence():
@@ -273,7 +347,7 @@ def test_varlen_int64_and_single_sequence():
 
 
 # -------------------------------------------------------------------------- 4. gradcheck
-def gradcheck_op(name, params, T, d, dv, chunk_size, seed, positive=False, gate=True):
+def gradcheck_op(name, params, T, d, dv, chunk_size, seed, positive=False, gate=True, cu_seqlens=None):
     op = make_op(name, params, chunk_size)
     rng = gen(seed)
     if positive:  # keeps normalised denominators away from 0
@@ -284,7 +358,9 @@ def gradcheck_op(name, params, T, d, dv, chunk_size, seed, positive=False, gate=
         k = torch.randn(1, T, 1, d, generator=rng, dtype=F64) / d ** 0.5
     v = torch.randn(1, T, 1, dv, generator=rng, dtype=F64)
     g = -0.05 - 0.45 * torch.rand(1, T, 1, generator=rng, dtype=F64)
-    init = random_state(op, 1, 1, d, dv, seed + 1, positive=positive)
+    n_seq = 1 if cu_seqlens is None else len(cu_seqlens) - 1
+    init = random_state(op, n_seq, 1, d, dv, seed + 1, positive=positive)
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens)
     names = list(init)
     leaves = [q, k, v] + ([g] if gate else []) + [init[n] for n in names]
     leaves = [x.clone().requires_grad_(True) for x in leaves]
@@ -293,7 +369,7 @@ def gradcheck_op(name, params, T, d, dv, chunk_size, seed, positive=False, gate=
         q_, k_, v_ = xs[:3]
         g_ = xs[3] if gate else None
         st = dict(zip(names, xs[4 if gate else 3:]))
-        o, fs = op(q_, k_, v_, g_, scale=1.0, initial_state=st, output_final_state=True)
+        o, fs = op(q_, k_, v_, g_, scale=1.0, initial_state=st, output_final_state=True, cu_seqlens=cu)
         return (o,) + tuple(fs[n] for n in names)
 
     assert torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-6, rtol=1e-5, fast_mode=True)
@@ -304,7 +380,7 @@ GRAD_CASES = [pytest.param(name, {}, 6, 2 if name in CUBIC else 3, 2, id=name) f
     pytest.param("power", {"p": 3}, 6, 2, 2, id="power-p3"),
     # multi-chunk: T = 20 with chunk_size 16
     pytest.param("hla2", {}, 20, 2, 2, id="hla2-T20-multichunk"),
-    pytest.param("hla3_masked", {}, 20, 2, 2, id="hla3_masked-T20-multichunk"),
+    pytest.param("ahla", {}, 20, 2, 2, id="ahla-T20-multichunk"),
 ]
 
 
@@ -320,6 +396,11 @@ def test_gradcheck_normalized(name):
 
 def test_gradcheck_ungated_multichunk():
     gradcheck_op("linear", {"normalize": False}, 20, 2, 2, 16, seed=43, gate=False)
+
+
+@pytest.mark.parametrize("name", ["hla2", "ahla"])
+def test_gradcheck_varlen(name):
+    gradcheck_op(name, {"normalize": False}, 9, 2, 2, 16, seed=45, cu_seqlens=[0, 2, 9])
 
 
 # ------------------------------------------------------------------------- 5. validation
@@ -436,17 +517,6 @@ def test_validation_varlen_state_count():
         op(**kw, cu_seqlens=cu, initial_state=bad)
 
 
-@pytest.mark.parametrize("edit,match", [pytest.param(e, m, id=i) for i, e, m in VALIDATION
-                                        if i in ("q-ndim", "k-dtype", "g-positive", "state-missing",
-                                                 "state-shape")])
-def test_validation_serial(edit, match):
-    op = make_op("linear", {"normalize": True})
-    kw = base_inputs()
-    edit(kw)
-    with pytest.raises(ValueError, match=match):
-        op.serial(**kw)
-
-
 @pytest.mark.parametrize("name,params", [("linear", {"foo": 1}), ("hla2", {"p": 2}),
                                          ("power", {"ridge": 0.1}), ("hla3", {"Normalize": True})])
 def test_unknown_parameter(name, params):
@@ -458,8 +528,7 @@ def test_unknown_parameter(name, params):
 @pytest.mark.parametrize("cfg", CONFIGS, ids=cid)
 def test_low_precision(cfg):
     name, params = cfg
-    d = 3 if name == "power" and params.get("p", 2) > 2 else 4
-    q, k, v, g = make_inputs(2, 24, 2, d, 4, "random", seed=61)
+    q, k, v, g = make_inputs(2, 24, 2, 3, 4, "random", seed=61)
     op = make_op(name, params, 16)
     o64, s64 = op(q, k, v, g, output_final_state=True)
     assert all(x.dtype == F64 for x in s64.values())
@@ -470,14 +539,21 @@ def test_low_precision(cfg):
     assert_rel(o32, o64, 1e-5, "float32 output")
     for key in s64:
         assert_rel(s32[key], s64[key], 1e-5, f"float32 state {key}")
-    # bfloat16 / float16: same dtype out, fp32 states; compared with float64 on the rounded inputs
-    for dt, tol in ((torch.bfloat16, 3e-2), (torch.float16, 3e-3)):
-        lo = [x.to(dt) for x in (q, k, v, g)]
-        o_lo, s_lo = op(*lo, output_final_state=True)
-        assert o_lo.dtype == dt
-        assert all(x.dtype == torch.float32 for x in s_lo.values())
-        o_ref, _ = op(*[x.to(F64) for x in lo])
-        assert_rel(o_lo, o_ref, tol, f"{dt} output")
+    # bfloat16: bfloat16 out, fp32 states; loose check against the float64 result
+    lo = [x.to(torch.bfloat16) for x in (q, k, v, g)]
+    o_lo, s_lo = op(*lo, output_final_state=True)
+    assert o_lo.dtype == torch.bfloat16
+    assert all(x.dtype == torch.float32 for x in s_lo.values())
+    assert_rel(o_lo, o64, 3e-2, "bfloat16 output")
+
+
+def test_float16_output_dtype():
+    q, k, v, g = make_inputs(1, 20, 2, 3, 4, "random", seed=64)
+    op = make_op("hla2", {}, 16)
+    o64, _ = op(q, k, v, g)
+    o16, s16 = op(q.half(), k.half(), v.half(), g.half(), output_final_state=True)
+    assert o16.dtype == torch.float16 and s16["S"].dtype == torch.float32
+    assert_rel(o16, o64, 1e-2, "float16 output")
 
 
 def test_float32_initial_state_with_float64_inputs():
@@ -517,8 +593,8 @@ def test_power_state_is_packed(normalize):
     assert tuple(s["U"].shape) == (2, 2, 2080, 4)
     if normalize:
         assert tuple(s["z"].shape) == (2, 2, 2080)
-    for p, D in ((3, math.comb(10, 3)), (4, math.comb(7, 4))):
-        assert make_op("power", {"p": p}).state_shapes({3: 8, 4: 4}[p], 5)["U"] == (D, 5)
+    for p, d in ((3, 8), (4, 4)):  # C(d + p - 1, p) rows
+        assert make_op("power", {"p": p}).state_shapes(d, 5)["U"] == (math.comb(d + p - 1, p), 5)
 
 
 @pytest.mark.parametrize("name,keys", [("hla2", ["S"]), ("hla3", ["SK", "SQ"]), ("hla3_masked", ["S"])])
@@ -527,7 +603,7 @@ def test_symmetric_states_are_packed(name, keys):
     op = make_op(name)
     shapes = op.state_shapes(d, dv)
     q, k, v, _ = make_inputs(2, 7, 3, d, dv, seed=72)
-    _, s = op(q, k, v, output_final_state=True)
+    _, s = op(q, k, v, scale=1.0, output_final_state=True)
     pairs = list(combinations_with_replacement(range(d), 2))
     for key in keys:
         assert shapes[key] == (d * (d + 1) // 2,)
@@ -547,3 +623,15 @@ def test_linear_state_value():
     w = torch.exp(lam[:, -1:] - lam)
     want = torch.einsum("bth,btha,bthe->bhae", w, k, v)
     assert_rel(s["S"], want, 1e-12, "S")
+
+
+# validation of op.serial: the same ValueErrors as the op (it has no cu_seqlens).
+# Kept last so that under -x the whole file runs before a failure here.
+@pytest.mark.parametrize("edit,match", [pytest.param(e, m, id=i) for i, e, m in VALIDATION
+                                        if not i.startswith("cu-")])
+def test_validation_serial(edit, match):
+    op = make_op("linear", {"normalize": True})
+    kw = base_inputs()
+    edit(kw)
+    with pytest.raises(ValueError, match=match):
+        op.serial(**kw)

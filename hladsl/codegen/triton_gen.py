@@ -145,6 +145,21 @@ class _Lowering:
             self._accumulate(block, acc, value, t.coef, first=n == 0)
         return "\n".join(block.lines[start:]).lstrip("\n")
 
+    def splittable(self, dim: str) -> bool:
+        """Can the state pass run one program per block of ``dim``? Yes when every
+        state term keeps ``dim`` as a free index running through it unchanged (each
+        ``dim`` slice of a state needs only the same slice of its operands): no
+        state has two ``dim`` slots and no term sums over ``dim``."""
+        for name, terms in self.p.states:
+            if sum(d == dim for d in self.state_dims[name]) > 1:
+                return False
+            for t in terms:
+                dims = self.index_dims(t.operands)
+                free = {i for i in t.output if dims.get(i) == dim}
+                if {i for i, d in dims.items() if d == dim} != free:
+                    return False
+        return True
+
     @staticmethod
     def _accumulate(block: Block, acc: str, value: str, coef: float, first: bool) -> None:
         sign = "-" if coef < 0 else "+"
@@ -225,6 +240,9 @@ def kernel_context(program: ChunkProgram) -> dict:
     den_code = low.terms(program.normalizer, "den", out_defs) if program.normalizer else ""
     (o_index,) = alg.output.free
     o_dim = low.index_dims(program.output[0].operands)[o_index]
+    split = o_dim if low.splittable(o_dim) else ""
+    for s in states:
+        s["split"] = bool(split) and split in s["dims"]
     return {
         "name": alg.name,
         "chunk": program.chunk,
@@ -243,6 +261,7 @@ def kernel_context(program: ChunkProgram) -> dict:
         "num_code": num_code,
         "den_code": den_code,
         "o_dim": o_dim,
+        "split": split,
         "output_text": comment(f"{alg.output_name}[{o_index}] = {alg.output.text()}"),
         "normalizer_text": comment(alg.normalizer.text()) if alg.normalizer is not None else "",
     }

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
-from hladsl.codegen.triton_gen import constexprs, kernels
+from hladsl.codegen.triton_gen import block_size, constexprs, kernels
 from hladsl.ir.chunk import ChunkProgram
 
 _DOT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _state_block(size: int, programs: int, device) -> int:
+    """Value-dim block of a state-pass program: halve the padded dim (not below
+    16, tl.dot's minimum) while that leaves fewer programs than two per SM."""
+    width = block_size(size)
+    sms = (torch.cuda.get_device_properties(device).multi_processor_count
+           if device.type == "cuda" else 1)
+    while width > 16 and programs * triton.cdiv(size, width) < 2 * sms:
+        width //= 2
+    return width
 
 
 def _token_args(inputs, tiles, lam, gated) -> dict:
@@ -28,12 +40,14 @@ def _token_args(inputs, tiles, lam, gated) -> dict:
 
 def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                    init_states: dict[str, torch.Tensor], eps: float, precision: str = "tf32x3",
-                   num_warps: int = 4):
+                   state_block: int | None = None, num_warps: int = 4):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16; may be a strided view);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff the program is ungated);
     init_states: summary -> [N, H, *shape] unpacked. precision: how fp32 tiles are
     multiplied (tl.dot input_precision: "ieee" exact but slow to compile and run,
-    "tf32x3" about fp32-accurate on tensor cores, "tf32" fastest). Returns (o [N, H, nC, C, dv] fp32,
+    "tf32x3" about fp32-accurate on tensor cores, "tf32" fastest). state_block: the
+    width of the value-dim block one state-pass program owns, where the program
+    allows splitting (default: small enough to fill the GPU). Returns (o [N, H, nC, C, dv] fp32,
     {summary: final state [N, H, *shape] fp32})."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
@@ -58,7 +72,12 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
             starts = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{name}"] = out_args[f"starts_{name}"] = starts
     state_args.update(_token_args(ctx["state_inputs"], tiles, lam, program.gated))
-    module.state_pass_kernel[(n_seq * heads,)](**state_args, **common)
+    grid, block = (n_seq * heads,), {}
+    if ctx["split"]:
+        size = dict(program.sizes)[ctx["split"]]
+        width = state_block or _state_block(size, n_seq * heads, device)
+        grid, block = (n_seq * heads, triton.cdiv(size, width)), {f"B_{ctx['split']}": width}
+    module.state_pass_kernel[grid](**state_args, **{**common, **block})
 
     dv = dict(program.sizes)[ctx["o_dim"]]
     o = torch.empty((n_seq, heads, n_chunks, chunk, dv), device=device, dtype=torch.float32)

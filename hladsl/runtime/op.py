@@ -1,9 +1,10 @@
 """The torch op: ``hladsl.load(spec)(q, k, v, ...) -> (o, final_state)``.
 
 CPU tensors run the chunk program through torch (every step differentiable,
-so autograd gives the backward). The forward on CUDA runs the generated
-Triton kernels where available (hladsl.codegen), falling back to the same torch
-chunk program; the backward currently always uses the torch chunk program.
+so autograd gives the backward). On CUDA tensors the forward runs the generated
+Triton kernels (hladsl.codegen); the backward is not generated yet: it
+recomputes the torch chunk program and differentiates it (correct, slower).
+``op.backend = "torch"`` forces the torch path everywhere.
 """
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from hladsl.runtime.validate import check_inputs, check_state
 
 
 class Op:
-    def __init__(self, algebra: Algebra, chunk_size: int = 64):
+    def __init__(self, algebra: Algebra, chunk_size: int = 64, backend: str = "auto"):
         self.algebra = algebra
         self.chunk_size = chunk_size
+        self.backend = backend   # "auto": Triton on CUDA tensors, torch elsewhere; "torch": always torch
         self.state_names = tuple(s.name for s in algebra.streaming)
 
     def __repr__(self) -> str:
@@ -96,21 +98,72 @@ class Op:
         n_chunks = max(1, -(-T // C))
         pad = n_chunks * C - T
         program = chunk_program(alg, C, tuple(sorted(dims.items())), gates is not None)
-        tiles = {}
-        for name, x in tokens.items():
-            x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
-            tiles[name] = x.reshape(B, n_chunks, C, H, -1).permute(0, 3, 1, 2, 4)
-        lam = None
-        if gates is not None:
-            g = torch.nn.functional.pad(gates, (0, 0, 0, pad))
-            lam = g.reshape(B, n_chunks, C, H).permute(0, 3, 1, 2).cumsum(-1)
-        starts, final = chunk_torch.state_pass(program, tiles, lam, init, compute)
-        num = chunk_torch.outputs(program, program.output, tiles, lam, starts, compute)
-        if alg.normalizer is not None:
-            den = chunk_torch.outputs(program, program.normalizer, tiles, lam, starts, compute)
-            num = num / (den.unsqueeze(-1) + alg.eps)
-        o = num.permute(0, 2, 3, 1, 4).reshape(B, n_chunks * C, H, -1)[:, :T]
-        return o, final
+        names = list(tokens)
+        state_names = list(init)
+
+        def run(use_triton, *flat):
+            toks = dict(zip(names, flat[:len(names)]))
+            g = flat[len(names)] if gates is not None else None
+            states = dict(zip(state_names, flat[len(flat) - len(state_names):]))
+            tiles = {}
+            for name, x in toks.items():
+                x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
+                tiles[name] = x.reshape(B, n_chunks, C, H, -1).permute(0, 3, 1, 2, 4)
+            lam = None
+            if g is not None:
+                g = torch.nn.functional.pad(g, (0, 0, 0, pad))
+                lam = g.reshape(B, n_chunks, C, H).permute(0, 3, 1, 2).cumsum(-1)
+            if use_triton:
+                from hladsl.codegen.triton_run import forward_triton
+                num, final = forward_triton(program, tiles, lam, states, alg.eps)
+            else:
+                starts, final = chunk_torch.state_pass(program, tiles, lam, states, compute)
+                num = chunk_torch.outputs(program, program.output, tiles, lam, starts, compute)
+                if alg.normalizer is not None:
+                    den = chunk_torch.outputs(program, program.normalizer, tiles, lam, starts, compute)
+                    num = num / (den.unsqueeze(-1) + alg.eps)
+            o = num.permute(0, 2, 3, 1, 4).reshape(B, n_chunks * C, H, -1)[:, :T]
+            return (o,) + tuple(final[n] for n in state_names)
+
+        flat = list(tokens.values()) + ([gates] if gates is not None else []) + list(init.values())
+        if self._use_triton(tokens["q"]):
+            outs = _TritonForward.apply(run, *flat)
+        else:
+            outs = run(False, *flat)
+        return outs[0], dict(zip(state_names, outs[1:]))
+
+    def _use_triton(self, x) -> bool:
+        if self.backend == "torch" or x.device.type != "cuda":
+            return False
+        return True
+
+
+class _TritonForward(torch.autograd.Function):
+    """Forward: the generated Triton kernels. Backward: the VJP of the torch chunk
+    program, recomputed (the Triton backward is not generated yet)."""
+
+    @staticmethod
+    def forward(ctx, run, *flat):
+        ctx.run = run
+        ctx.save_for_backward(*flat)
+        with torch.no_grad():
+            outs = run(True, *flat)
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        flat = [x.detach().requires_grad_(need) for x, need in
+                zip(ctx.saved_tensors, ctx.needs_input_grad[1:])]
+        wanted = [x for x in flat if x.requires_grad]
+        if not wanted:
+            return (None,) * (len(flat) + 1)
+        with torch.enable_grad():
+            outs = ctx.run(False, *flat)
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+        got = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                  allow_unused=True)
+        it = iter(got)
+        return (None,) + tuple(next(it) if x.requires_grad else None for x in flat)
 
 
 def _to_padded(tokens, gates, cu_seqlens):
