@@ -40,7 +40,8 @@ def _build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", help="derive and print (or write) what a spec compiles to")
     comp.add_argument("spec", help="path to a .hla file or a shipped spec name (e.g. hla2)")
     comp.add_argument("--emit", choices=EMITS, default=None,
-                      help="what to print; default: write the Triton module and say where")
+                      help="what to print; default: write the Triton module (to -o DIR, "
+                           "default .) and say where")
     comp.add_argument("-o", "--output-dir", default=None, help="directory to write generated code to")
     comp.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                       help="set a spec parameter, e.g. -p p=3")

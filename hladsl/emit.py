@@ -135,7 +135,7 @@ def register(kind: str, fn) -> None:
 
 
 def emit(spec: str, kind: str | None, params: dict, out_dir: str | None) -> str:
-    kind = kind or "triton"
+    kind = kind or "default"     # write the Triton module and say where
     if kind not in EMITTERS:
         try:   # code generators register themselves on import
             import hladsl.codegen.emitters  # noqa: F401

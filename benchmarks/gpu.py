@@ -1,0 +1,126 @@
+"""GPU validation and timing of the generated kernels (run on an H100).
+
+    python benchmarks/gpu.py check     # bf16 kernels vs the fp32 torch chunk program
+    python benchmarks/gpu.py bench     # forward timings next to fla and SDPA
+
+Timings use triton.testing.do_bench (median ms), all baselines in the same run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+import triton
+
+import hladsl
+
+SPECS = [("linear", {}), ("hla2", {}), ("ahla", {}), ("hla3", {}), ("hla3_masked", {}),
+         ("power", {"p": 2})]
+
+
+def rms_ratio(ref, out):
+    ref, out = ref.float(), out.float()
+    return ((ref - out).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+
+
+def inputs(B, T, H, d, dv, dtype, gated, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, T, H, d, device="cuda", generator=gen).to(dtype)
+    k = (torch.randn(B, T, H, d, device="cuda", generator=gen) / math.sqrt(d)).to(dtype)
+    v = torch.randn(B, T, H, dv, device="cuda", generator=gen).to(dtype)
+    g = (torch.nn.functional.logsigmoid(4 + torch.randn(B, T, H, device="cuda", generator=gen))
+         if gated else None)
+    return q, k, v, g
+
+
+def check(T=8192, B=1, H=4):
+    rows = []
+    for name, params in SPECS:
+        for d in (64, 128):
+            if name == "power" and d == 128:
+                continue
+            for gated in (False, True):
+                for normalize in (False, True):
+                    op = hladsl.load(name, normalize=normalize, **params)
+                    q, k, v, g = inputs(B, T, H, d, d, torch.bfloat16, gated)
+                    if normalize:   # keep denominators away from zero
+                        q, k = q.abs(), k.abs()
+                    row = dict(spec=name, d=d, gated=gated, normalize=normalize)
+                    try:
+                        start = time.time()
+                        o, st = op(q, k, v, g=g, output_final_state=True)
+                        torch.cuda.synchronize()
+                        row["first_call_s"] = round(time.time() - start, 1)
+                        op.backend = "torch"
+                        ref, ref_st = op(q.float(), k.float(), v.float(), g=g,
+                                         output_final_state=True)
+                        row["o_rms_ratio"] = rms_ratio(ref, o)
+                        row["state_rms_ratio"] = max(rms_ratio(ref_st[n], st[n]) for n in ref_st)
+                        row["ok"] = row["o_rms_ratio"] <= 1e-2 and row["state_rms_ratio"] <= 1e-2
+                    except Exception as exc:   # report and go on: one failure must not hide the rest
+                        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                        traceback.print_exc()
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    return rows
+
+
+def bench(Ts=(4096, 16384), B=2, H=16, d=64):
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    rows = []
+
+    def timed(label, T, fn, backward=False):
+        try:
+            if backward:
+                def step():
+                    out = fn()
+                    out = out[0] if isinstance(out, tuple) else out
+                    out.float().sum().backward()
+                ms = triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median")
+            else:
+                with torch.no_grad():
+                    ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+            row = dict(what=label, T=T, ms=round(ms, 3), mode="fwd+bwd" if backward else "fwd")
+        except Exception as exc:
+            row = dict(what=label, T=T, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    for T in Ts:
+        q, k, v, g = inputs(B, T, H, d, d, torch.bfloat16, gated=False)
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        timed("sdpa flash causal", T, lambda: sdpa(qt, kt, vt, is_causal=True))
+        try:
+            from fla.ops.simple_gla import chunk_simple_gla
+            timed("fla chunk_simple_gla (no gate)", T,
+                  lambda: chunk_simple_gla(q, k, v, scale=d ** -0.5))
+        except Exception as exc:
+            print(json.dumps(dict(what="fla", error=str(exc)[:200])))
+        for name, params in SPECS:
+            op = hladsl.load(name, **params)
+            timed(f"hladsl {name}", T, lambda: op(q, k, v))
+        op = hladsl.load("linear")
+        timed("hladsl linear gated", T, lambda: op(q, k, v, g=g if g is not None else
+                                                  torch.full_like(q[..., 0], -0.01, dtype=torch.float32)))
+        try:
+            from retention import power_retention
+            lg = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda"))
+            timed("retention power_retention p=2 gated chunk 1024", T,
+                  lambda: power_retention(q, k, v, lg, deg=2, chunk_size=1024))
+        except Exception as exc:
+            print(json.dumps(dict(what="retention", error=str(exc)[:200])))
+    return rows
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "check"
+    rows = check() if what == "check" else bench()
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"{what}.json"), "w") as f:
+            json.dump(rows, f, indent=1)
