@@ -149,7 +149,7 @@ def test_no_associativity_defect(name):
     assert all(not associativity_defect(alg, x).terms for x in alg.summaries)
 
 
-@pytest.mark.parametrize("emit", ["ir", "combine", "serial", "vjp", "chains", "chunk"])
+@pytest.mark.parametrize("emit", ["ir", "combine", "serial", "vjp", "chains", "chunk", "torch", "triton"])
 def test_cli_emits(emit):
     proc = subprocess.run([sys.executable, "-m", "hladsl", "compile", "hla2", "--emit", emit],
                           cwd=ROOT, capture_output=True, text=True)

@@ -26,9 +26,22 @@ def _triton_source(spec, params, out_dir):
     return f"wrote {path} (Triton kernels for {alg.name}: state pass + output, d = dv = 64, C = 64, gated)\n"
 
 
+def _torch_source(spec, params, out_dir):
+    from hladsl.codegen.torch_gen import generate
+    alg, program = _program(spec, params)
+    source = generate(program)
+    if out_dir is None:
+        return source
+    path = Path(out_dir) / f"{alg.name}_torch.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return f"wrote {path} (torch chunk program for {alg.name}, d = dv = 64, C = 64, gated)\n"
+
+
 def _default(spec, params, out_dir):
     return _triton_source(spec, params, out_dir or ".")
 
 
 register("triton", _triton_source)
+register("torch", _torch_source)
 register("default", _default)

@@ -40,7 +40,8 @@ def _token_args(inputs, tiles, lam, gated) -> dict:
 
 def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                    init_states: dict[str, torch.Tensor], eps: float, precision: str = "tf32x3",
-                   state_block: int | None = None, num_warps: int = 4):
+                   state_block: int | None = None, num_warps: int = 4,
+                   num_stages: int | None = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16; may be a strided view);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff the program is ungated);
     init_states: summary -> [N, H, *shape] unpacked. precision: how fp32 tiles are
@@ -61,6 +62,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
     common = dict(H=heads, n_chunks=n_chunks, DOT=_DOT.get(first.dtype, tl.float32), PREC=precision,
                   num_warps=num_warps, **constexprs(program))
+    if num_stages is not None:
+        common["num_stages"] = num_stages
 
     state_args, out_args, final = {}, {}, {}
     for s in ctx["states"]:

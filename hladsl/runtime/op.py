@@ -118,9 +118,9 @@ class Op:
                 num, final = forward_triton(program, tiles, lam, states, alg.eps)
             else:
                 starts, final = chunk_torch.state_pass(program, tiles, lam, states, compute)
-                num = chunk_torch.outputs(program, program.output, tiles, lam, starts, compute)
+                num = chunk_torch.outputs(program, "output", tiles, lam, starts, compute)
                 if alg.normalizer is not None:
-                    den = chunk_torch.outputs(program, program.normalizer, tiles, lam, starts, compute)
+                    den = chunk_torch.outputs(program, "normalizer", tiles, lam, starts, compute)
                     num = num / (den.unsqueeze(-1) + alg.eps)
             o = num.permute(0, 2, 3, 1, 4).reshape(B, n_chunks * C, H, -1)[:, :T]
             return (o,) + tuple(final[n] for n in state_names)
