@@ -1,4 +1,5 @@
-"""``hladsl compile --emit triton`` and the default ``compile`` (write the module)."""
+"""``hladsl compile --emit triton|torch`` and the default ``compile`` (write the
+Triton module and say where)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,34 +15,24 @@ def _program(spec, params, gated=True):
     return alg, chunk_program(alg, 64, sizes, gated)
 
 
-def _triton_source(spec, params, out_dir):
-    from hladsl.codegen.triton_gen import generate
-    alg, program = _program(spec, params)
-    source = generate(program)
-    if out_dir is None:
-        return source
-    path = Path(out_dir) / f"{alg.name}_triton.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(source)
-    return f"wrote {path} (Triton kernels for {alg.name}: state pass + output, d = dv = 64, C = 64, gated)\n"
+def _source(backend: str, what: str):
+    def emit(spec, params, out_dir):
+        if backend == "triton":
+            from hladsl.codegen.triton_gen import generate
+        else:
+            from hladsl.codegen.torch_gen import generate
+        alg, program = _program(spec, params)
+        source = generate(program)
+        if out_dir is None:
+            return source
+        path = Path(out_dir) / f"{alg.name}_{backend}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+        return f"wrote {path} ({what} for {alg.name}: d = dv = 64, C = 64, gated)\n"
+    return emit
 
 
-def _torch_source(spec, params, out_dir):
-    from hladsl.codegen.torch_gen import generate
-    alg, program = _program(spec, params)
-    source = generate(program)
-    if out_dir is None:
-        return source
-    path = Path(out_dir) / f"{alg.name}_torch.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(source)
-    return f"wrote {path} (torch chunk program for {alg.name}, d = dv = 64, C = 64, gated)\n"
-
-
-def _default(spec, params, out_dir):
-    return _triton_source(spec, params, out_dir or ".")
-
-
-register("triton", _triton_source)
-register("torch", _torch_source)
-register("default", _default)
+_triton = _source("triton", "Triton kernels, state pass + output")
+register("triton", _triton)
+register("torch", _source("torch", "torch chunk program"))
+register("default", lambda spec, params, out_dir: _triton(spec, params, out_dir or "."))
