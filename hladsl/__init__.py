@@ -5,6 +5,11 @@
     op = hladsl.load("hla2", normalize=True)
     o, final_state = op(q, k, v, g=None, output_final_state=True)
 """
+import warnings
+
+# torch warns at import when the optional NumPy is absent; hladsl never needs it.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
 from hladsl.errors import AlgebraError, SpecCheckError, SpecError, SpecErrors, SpecSyntaxError
 
 __version__ = "0.1.0"
