@@ -1,6 +1,6 @@
 """On-disk cache of generated kernel modules.
 
-An entry is ``<cache dir>/triton/<mechanism>_<key>.py`` where ``key`` is the
+An entry is ``<cache dir>/modules/<stem>_<key>.py`` where ``key`` is the
 sha256 of everything the source is rendered from: the program's template
 context (names, shapes, the lowered code of every term), the template text and
 the hladsl / triton / torch versions. Entries are written atomically (temporary
@@ -79,7 +79,7 @@ def load_module(stem: str, key: str, render: Callable[[], str]) -> ModuleType:
     """The module for ``key``: from this process, from the disk cache, or rendered."""
     if key in _LOADED:
         return _LOADED[key]
-    path = cache_dir() / "triton" / f"{stem}_{key[:24]}.py"
+    path = cache_dir() / "modules" / f"{stem}_{key[:24]}.py"
     module_name = f"hladsl_generated_{stem}_{key[:24]}"
     module = None
     try:

@@ -17,8 +17,11 @@ could end a comment line).
 """
 from __future__ import annotations
 
+import re
 import unicodedata
 from dataclasses import dataclass
+
+_TEMP = re.compile(r"\bt\d+\b")
 
 
 def comment(text: str) -> str:
@@ -45,6 +48,8 @@ class Block:
         self.lines: list[str] = []
         self._temps = 0
         self._known: dict[str, str] = {}    # expression -> temp holding it (CSE)
+        self._from_dot: set[str] = set()     # temps computed from a matmul result
+        self.chained = False                 # a matmul reads (a function of) a matmul result
 
     # -- plumbing ---------------------------------------------------------------------------
     def note(self, text: str) -> None:
@@ -65,6 +70,10 @@ class Block:
         self._temps += 1
         var = self._known[expr] = f"t{self._temps}"
         self.assign(var, expr)
+        reads_dot = any(t in self._from_dot for t in _TEMP.findall(expr))
+        self.chained |= reads_dot and "_dot(" in expr
+        if reads_dot or "_dot(" in expr:
+            self._from_dot.add(var)
         return var
 
     def text(self) -> str:

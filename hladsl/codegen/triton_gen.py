@@ -2,7 +2,12 @@
 chunks of one (sequence, head) in order, and an output kernel parallel over
 (chunk, sequence·head). ``kernel_context`` lowers the program to a plain,
 JSON-serialisable description (names, shapes and the straight-line code of every
-term); ``templates/chunk_kernels.py.jinja`` lays the kernels out around it.
+term, see ``steps``); ``templates/chunk_kernels.py.jinja`` lays the kernels out
+around it. Within a kernel equal subexpressions are computed once (the output
+terms of HLA2 share Q Kᵀ). When every state term carries the output's value dim
+through unchanged (true of all shipped specs), the state pass can also run one
+program per block of that dim (``split``; states without it are recomputed per
+block and written by block 0).
 
 Spec names reach the source only as validated identifiers behind fixed prefixes
 (``in_`` token tiles, ``st_``/``nx_`` states in registers, ``init_``/``final_``/
@@ -104,21 +109,22 @@ class _Lowering:
             return Tile(f"dr_{o.name}", o.indices)
         if o.kind == "mask":
             rel = {"<=": "le", "<": "lt"}[o.rel]
-            var = f"mask_{rel}_w{o.weight}"
+            var = f"mask_{rel}_w{int(o.weight)}"
             if var not in defs:
                 keep = f"offs_t[:, None] {'>=' if o.rel == '<=' else '>'} offs_t[None, :]"
                 if o.weight:
-                    expr = (f"tl.exp(tl.where({keep}, {o.weight} * (lam[:, None] - lam[None, :]), "
+                    expr = (f"tl.exp(tl.where({keep}, {int(o.weight)} * (lam[:, None] - lam[None, :]), "
                             f"float(\"-inf\")))")
                 else:
                     expr = f"tl.where({keep}, 1.0, 0.0)"
                 defs[var] = (comment(o.text()), expr)
             return Tile(var, o.indices)
         if o.kind == "decay":
-            var = f"decay_{o.anchor}_w{o.weight}"
+            var = f"decay_{'end' if o.anchor == 'end' else 'start'}_w{int(o.weight)}"
             if var not in defs:
-                expr = (f"tl.exp({o.weight} * (lam_end - lam))" if o.anchor == "end"
-                        else f"tl.exp({o.weight} * lam)")
+                w = int(o.weight)
+                expr = (f"tl.exp({w} * (lam_end - lam))" if o.anchor == "end"
+                        else f"tl.exp({w} * lam)")
                 defs[var] = (comment(o.text()), expr)
             return Tile(var, o.indices)
         raise ValueError(f"operand kind {o.kind!r} has no Triton lowering")
@@ -141,8 +147,8 @@ class _Lowering:
                 tiles.append(block.contract(tiles[s.left], tiles[s.right], s.indices))
             value = block.reduce(tiles[t.plan.result], t.output).var
             if scale_end and t.carry_weight:
-                value = f"{value} * tl.exp({t.carry_weight} * lam_end)"
-            self._accumulate(block, acc, value, t.coef, first=n == 0)
+                value = f"{value} * tl.exp({int(t.carry_weight)} * lam_end)"
+            self._accumulate(block, acc, value, float(t.coef), first=n == 0)
         return "\n".join(block.lines[start:]).lstrip("\n")
 
     def splittable(self, dim: str) -> bool:
@@ -229,20 +235,21 @@ def kernel_context(program: ChunkProgram) -> dict:
         off, msk, numel = _layout(s.dims)
         states.append({"name": s.name, "index": ",".join(s.indices), "dims": list(s.dims),
                        "off": off, "msk": msk, "numel": numel, "read": s.name in read})
-    state_defs, out_defs = {}, {}
-    state_code = []
-    for name, terms in program.states:
-        code = low.terms(terms, f"nx_{name}", state_defs, scale_end=True)
-        state_code.append({"name": name, "code": code})
-    low.region()
-    derived_code = low.derived()
-    num_code = low.terms(program.output, "num", out_defs)
-    den_code = low.terms(program.normalizer, "den", out_defs) if program.normalizer else ""
     (o_index,) = alg.output.free
     o_dim = low.index_dims(program.output[0].operands)[o_index]
     split = o_dim if low.splittable(o_dim) else ""
     for s in states:
         s["split"] = bool(split) and split in s["dims"]
+    state_defs, out_defs = {}, {}
+    state_code = []
+    for name, terms in program.states:
+        code = low.terms(terms, f"nx_{name}", state_defs, scale_end=True)
+        state_code.append({"name": name, "code": code})
+    state_chained = low.block.chained
+    low.region()
+    derived_code = low.derived()
+    num_code = low.terms(program.output, "num", out_defs)
+    den_code = low.terms(program.normalizer, "den", out_defs) if program.normalizer else ""
     return {
         "name": alg.name,
         "chunk": program.chunk,
@@ -262,6 +269,7 @@ def kernel_context(program: ChunkProgram) -> dict:
         "den_code": den_code,
         "o_dim": o_dim,
         "split": split,
+        "state_chained_dots": state_chained,
         "output_text": comment(f"{alg.output_name}[{o_index}] = {alg.output.text()}"),
         "normalizer_text": comment(alg.normalizer.text()) if alg.normalizer is not None else "",
     }
@@ -283,20 +291,20 @@ def generate(program: ChunkProgram) -> str:
     return render(kernel_context(program), hladsl.__version__)
 
 
-
-_MODULES: dict = {}
+_MODULES: dict[int, tuple] = {}   # id(program) -> (program, module, context); hashing a
+                                  # program walks every term, too slow per launch
 
 
 def kernels(program: ChunkProgram):
     """(module, context): the imported module with ``state_pass_kernel`` and
     ``output_kernel`` for ``program`` (rendered once, then served from the disk
     cache, see hladsl.codegen.cache) and the context it was rendered from."""
-    hit = _MODULES.get(program)
-    if hit is None:
+    hit = _MODULES.get(id(program))
+    if hit is None or hit[0] is not program:
         import hladsl
         from hladsl.codegen.cache import cache_key, load_module
         context = kernel_context(program)
         key = cache_key(context, template_text())
         module = load_module(context["name"], key, lambda: render(context, hladsl.__version__))
-        hit = _MODULES[program] = (module, context)
-    return hit
+        hit = _MODULES[id(program)] = (program, module, context)
+    return hit[1], hit[2]

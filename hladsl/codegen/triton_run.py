@@ -12,10 +12,17 @@ from hladsl.ir.chunk import ChunkProgram
 _DOT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-def _state_block(size: int, programs: int, device) -> int:
+def _state_block(size: int, programs: int, device, narrow_ok: bool) -> int:
     """Value-dim block of a state-pass program: halve the padded dim (not below
-    16, tl.dot's minimum) while that leaves fewer programs than two per SM."""
+    16, tl.dot's minimum) while that leaves fewer programs than two per SM.
+    Without ``narrow_ok`` the full width is kept: Triton 3.6's Hopper wgmma
+    lowering miscompiles some chains of dots (a matmul reading a matmul result)
+    on narrow bf16/fp16 tiles -- hla3's state pass at widths 16 and 32 gives NaN
+    or an illegal address (cf. triton-lang/triton issues 6124, 10486, 11366) --
+    while fp32 (tf32x3) and dot chains without such reads split correctly."""
     width = block_size(size)
+    if not narrow_ok:
+        return width
     sms = (torch.cuda.get_device_properties(device).multi_processor_count
            if device.type == "cuda" else 1)
     while width > 16 and programs * triton.cdiv(size, width) < 2 * sms:
@@ -78,8 +85,10 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     grid, block = (n_seq * heads,), {}
     if ctx["split"]:
         size = dict(program.sizes)[ctx["split"]]
-        width = state_block or _state_block(size, n_seq * heads, device)
-        grid, block = (n_seq * heads, triton.cdiv(size, width)), {f"B_{ctx['split']}": width}
+        narrow_ok = first.dtype not in _DOT or not ctx["state_chained_dots"]
+        width = state_block or _state_block(size, n_seq * heads, device, narrow_ok)
+        grid = (n_seq * heads, triton.cdiv(size, width))
+        block = {f"B_{ctx['split']}": width, "SPLIT": grid[1] > 1}
     module.state_pass_kernel[grid](**state_args, **{**common, **block})
 
     dv = dict(program.sizes)[ctx["o_dim"]]
