@@ -166,3 +166,38 @@ def test_hla2_chunk_program_is_design_three_terms():
     assert "S@P" in sources[1] and "n0 <= t" in sources[1]    # ((Q S_P) Q^T ⊙ L) V
     assert "n0 <= n1, n1 <= t" in sources[2]                 # ((QK^T)((KQ^T)⊙U))⊙L) V
     assert prog.derived[0].poly.text() == "-G@P[_0,e] + C@P[_1,e] S@P[_0,_1]"
+
+
+MIXED_DECAY = """
+mechanism linear_mix0 {
+  dims d, dv
+  input q[d], k[d], v[dv]
+  param normalize = false, eps = 1e-6, beta = 0.5
+  state S[i, e] = k[i] v[e]
+  state U[i, e] = k[i] v[e]  decay 0
+  state z[i] = k[i]
+  state u[i] = k[i]  decay 0
+  output o[e] = q[i] (S[i, e] + beta U[i, e])
+  normalizer = q[i] (z[i] + beta u[i])
+}
+"""
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_same_delta_different_decays(tmp_path, normalize):
+    """The diagonal (n0 = t) terms of S and U coincide while their n0 < t terms
+    differ: the merged diagonal is a local term, not a carry."""
+    path = tmp_path / "mix.hla"
+    path.write_text(MIXED_DECAY)
+    op = hladsl.load(str(path), normalize=normalize)
+    op.chunk_size = 16
+    q, k, v, g = _rand(40, 3, 2, 5, True)
+    lam = torch.cumsum(g, 0)
+    keep = torch.tril(torch.ones(40, 40, dtype=torch.float64))
+    w = (q @ k.T) * keep * (torch.exp(lam[:, None] - lam[None, :]) * keep + 0.5)
+    ref = w @ v
+    if normalize:
+        ref = ref / (w.sum(1, keepdim=True) + 1e-6)
+    b = lambda x: x[None, :, None]
+    o, _ = op(b(q), b(k), b(v), g=b(g), scale=1.0)
+    assert ((o[0, :, 0] - ref).norm() / ref.norm()).item() <= 1e-9

@@ -119,7 +119,7 @@ def _output_programs(alg, poly, sizes, derived: list[Derived], prefix: str, gate
     out_index = (_time(ANCHOR),) + poly.free
     programs, groups = [], {}
     for term in chains:
-        if term.nodes == 0:
+        if term.nodes == 0 and term.carry:
             # carry only: anchor tokens x (sum of carry contractions) -> derived tensor
             anchor = tuple(f for f in term.factors if f.kind == "input")
             interface = tuple(sorted({i for f in anchor for i in f.indices} | set(poly.free)))
