@@ -38,19 +38,18 @@ def inputs(B, T, H, d, dv, dtype, gated, seed=0):
     return q, k, v, g
 
 
-def check(T=8192, B=1, H=4):
+def check(names=None, dims=(64, 128), T=8192, B=1, H=4):
     rows = []
     for name, params in SPECS:
-        for d in (64, 128):
-            if name == "power" and d == 128:
-                continue
-            for gated in (False, True):
-                for normalize in (False, True):
+        if names and name not in names:
+            continue
+        for d in dims:
+            for gated, normalize in ((False, False), (True, False), (True, True)):
                     op = hladsl.load(name, normalize=normalize, **params)
                     q, k, v, g = inputs(B, T, H, d, d, torch.bfloat16, gated)
                     if normalize:   # keep denominators away from zero
                         q, k = q.abs(), k.abs()
-                    row = dict(spec=name, d=d, gated=gated, normalize=normalize)
+                    row = dict(spec=name, d=d, T=T, gated=gated, normalize=normalize)
                     try:
                         start = time.time()
                         o, st = op(q, k, v, g=g, output_final_state=True)
@@ -62,6 +61,13 @@ def check(T=8192, B=1, H=4):
                         row["o_rms_ratio"] = rms_ratio(ref, o)
                         row["state_rms_ratio"] = max(rms_ratio(ref_st[n], st[n]) for n in ref_st)
                         row["ok"] = row["o_rms_ratio"] <= 1e-2 and row["state_rms_ratio"] <= 1e-2
+                        op.backend = "auto"
+                        if not gated:     # gradients: Triton forward, torch-recompute backward
+                            qq, kk, vv = (x[:, :1024].float().requires_grad_() for x in (q, k, v))
+                            ref = torch.autograd.grad(op(qq, kk, vv)[0].pow(2).sum(), [qq, kk, vv])
+                            op.backend = "torch"
+                            got = torch.autograd.grad(op(qq, kk, vv)[0].pow(2).sum(), [qq, kk, vv])
+                            row["grad_rms_ratio"] = max(rms_ratio(a, b) for a, b in zip(ref, got))
                     except Exception as exc:   # report and go on: one failure must not hide the rest
                         row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                         traceback.print_exc()
@@ -70,7 +76,7 @@ def check(T=8192, B=1, H=4):
     return rows
 
 
-def bench(Ts=(4096, 16384), B=2, H=16, d=64):
+def bench(Ts=(4096, 16384, 65536), B=2, H=16, d=64, names=None):
     from torch.nn.functional import scaled_dot_product_attention as sdpa
     rows = []
 
@@ -102,11 +108,28 @@ def bench(Ts=(4096, 16384), B=2, H=16, d=64):
         except Exception as exc:
             print(json.dumps(dict(what="fla", error=str(exc)[:200])))
         for name, params in SPECS:
+            if names and name not in names:
+                continue
             op = hladsl.load(name, **params)
             timed(f"hladsl {name}", T, lambda: op(q, k, v))
+            if name in ("linear", "hla2"):
+                qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+                timed(f"hladsl {name}", T, lambda: op(qg, kg, vg), backward=True)
+        if not names or "fla" in names:
+            qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+            qtg, ktg, vtg = (x.detach().clone().requires_grad_() for x in (qt, kt, vt))
+            timed("sdpa flash causal", T, lambda: sdpa(qtg, ktg, vtg, is_causal=True), backward=True)
+            try:
+                from fla.ops.simple_gla import chunk_simple_gla
+                timed("fla chunk_simple_gla (no gate)", T,
+                      lambda: chunk_simple_gla(qg, kg, vg, scale=d ** -0.5), backward=True)
+            except Exception as exc:
+                print(json.dumps(dict(what="fla", error=str(exc)[:200])))
         op = hladsl.load("linear")
         timed("hladsl linear gated", T, lambda: op(q, k, v, g=g if g is not None else
                                                   torch.full_like(q[..., 0], -0.01, dtype=torch.float32)))
+        if names and "retention" not in names:
+            continue
         try:
             from retention import power_retention
             lg = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda"))
@@ -119,8 +142,11 @@ def bench(Ts=(4096, 16384), B=2, H=16, d=64):
 
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "check"
-    rows = check() if what == "check" else bench()
+    names = sys.argv[2].split(",") if len(sys.argv) > 2 else None
+    dims = tuple(int(x) for x in sys.argv[3].split(",")) if len(sys.argv) > 3 else (64, 128)
+    rows = check(names, dims) if what == "check" else bench(names=names)
     out = os.environ.get("OUT")
     if out:
-        with open(os.path.join(out, f"{what}.json"), "w") as f:
+        tag = "_".join([what] + (names or []) + [str(d) for d in dims])
+        with open(os.path.join(out, f"{tag}.json"), "w") as f:
             json.dump(rows, f, indent=1)

@@ -43,7 +43,10 @@ class Op:
             check_state(alg, initial_state, n_seq, q.shape[2], dims, q.device)
         scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-        tokens = {"q": q.to(compute) * scale, "k": k.to(compute), "v": v.to(compute)}
+        # the Triton kernels read bf16/fp16 tiles as they are (fp32 accumulation);
+        # the torch path computes in fp32 (fp64 for fp64 inputs)
+        tile_dtype = q.dtype if self._use_triton(q) else compute
+        tokens = {"q": q.to(tile_dtype) * scale, "k": k.to(tile_dtype), "v": v.to(tile_dtype)}
         gates = None if g is None else g.to(compute)
         if cu_seqlens is not None:
             tokens, gates, index = _to_padded(tokens, gates, cu_seqlens)
@@ -103,6 +106,8 @@ class Op:
 
         def run(use_triton, *flat):
             toks = dict(zip(names, flat[:len(names)]))
+            if not use_triton:
+                toks = {name: x.to(compute) for name, x in toks.items()}
             g = flat[len(names)] if gates is not None else None
             states = dict(zip(state_names, flat[len(flat) - len(state_names):]))
             tiles = {}
