@@ -44,7 +44,7 @@ def check(names=None, dims=(64, 128), T=8192, B=1, H=4):
         if names and name not in names:
             continue
         for d in dims:
-            for gated, normalize in ((False, False), (True, False), (True, True)):
+            for gated, normalize in ((False, False), (True, True)):
                     op = hladsl.load(name, normalize=normalize, **params)
                     q, k, v, g = inputs(B, T, H, d, d, torch.bfloat16, gated)
                     if normalize:   # keep denominators away from zero
@@ -112,7 +112,7 @@ def bench(Ts=(4096, 16384, 65536), B=2, H=16, d=64, names=None):
                 continue
             op = hladsl.load(name, **params)
             timed(f"hladsl {name}", T, lambda: op(q, k, v))
-            if name in ("linear", "hla2"):
+            if name in ("linear", "hla2") and T <= 16384:   # backward: torch recompute (slow)
                 qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
                 timed(f"hladsl {name}", T, lambda: op(qg, kg, vg), backward=True)
         if not names or "fla" in names:
