@@ -209,7 +209,7 @@ def output_kernel(
     # W0[_0,e] = -G@P[_0,e] + C@P[_1,e] S@P[_0,_1]
     dr_W0 = -st_G
     # [_0,e] = st_C[_1,e] · st_S[_0,_1]   (matmul over _1)
-    t1 = _dot(st_S, st_C, DOT, PREC)
+    t1 = _dot(st_S, st_C, tl.float32, PREC)
     dr_W0 += t1
 
     # ---- numerator: o[e] = q_t[_0] C[_1,e] S[_0,_1] - q_t[_0] G[_0,e]
