@@ -22,7 +22,7 @@ import unicodedata
 from dataclasses import dataclass
 
 _TEMP = re.compile(r"\bt\d+\b")
-_TOKEN = re.compile(r"\bin_\w+")
+_STATE = re.compile(r"\b(st|dr|nx)_\w+")
 
 
 def comment(text: str) -> str:
@@ -50,7 +50,7 @@ class Block:
         self._temps = 0
         self._known: dict[str, str] = {}    # expression -> temp holding it (CSE)
         self._from_dot: set[str] = set()     # temps computed from a matmul result
-        self._tokenish: set[str] = set()     # temps that read an input token tile
+        self._stateful: set[str] = set()     # temps that read a carried state or derived carry
         self.chained = False                 # a matmul reads (a function of) a matmul result
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -72,16 +72,16 @@ class Block:
         self._temps += 1
         var = self._known[expr] = f"t{self._temps}"
         self.assign(var, expr)
-        if _TOKEN.search(expr) or any(t in self._tokenish for t in _TEMP.findall(expr)):
-            self._tokenish.add(var)
+        if _STATE.search(expr) or any(t in self._stateful for t in _TEMP.findall(expr)):
+            self._stateful.add(var)
         reads_dot = any(t in self._from_dot for t in _TEMP.findall(expr))
         self.chained |= reads_dot and "_dot(" in expr
         if reads_dot or "_dot(" in expr:
             self._from_dot.add(var)
         return var
 
-    def reads_tokens(self, var: str) -> bool:
-        return bool(_TOKEN.match(var)) or var in self._tokenish
+    def reads_state(self, var: str) -> bool:
+        return bool(_STATE.match(var)) or var in self._stateful
 
     def text(self) -> str:
         return "\n".join(self.lines)
@@ -151,9 +151,10 @@ class Block:
             left = f"tl.reshape({left}, ({self._group(free_a)}, {self._group(summed)}))"
         if len(free_b) > 1 or len(summed) > 1:
             right = f"tl.reshape({right}, ({self._group(summed)}, {self._group(free_b)}))"
-        # products of fp32 carried states only (derived carries such as HLA3's
-        # SK SQ P - G1 - G2 - G3) cancel heavily: keep them in fp32, never bf16
-        dtype = "DOT" if self.reads_tokens(a.var) or self.reads_tokens(b.var) else "tl.float32"
+        # carried states stay fp32: higher-order outputs are small differences of
+        # large carry terms (HLA3's SK SQ P - G1 - G2 - G3), which bf16 rounding of
+        # a state destroys. Only token x token products go to the tensor cores in bf16.
+        dtype = "tl.float32" if self.reads_state(a.var) or self.reads_state(b.var) else "DOT"
         expr = f"_dot({left}, {right}, {dtype}, PREC)"
         idx = tuple(free_a + free_b)
         if len(free_a) > 1 or len(free_b) > 1:

@@ -102,7 +102,7 @@ def state_pass_kernel(
         # [i,s0] = in_k[Tn0,i] · in_q[Tn0,s0]   (matmul over Tn0)
         t3 = _dot(tl.trans(in_k), in_q, DOT, PREC)
         # [i,e] = t3[i,s0] · st_P[s0,e]   (matmul over s0)
-        t4 = _dot(t3, st_P, DOT, PREC)
+        t4 = _dot(t3, st_P, tl.float32, PREC)
         nx_E += t4 * tl.exp(1 * lam_end)
 
         # +1 · k_n1[i] q_n1[s2] k_n0[s2] v_n0[e]   [n0 <= n1, n1 in chunk; w(n0)=1]
@@ -178,20 +178,20 @@ def output_kernel(
     # ---- numerator: o[e] = q_t[_0] E[_0,e]
     # +1 · q_t[_0] W0[_0,e]   [carry only]
     # [Tt,e] = in_q[Tt,_0] · dr_W0[_0,e]   (matmul over _0)
-    t1 = _dot(in_q, dr_W0, DOT, PREC)
+    t1 = _dot(in_q, dr_W0, tl.float32, PREC)
     # [Tt,e] = t1[Tt,e] · decay_start_w1[Tt]   (elementwise)
     t2 = t1 * decay_start_w1[:, None]
     num = t2
 
     # +1 · q_t[_0] P@P[s0,e] k_n0[_0] q_n0[s0]   [n0 <= t; w(P)=1]
     # [e,Tn0] = in_q[Tn0,s0] · st_P[s0,e]   (matmul over s0)
-    t3 = _dot(tl.trans(st_P), tl.trans(in_q), DOT, PREC)
+    t3 = _dot(tl.trans(st_P), tl.trans(in_q), tl.float32, PREC)
     # [Tt,Tn0] = in_q[Tt,_0] · in_k[Tn0,_0]   (matmul over _0)
     t4 = _dot(in_q, tl.trans(in_k), DOT, PREC)
     # [Tt,Tn0] = t4[Tt,Tn0] · mask_le_w0[Tt,Tn0]   (elementwise)
     t5 = t4 * mask_le_w0
     # [Tt,e] = t3[e,Tn0] · t5[Tt,Tn0]   (matmul over Tn0)
-    t6 = _dot(t5, tl.trans(t3), DOT, PREC)
+    t6 = _dot(t5, tl.trans(t3), tl.float32, PREC)
     # [Tt,e] = t6[Tt,e] · decay_start_w1[Tt]   (elementwise)
     t7 = t6 * decay_start_w1[:, None]
     num += t7

@@ -121,10 +121,10 @@ def state_pass_kernel(
 
         # +1 · C@P[s0,e] k_n0[i] k_n0[s0]   [n0 in chunk; w(n0)=1, w(P)=1]
         # [e,Tn0] = in_k[Tn0,s0] · st_C[s0,e]   (matmul over s0)
-        t5 = _dot(tl.trans(st_C), tl.trans(in_k), DOT, PREC)
+        t5 = _dot(tl.trans(st_C), tl.trans(in_k), tl.float32, PREC)
         # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)   = t1, computed above
         # [i,e] = t5[e,Tn0] · t1[i,Tn0]   (matmul over Tn0)
-        t6 = _dot(t1, tl.trans(t5), DOT, PREC)
+        t6 = _dot(t1, tl.trans(t5), tl.float32, PREC)
         nx_G += t6 * tl.exp(1 * lam_end)
 
         # +1 · k_n1[i] k_n1[s1] q_n0[s1] v_n0[e]   [n0 < n1, n1 in chunk; w(n0)=1, w(n1)=1]
@@ -215,20 +215,20 @@ def output_kernel(
     # ---- numerator: o[e] = q_t[_0] C[_1,e] S[_0,_1] - q_t[_0] G[_0,e]
     # +1 · q_t[_0] W0[_0,e]   [carry only]
     # [Tt,e] = in_q[Tt,_0] · dr_W0[_0,e]   (matmul over _0)
-    t2 = _dot(in_q, dr_W0, DOT, PREC)
+    t2 = _dot(in_q, dr_W0, tl.float32, PREC)
     # [Tt,e] = t2[Tt,e] · decay_start_w2[Tt]   (elementwise)
     t3 = t2 * decay_start_w2[:, None]
     num = t3
 
     # +1 · q_t[_0] q_n0[_1] v_n0[e] S@P[_0,_1]   [n0 <= t; w(n0)=1, w(P)=1]
     # [Tt,_1] = in_q[Tt,_0] · st_S[_0,_1]   (matmul over _0)
-    t4 = _dot(in_q, st_S, DOT, PREC)
+    t4 = _dot(in_q, st_S, tl.float32, PREC)
     # [Tt,Tn0] = in_q[Tn0,_1] · t4[Tt,_1]   (matmul over _1)
-    t5 = _dot(t4, tl.trans(in_q), DOT, PREC)
+    t5 = _dot(t4, tl.trans(in_q), tl.float32, PREC)
     # [Tt,Tn0] = t5[Tt,Tn0] · mask_le_w1[Tt,Tn0]   (elementwise)
     t6 = t5 * mask_le_w1
     # [Tt,e] = in_v[Tn0,e] · t6[Tt,Tn0]   (matmul over Tn0)
-    t7 = _dot(t6, in_v, DOT, PREC)
+    t7 = _dot(t6, in_v, tl.float32, PREC)
     # [Tt,e] = t7[Tt,e] · decay_start_w1[Tt]   (elementwise)
     t8 = t7 * decay_start_w1[:, None]
     num += t8
