@@ -24,6 +24,8 @@ class Op:
         self.chunk_size = chunk_size
         self.backend = backend   # "auto": Triton on CUDA tensors, torch elsewhere; "torch": always torch
         self.state_names = tuple(s.name for s in algebra.streaming)
+        from hladsl.runtime.custom_op import register
+        self.custom_op = register(self)   # the op as torch.compile sees it
 
     def __repr__(self) -> str:
         return f"hladsl.load({self.algebra.name!r}) -> state {list(self.state_names)}"
@@ -36,6 +38,15 @@ class Op:
         final_state dict {summary: [N, H, *shape]} fp32 (fp64 for fp64 inputs), or None).
         Symmetric summaries are stored packed. With cu_seqlens (B = 1) each
         sequence runs alone and N is the number of sequences."""
+        if torch.compiler.is_compiling():   # one opaque custom-op call in the graph
+            from hladsl.runtime.custom_op import compiled_call
+            return compiled_call(self, q, k, v, g, scale, initial_state, output_final_state,
+                                 cu_seqlens)
+        return self.eager(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens)
+
+    def eager(self, q, k, v, g=None, scale=None, initial_state=None, output_final_state=False,
+              cu_seqlens=None):
+        """The op without the torch.compile routing (same signature)."""
         alg = self.algebra
         dims = check_inputs(alg, q, k, v, g, scale, cu_seqlens)
         n_seq = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
