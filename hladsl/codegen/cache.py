@@ -33,11 +33,18 @@ def cache_dir() -> Path:
 
 
 def versions() -> dict[str, str]:
-    import torch
-    import triton
+    """Versions that key the cache, read from package metadata (the torch
+    path must not import triton)."""
+    from importlib.metadata import PackageNotFoundError, version
 
     import hladsl
-    return {"hladsl": hladsl.__version__, "triton": triton.__version__, "torch": torch.__version__}
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "absent"
+    return {"hladsl": hladsl.__version__, "triton": installed("triton"), "torch": installed("torch")}
 
 
 def cache_key(context: dict, template: str) -> str:
