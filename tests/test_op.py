@@ -635,3 +635,11 @@ def test_validation_serial(edit, match):
     edit(kw)
     with pytest.raises(ValueError, match=match):
         op.serial(**kw)
+
+
+def test_spec_inputs_must_be_the_op_interface(tmp_path):
+    path = tmp_path / "x.hla"
+    path.write_text("mechanism x {\n  dims d\n  input q[d], w[d], v[d]\n"
+                    "  state S[i, e] = w[i] v[e]\n  output o[e] = q[i] S[i, e]\n}\n")
+    with pytest.raises(hladsl.SpecError, match="the op takes token inputs q, k, v"):
+        hladsl.load(str(path))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from hladsl.errors import SpecError
 from hladsl.ir.algebra import Algebra
 from hladsl.ir.chunk import chunk_program
 from hladsl.runtime import chunk_torch
@@ -18,8 +19,15 @@ from hladsl.runtime.serial_torch import serial_polys, step
 from hladsl.runtime.validate import check_inputs, check_state
 
 
+OP_INPUTS = ("q", "k", "v")
+
+
 class Op:
     def __init__(self, algebra: Algebra, chunk_size: int = 64, backend: str = "auto"):
+        unknown = sorted(set(algebra.inputs) - set(OP_INPUTS))
+        if unknown or not {"q", "v"} <= set(algebra.inputs):
+            raise SpecError(f"the op takes token inputs {', '.join(OP_INPUTS)} (DESIGN section 6); "
+                            f"{algebra.name} declares {', '.join(algebra.inputs)}", path=algebra.name)
         self.algebra = algebra
         self.chunk_size = chunk_size
         self.backend = backend   # "auto": Triton on CUDA tensors, torch elsewhere; "torch": always torch
