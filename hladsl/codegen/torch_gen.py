@@ -35,7 +35,7 @@ def _contraction(exprs, labels, indices, steps, result, output, coef) -> tuple[l
         lines.append(f"x{n} = {expr}  # {label}")
         values.append((f"x{n}", idx, label))
     for step in steps:
-        (a, ia, la), (b, ib, lb) = values[step.left], values[step.right]
+        (a, ia, _la), (b, ib, _lb) = values[step.left], values[step.right]
         spec = (f"...{''.join(names[i] for i in ia)},...{''.join(names[i] for i in ib)}"
                 f"->...{''.join(names[i] for i in step.indices)}")
         var = f"x{len(values)}"

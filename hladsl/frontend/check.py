@@ -365,8 +365,8 @@ def _check_term(ctx: _Ctx, term: ast.Term, lhs: dict[str, object], dims: dict[st
     if ctx.rejected != rejected:
         return
     if where == "delta" and next(_tensors(term.factors), None) is None:
-        ctx.err(f"a token delta term must contain token inputs (a constant delta would count "
-                f"padding tokens)", term.pos)
+        ctx.err("a token delta term must contain token inputs (a constant delta would count "
+                "padding tokens)", term.pos)
         return
     if where == "cross":
         sides = [f.side for f in _tensors(term.factors)]

@@ -130,7 +130,6 @@ def _local(alg: Algebra, x: Summary, indices, parent: str, rel: str, labels: _La
     for delta in instantiate(x.delta, indices, taken):
         s = labels.new()
         out.extend(_Raw(m, (_Node(s, x.weight, parent, rel),)) for m in _token_at([delta], s))
-    mapping = dict(zip(x.indices, indices))
     for cross in x.crosses:
         cross = instantiate(Poly(x.indices, (cross,)), indices, taken)[0]
         b = next(f for f in cross.factors if f.where == "B")
@@ -148,7 +147,6 @@ def _local(alg: Algebra, x: Summary, indices, parent: str, rel: str, labels: _La
             for raw in combo:
                 mono, nodes = mono.times(raw.mono), nodes + raw.nodes
             out.append(_Raw(mono, nodes))
-    del mapping
     return out
 
 

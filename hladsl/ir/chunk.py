@@ -19,7 +19,7 @@ from functools import lru_cache
 from hladsl.ir.algebra import Algebra
 from hladsl.ir.chains import ANCHOR, ChainTerm, output_chains, summary_chains
 from hladsl.ir.contract import Plan, plan
-from hladsl.ir.expr import Factor, Monomial, Poly, canonical_key
+from hladsl.ir.expr import Monomial, Poly, canonical_key
 
 
 @dataclass(frozen=True)

@@ -130,10 +130,6 @@ class Poly:
         return out
 
 
-def zero(free: Iterable[str]) -> Poly:
-    return Poly(tuple(free), ())
-
-
 def fresh_names(taken: set[str], count: int, stem: str = "x") -> list[str]:
     out, n = [], 0
     while len(out) < count:
@@ -175,14 +171,6 @@ def substitute(poly: Poly, rule: Callable[[Factor], Poly | None]) -> Poly:
             partial = [p.times(q) for p in partial for q in pieces]
         terms.extend(partial)
     return Poly(poly.free, tuple(terms))
-
-
-def product(polys: list[Poly], free: tuple[str, ...]) -> Poly:
-    """Product of polys whose indices were already chosen consistently."""
-    terms = [Monomial(Coef(1), ())]
-    for p in polys:
-        terms = [a.times(b) for a in terms for b in p.terms]
-    return Poly(free, tuple(terms))
 
 
 # -- canonical form -----------------------------------------------------------
