@@ -8,6 +8,8 @@ VJP                      the derived reverse-mode rules against torch.autograd
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from hladsl.errors import AlgebraError
@@ -54,7 +56,6 @@ def _random_state(alg: Algebra, x: Summary, gen, dims) -> torch.Tensor:
     t = torch.randn(shape, generator=gen, dtype=torch.float64)
     for group in x.symmetric:   # symmetrise over the group's slots
         perm_sum = torch.zeros_like(t)
-        import itertools
         perms = list(itertools.permutations(group))
         for p in perms:
             order = list(range(t.dim()))

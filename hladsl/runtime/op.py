@@ -56,16 +56,9 @@ class Op:
               cu_seqlens=None):
         """The op without the torch.compile routing (same signature)."""
         alg = self.algebra
-        dims = check_inputs(alg, q, k, v, g, scale, cu_seqlens)
-        n_seq = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
-        if initial_state is not None:
-            check_state(alg, initial_state, n_seq, q.shape[2], dims, q.device)
-        scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-        # the Triton kernels read bf16/fp16 tiles as they are (fp32 accumulation);
-        # the torch path computes in fp32 (fp64 for fp64 inputs)
-        tile_dtype = q.dtype if self._use_triton(q) else compute
-        tokens = {"q": q.to(tile_dtype) * scale, "k": k.to(tile_dtype), "v": v.to(tile_dtype)}
+        # the Triton kernels read bf16/fp16 tiles as they are (fp32 accumulation)
+        dims, tokens, compute = self._prepare(q, k, v, g, scale, initial_state, cu_seqlens,
+                                              keep_dtype=self._use_triton(q))
         gates = None if g is None else g.to(compute)
         if cu_seqlens is not None:
             tokens, gates, index = _to_padded(tokens, gates, cu_seqlens)
@@ -85,12 +78,7 @@ class Op:
     def serial(self, q, k, v, g=None, scale=None, initial_state=None):
         """The derived serial recurrence, token by token (inference path / reference)."""
         alg = self.algebra
-        dims = check_inputs(alg, q, k, v, g, scale, None)
-        if initial_state is not None:
-            check_state(alg, initial_state, q.shape[0], q.shape[2], dims, q.device)
-        scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-        tokens = {"q": q.to(compute) * scale, "k": k.to(compute), "v": v.to(compute)}
+        dims, tokens, compute = self._prepare(q, k, v, g, scale, initial_state, None)
         state = self._unpacked_state(initial_state, tokens["q"], dims, compute)
         polys = serial_polys(alg)
         outs = []
@@ -102,6 +90,19 @@ class Op:
         return o.to(q.dtype), {n: pack(alg.summary(n), state[n], dims) for n in self.state_names}
 
     # -- internals -------------------------------------------------------------------
+    def _prepare(self, q, k, v, g, scale, initial_state, cu_seqlens, keep_dtype=False):
+        """Validate; return (dims, scaled token tensors, compute dtype). Tokens are
+        in the compute dtype (fp32, fp64 for fp64 inputs) unless keep_dtype."""
+        dims = check_inputs(self.algebra, q, k, v, g, scale, cu_seqlens)
+        n_seq = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+        if initial_state is not None:
+            check_state(self.algebra, initial_state, n_seq, q.shape[2], dims, q.device)
+        scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        dtype = q.dtype if keep_dtype else compute
+        tokens = {"q": q.to(dtype) * scale, "k": k.to(dtype), "v": v.to(dtype)}
+        return dims, tokens, compute
+
     def _unpacked_state(self, initial_state, like, dims, dtype):
         n, h = like.shape[0], like.shape[2]
         out = {}
@@ -157,7 +158,7 @@ class Op:
         return outs[0], dict(zip(state_names, outs[1:]))
 
     def _use_triton(self, x) -> bool:
-        if self.backend == "torch" or x.device.type != "cuda":
+        if self.backend == "torch" or not isinstance(x, torch.Tensor) or x.device.type != "cuda":
             return False
         return True
 
