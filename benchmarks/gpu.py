@@ -55,6 +55,7 @@ def check(names=None, dims=(64, 128), T=8192, B=1, H=4):
                         o, st = op(q, k, v, g=g, output_final_state=True)
                         torch.cuda.synchronize()
                         row["first_call_s"] = round(time.time() - start, 1)
+                        row["chunk"] = sorted(set(op._fitting_chunk.values()))
                         op.backend = "torch"
                         ref, ref_st = op(q.float(), k.float(), v.float(), g=g,
                                          output_final_state=True)
@@ -112,6 +113,9 @@ def bench(Ts=(4096, 16384, 65536), B=2, H=16, d=64, names=None):
                 continue
             op = hladsl.load(name, **params)
             timed(f"hladsl {name}", T, lambda: op(q, k, v))
+            if name == "power":   # the retention baseline is gated
+                lg = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda"))
+                timed(f"hladsl {name} gated", T, lambda: op(q, k, v, g=lg))
             if name in ("linear", "hla2") and T <= 16384:   # backward: torch recompute (slow)
                 qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
                 timed(f"hladsl {name}", T, lambda: op(qg, kg, vg), backward=True)

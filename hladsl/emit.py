@@ -108,6 +108,11 @@ def _chunk(spec, params, out_dir):
             out.append(f"      {names[-1]}[{','.join(s.indices)}] = {names[s.left]} · {names[s.right]}"
                        f"   ({s.flops} MACs)")
         return out
+    for pd in prog.packed:
+        lines.append(f"packed {pd.name}: the {pd.size} non-decreasing {pd.power}-index tuples over "
+                     f"{pd.base}; held packed: " + ", ".join(
+                         f"{n}[{', '.join(prog.state_dims(n))}]" for n, _ in prog.states
+                         if prog.is_packed(n)))
     for d in prog.derived:
         lines.append(f"derived {d.name}[{','.join(d.poly.free)}] = {d.poly.text()}")
     lines.append("output terms (parallel over chunks):")

@@ -64,9 +64,9 @@ def _inputs(alg, gated, dims, normalize, n=1, h=2, chunk=16, n_chunks=3, seed=0)
             lam = g.cumsum(-1)
         return out, lam
 
-    zeros = {s.name: torch.zeros((n, h) + tuple(dims[x] for x in s.dims), dtype=torch.float64)
-             for s in alg.streaming}
     program = chunk_program(alg, chunk, tuple(sorted(dims.items())), gated)
+    zeros = {s.name: torch.zeros((n, h) + program.state_shape(s.name), dtype=torch.float64)
+             for s in alg.streaming}
     prefix, prefix_lam = tokens(chunk)
     _, init = chunk_torch.state_pass(program, prefix, prefix_lam, zeros, torch.float64)
     tiles, lam = tokens(t)
@@ -111,6 +111,18 @@ def test_state_pass_split_over_value_blocks(name):
     # dv = 40 in blocks of 16: three state-pass programs per head, the last one masked
     _check(hladsl.compile_spec(name, normalize=True), True, {"d": 8, "dv": 40}, True,
            state_block=16)
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_packed_power_tiles_and_value_blocks(p):
+    # power's U is held packed: d = 8 gives 36 (p = 2) or 120 (p = 3) packed rows, in
+    # tiles of 16 (the last one masked) both in the state-pass grid and in the
+    # output kernel's loop; dv = 24 in blocks of 16; z has no dv, so only dv-block 0
+    # writes it
+    alg = hladsl.compile_spec("power", normalize=True, p=p)
+    program = chunk_program(alg, 16, (("d", 8), ("dv", 24)), True)
+    assert program.is_packed("U") and program.is_packed("z")
+    _check(alg, True, {"d": 8, "dv": 24}, True, state_block=16, packed_block=16)
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])

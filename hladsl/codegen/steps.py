@@ -11,6 +11,11 @@ result indices; ``Block.contract`` picks the Triton form:
   outer products, 3-D intermediates): align both tiles on the union of their
   indices with ``[:, None]`` slots, multiply, ``tl.sum`` the contracted axes.
 
+A block has three sections, emitted in order around a loop over the tiles of
+one index (the output kernel's loop over a packed symmetric dim): ``pre``
+(loop-invariant), ``loop`` (one tile), ``post`` (after the loop). A temp is
+reused only where it is visible: its own section, or ``pre``.
+
 Only generated names (``t<n>``) and the caller's validated variable names reach
 the code; index names appear in comments only (``comment`` strips anything that
 could end a comment line).
@@ -46,14 +51,19 @@ class Block:
 
     def __init__(self, sizes: dict[str, str] | None = None):
         self.sizes = sizes or {}
-        self.lines: list[str] = []
+        self.sections: dict[str, list[str]] = {"pre": [], "loop": [], "post": []}
+        self.section = "pre"
         self._temps = 0
-        self._known: dict[str, str] = {}    # expression -> temp holding it (CSE)
+        self._known: dict[str, tuple[str, str]] = {}   # expression -> (temp, section) (CSE)
         self._from_dot: set[str] = set()     # temps computed from a matmul result
         self._stateful: set[str] = set()     # temps that read a carried state or derived carry
         self.chained = False                 # a matmul reads (a function of) a matmul result
 
     # -- plumbing ---------------------------------------------------------------------------
+    @property
+    def lines(self) -> list[str]:
+        return self.sections[self.section]
+
     def note(self, text: str) -> None:
         self.lines.append("# " + comment(text))
 
@@ -63,14 +73,16 @@ class Block:
     def define(self, expr: str, why: str = "") -> str:
         """A temp holding ``expr``: an earlier one with the same expression (the
         inputs of a kernel region are never reassigned), else a new one."""
-        if expr in self._known:
+        known = self._known.get(expr)
+        if known is not None and known[1] in ("pre", self.section):
             if why:
-                self.note(f"{why}   = {self._known[expr]}, computed above")
-            return self._known[expr]
+                self.note(f"{why}   = {known[0]}, computed above")
+            return known[0]
         if why:
             self.note(why)
         self._temps += 1
-        var = self._known[expr] = f"t{self._temps}"
+        var = f"t{self._temps}"
+        self._known[expr] = (var, self.section)
         self.assign(var, expr)
         if _STATE.search(expr) or any(t in self._stateful for t in _TEMP.findall(expr)):
             self._stateful.add(var)
@@ -83,8 +95,8 @@ class Block:
     def reads_state(self, var: str) -> bool:
         return bool(_STATE.match(var)) or var in self._stateful
 
-    def text(self) -> str:
-        return "\n".join(self.lines)
+    def text(self, section: str = "pre") -> str:
+        return "\n".join(self.sections[section])
 
     # -- tile algebra -----------------------------------------------------------------------
     def arrange(self, t: Tile, order) -> str:

@@ -19,6 +19,8 @@ TEMPLATE = "chunk_torch.py.jinja"
 def _operand_expr(op: Operand) -> str:
     if op.kind == "token":
         return f'env.token("{op.name}")'
+    if op.kind == "power":
+        return f'env.power("{op.name}", "{op.packed}", {op.power}, {op.weighted})'
     if op.kind == "carry":
         return f'env.carry("{op.name}")'
     if op.kind == "derived":

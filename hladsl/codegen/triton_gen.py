@@ -42,12 +42,19 @@ def block_size(n: int) -> int:
     return max(16, 1 << (int(n) - 1).bit_length())
 
 
+PACKED_TILE = 64   # entries of a packed symmetric dim per tile (state-pass block, output loop step)
+
+
 def constexprs(program: ChunkProgram) -> dict[str, int]:
-    """The tl.constexpr arguments shared by both kernels: C, D_<dim>, B_<dim>."""
+    """The tl.constexpr arguments shared by both kernels: C, D_<dim>, B_<dim>
+    (a packed dim is always tiled: B is its tile, not its padded size)."""
     out = {"C": program.chunk}
     for dim, n in program.sizes:
         out[f"D_{dim}"] = n
         out[f"B_{dim}"] = block_size(n)
+    for pd in program.packed:
+        out[f"D_{pd.name}"] = pd.size
+        out[f"B_{pd.name}"] = min(PACKED_TILE, block_size(pd.size))
     return out
 
 
@@ -63,12 +70,15 @@ class _Lowering:
         _ident("mechanism", alg.name)
         self.dims = [_ident("dim", d) for d in alg.dims]
         self.input_dim = {_ident("input", x): _ident("dim", d) for x, d in alg.inputs.items()}
-        self.state_dims = {_ident("summary", s.name): s.dims for s in alg.streaming}
+        self.state_dims = {_ident("summary", s.name): program.state_dims(s.name)
+                           for s in alg.streaming}
+        self.packed = {_ident("packed dim", pd.name): pd for pd in program.packed}
+        self._accs = 0
         self.derived_dims = {}
         for d in program.derived:
             _ident("derived", d.name)
             self.derived_dims[d.name] = self._poly_dims(d.poly)
-        self.block = Block()     # the current kernel region (temps, CSE)
+        self.region()            # the current kernel region (temps, CSE)
 
     # -- sizes --------------------------------------------------------------------------
     def _poly_dims(self, poly) -> dict[str, str]:
@@ -87,6 +97,9 @@ class _Lowering:
             if o.kind == "token":
                 dims[o.indices[0]] = None
                 dims[o.indices[1]] = self.input_dim[o.name]
+            elif o.kind == "power":
+                dims[o.indices[0]] = None
+                dims[o.indices[1]] = o.packed
             elif o.kind == "carry":
                 dims.update(zip(o.indices, self.state_dims[o.name]))
             elif o.kind == "derived":
@@ -103,6 +116,8 @@ class _Lowering:
     def operand(self, o: Operand, defs: dict) -> Tile:
         if o.kind == "token":
             return Tile(f"in_{o.name}", o.indices)
+        if o.kind == "power":
+            return self.power(o)
         if o.kind == "carry":
             return Tile(f"st_{o.name}", o.indices)
         if o.kind == "derived":
@@ -129,27 +144,86 @@ class _Lowering:
             return Tile(var, o.indices)
         raise ValueError(f"operand kind {o.kind!r} has no Triton lowering")
 
+    def power(self, o: Operand) -> Tile:
+        """spow(x)[T, α] for the α of this program's block of the packed dim: p
+        gathered loads of x's tile (its columns α_1 .. α_p), multiplied in fp32."""
+        block, pd, x = self.block, _ident("packed dim", o.packed), o.name
+        valid = f"offs_{pd} < D_{pd}"
+        parts = []
+        for r in range(int(o.power)):
+            col = block.define(f"tl.load(pk_{pd}_idx + {r} * D_{pd} + offs_{pd}, mask={valid}, other=0)",
+                               f"slot {r + 1} of each packed index of {pd}")
+            parts.append(block.define(
+                f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + {col}[None, :], "
+                f"mask=({valid})[None, :], other=0.0).to(tl.float32)"))
+        expr = " * ".join(parts)
+        if o.weighted:
+            expr += f" * tl.load(pk_{pd}_mult + offs_{pd}, mask={valid}, other=0.0)[None, :]"
+        why = (f"{o.text()} = " + " ".join(f"{x}[{o.indices[0]},α_{r + 1}]" for r in range(o.power))
+               + (" · m(α)" if o.weighted else "") + "   (packed symmetric power, never stored)")
+        return Tile(block.define(expr, why), o.indices)
+
     # -- code ---------------------------------------------------------------------------
     def region(self) -> None:
         """Start a new kernel: temps are numbered afresh, nothing is reused across."""
         self.block = Block()
+        self.loop_init: list[str] = []
 
-    def terms(self, terms: tuple[TermProgram, ...], acc: str, defs: dict, scale_end=False) -> str:
-        """Code summing ``terms`` into ``acc``; ``scale_end``: state pass (carry weights)."""
+    def terms(self, terms: tuple[TermProgram, ...], acc: str, defs: dict, scale_end=False,
+              tiled: frozenset = frozenset()) -> dict[str, str]:
+        """Code summing ``terms`` into ``acc``, by section (pre / loop / post, see
+        ``steps``); ``scale_end``: state pass (carry weights). Indices of a ``tiled``
+        dim are looped over in tiles: every step reading a tile runs in the loop,
+        and the first step that sums the index away accumulates across tiles."""
         block = self.block
-        start = len(block.lines)
+        start = {k: len(v) for k, v in block.sections.items()}
         for n, t in enumerate(terms):
+            head = f"{t.coef:+g} · {t.source}"
+            block.section = "pre"
             block.lines.append("")
-            block.note(f"{t.coef:+g} · {t.source}")
+            block.note(head)
             block.sizes = self.sizes(t.operands)
-            tiles = [self.operand(o, defs) for o in t.operands]
+            looped = {i for i, d in self.index_dims(t.operands).items() if d in tiled}
+            tiles, where = [], []
+            for o in t.operands:
+                block.section = "loop" if set(o.indices) & looped else "pre"
+                tiles.append(self.operand(o, defs))
+                where.append(block.section)
+            in_loop_noted = False
             for s in t.plan.steps:
-                tiles.append(block.contract(tiles[s.left], tiles[s.right], s.indices))
+                sides = {where[s.left], where[s.right]}
+                if "loop" in sides and "post" in sides:
+                    raise ValueError(f"term {t.source}: a tiled contraction meets a finished one")
+                block.section = "loop" if "loop" in sides else ("post" if "post" in sides else "pre")
+                if block.section == "loop" and not in_loop_noted:
+                    block.lines.append("")
+                    block.note(f"{head}   (its {','.join(sorted(looped))} tiles)")
+                    in_loop_noted = True
+                r = block.contract(tiles[s.left], tiles[s.right], s.indices)
+                section = block.section
+                if section == "loop" and not set(s.indices) & looped:
+                    r, section = self._accumulate_tiles(r), "post"
+                tiles.append(r)
+                where.append(section)
+            if where[t.plan.result] == "loop":
+                raise ValueError(f"term {t.source}: the tiled index survives to the result")
+            block.section = where[t.plan.result] if not tiled else "post"
             value = block.reduce(tiles[t.plan.result], t.output).var
             if scale_end and t.carry_weight:
                 value = f"{value} * tl.exp({int(t.carry_weight)} * lam_end)"
             self._accumulate(block, acc, value, float(t.coef), first=n == 0)
-        return "\n".join(block.lines[start:]).lstrip("\n")
+        block.section = "pre"
+        return {k: "\n".join(v[start[k]:]).strip("\n") for k, v in block.sections.items()}
+
+    def _accumulate_tiles(self, r: Tile) -> Tile:
+        """Σ over the loop's tiles of ``r``: an fp32 accumulator zeroed before the loop."""
+        self._accs += 1
+        acc = f"acc{self._accs}"
+        shape = ", ".join(self.block.sizes[i] for i in r.indices)
+        self.loop_init.append(f"{acc} = tl.zeros(({shape}{',' if len(r.indices) == 1 else ''}), "
+                              f"dtype=tl.float32)  # [{','.join(r.indices)}]")
+        self.block.lines.append(f"{acc} += {r.var}")
+        return Tile(acc, r.indices)
 
     def splittable(self, dim: str) -> bool:
         """Can the state pass run one program per block of ``dim``? Yes when every
@@ -180,6 +254,7 @@ class _Lowering:
 
     def derived(self) -> str:
         block = self.block
+        block.section = "pre"
         start = len(block.lines)
         sizes = dict(self.p.sizes)
         for d in self.p.derived:
@@ -221,40 +296,55 @@ def kernel_context(program: ChunkProgram) -> dict:
     alg = program.algebra
 
     def inputs_of(terms):
-        names = dict.fromkeys(o.name for t in terms for o in t.operands if o.kind == "token")
+        names = dict.fromkeys(o.name for t in terms for o in t.operands
+                              if o.kind in ("token", "power"))
         return [{"name": x, "dim": low.input_dim[x]} for x in names]
 
     out_terms = program.output + program.normalizer
     read = dict.fromkeys([o.name for t in out_terms for o in t.operands if o.kind == "carry"]
                          + [f.name for d in program.derived for m in d.poly.terms
                             for f in m.factors])
-    states = []
-    for s in alg.streaming:
-        if not s.dims:
-            raise ValueError(f"summary {s.name} has no indices: scalar states are not supported")
-        off, msk, numel = _layout(s.dims)
-        states.append({"name": s.name, "index": ",".join(s.indices), "dims": list(s.dims),
-                       "off": off, "msk": msk, "numel": numel, "read": s.name in read})
     (o_index,) = alg.output.free
     o_dim = low.index_dims(program.output[0].operands)[o_index]
-    split = o_dim if low.splittable(o_dim) else ""
-    for s in states:
-        s["split"] = bool(split) and split in s["dims"]
+    splits = _state_splits(low, o_dim)
+    tiled = sorted({d for s in alg.streaming if s.name in read for d in low.state_dims[s.name]
+                    if d in low.packed})
+    if len(tiled) > 1:
+        raise ValueError(f"the output kernel loops over one packed dim; {alg.name} reads {tiled}")
+    states = []
+    for s in alg.streaming:
+        dims = low.state_dims[s.name]
+        if not dims:
+            raise ValueError(f"summary {s.name} has no indices: scalar states are not supported")
+        off, msk, numel = _layout(dims)
+        owner = " & ".join(f"(pid_{d} == 0)" for d in splits if d not in dims)
+        states.append({"name": s.name, "index": ",".join(s.indices), "dims": list(dims),
+                       "off": off, "msk": msk, "own": f"tl.where({owner}, msk_{s.name}, False)" if owner else f"msk_{s.name}",
+                       "numel": numel, "read": s.name in read,
+                       "tiled": any(d in tiled for d in dims)})
     state_defs, out_defs = {}, {}
     state_code = []
     for name, terms in program.states:
         code = low.terms(terms, f"nx_{name}", state_defs, scale_end=True)
-        state_code.append({"name": name, "code": code})
+        state_code.append({"name": name, "code": code["pre"]})
     state_chained = low.block.chained
     low.region()
     derived_code = low.derived()
-    num_code = low.terms(program.output, "num", out_defs)
-    den_code = low.terms(program.normalizer, "den", out_defs) if program.normalizer else ""
+    num = low.terms(program.output, "num", out_defs, tiled=frozenset(tiled))
+    den = (low.terms(program.normalizer, "den", out_defs, tiled=frozenset(tiled))
+           if program.normalizer else {"pre": "", "loop": "", "post": ""})
+    packed = [{"name": pd.name, "base": pd.base, "power": pd.power, "size": pd.size}
+              for pd in program.packed]
+    loop = None
+    if tiled:
+        loop = {"dim": tiled[0], "init": low.loop_init,
+                "code": "\n\n".join(c for c in (num["loop"], den["loop"]) if c)}
     return {
         "name": alg.name,
         "chunk": program.chunk,
         "sizes": [[d, n] for d, n in program.sizes],
-        "dims": low.dims,
+        "dims": low.dims + [pd["name"] for pd in packed],
+        "packed": packed,
         "gated": program.gated,
         "normalize": bool(program.normalizer),
         "state_inputs": inputs_of([t for _, ts in program.states for t in ts]),
@@ -265,14 +355,32 @@ def kernel_context(program: ChunkProgram) -> dict:
         "output_defs": _defs(out_defs),
         "output_lam_end": any("lam_end" in expr for _, expr in out_defs.values()),
         "derived_code": derived_code,
-        "num_code": num_code,
-        "den_code": den_code,
+        "output_pre": "\n\n".join(c for c in (num["pre"], den["pre"]) if c),
+        "output_loop": loop,
+        "output_post": "\n".join(c for c in (num["post"], den["post"]) if c),
         "o_dim": o_dim,
-        "split": split,
+        "splits": splits,
         "state_chained_dots": state_chained,
         "output_text": comment(f"{alg.output_name}[{o_index}] = {alg.output.text()}"),
         "normalizer_text": comment(alg.normalizer.text()) if alg.normalizer is not None else "",
     }
+
+
+def _state_splits(low: _Lowering, o_dim: str) -> list[str]:
+    """Dims the state pass splits over grid axes 1 and 2: every packed dim (a
+    packed state is never held whole) and, where the program allows it, the
+    output's value dim."""
+    splits = []
+    for pd in low.packed:
+        if not low.splittable(pd):
+            raise ValueError(f"the state pass of {low.alg.name} contracts over the packed dim {pd}; "
+                             f"it can only be split over it")
+        splits.append(pd)
+    if len(splits) < 2 and low.splittable(o_dim):
+        splits.append(o_dim)
+    if len(splits) > 2:
+        raise ValueError(f"the state pass splits over at most two dims, {low.alg.name} needs {splits}")
+    return splits
 
 
 def template_text() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+import triton.runtime.errors
 
 from hladsl.codegen.triton_gen import block_size, constexprs, kernels
 from hladsl.ir.chunk import ChunkProgram
@@ -30,6 +31,25 @@ def _state_block(size: int, programs: int, device, narrow_ok: bool) -> int:
     return width
 
 
+def _packed_tables(program: ChunkProgram, device) -> dict:
+    """pk_<dim>_idx [p, D] int32 (the slots of every packed multi-index) and
+    pk_<dim>_mult [D] fp32 (its multiplicity) for each packed dim."""
+    from hladsl.runtime.packing import combos, multiplicity
+    sizes = dict(program.sizes)
+    out = {}
+    for pd in program.packed:
+        key = (pd.name, sizes[pd.base], pd.power, str(device))
+        if key not in _TABLES:
+            idx = combos(sizes[pd.base], pd.power).t().contiguous().to(device=device, dtype=torch.int32)
+            mult = multiplicity(sizes[pd.base], pd.power).to(device=device, dtype=torch.float32)
+            _TABLES[key] = (idx, mult)
+        out[f"pk_{pd.name}_idx"], out[f"pk_{pd.name}_mult"] = _TABLES[key]
+    return out
+
+
+_TABLES: dict = {}
+
+
 def _token_args(inputs, tiles, lam, gated) -> dict:
     args = {}
     for x in inputs:
@@ -48,14 +68,15 @@ def _token_args(inputs, tiles, lam, gated) -> dict:
 def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                    init_states: dict[str, torch.Tensor], eps: float, precision: str = "tf32x3",
                    state_block: int | None = None, num_warps: int = 4,
-                   num_stages: int | None = None):
+                   num_stages: int | None = None, packed_block: int | None = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16; may be a strided view);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff the program is ungated);
-    init_states: summary -> [N, H, *shape] unpacked. precision: how fp32 tiles are
+    init_states: summary -> [N, H, *shape] as the program holds it (program.state_shape). precision: how fp32 tiles are
     multiplied (tl.dot input_precision: "ieee" exact but slow to compile and run,
     "tf32x3" about fp32-accurate on tensor cores, "tf32" fastest). state_block: the
     width of the value-dim block one state-pass program owns, where the program
-    allows splitting (default: small enough to fill the GPU). Returns (o [N, H, nC, C, dv] fp32,
+    allows splitting (default: small enough to fill the GPU). packed_block: the tile
+    of a packed symmetric dim (default triton_gen.PACKED_TILE). Returns (o [N, H, nC, C, dv] fp32,
     {summary: final state [N, H, *shape] fp32})."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
@@ -71,6 +92,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
                   num_warps=num_warps, **constexprs(program))
     if num_stages is not None:
         common["num_stages"] = num_stages
+    if packed_block is not None:
+        common.update({f"B_{pd.name}": packed_block for pd in program.packed})
 
     state_args, out_args, final = {}, {}, {}
     for s in ctx["states"]:
@@ -81,21 +104,52 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
         if s["read"]:
             starts = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{name}"] = out_args[f"starts_{name}"] = starts
-    state_args.update(_token_args(ctx["state_inputs"], tiles, lam, program.gated))
-    grid, block = (n_seq * heads,), {}
-    if ctx["split"]:
-        size = dict(program.sizes)[ctx["split"]]
-        narrow_ok = first.dtype not in _DOT or not ctx["state_chained_dots"]
-        width = state_block or _state_block(size, n_seq * heads, device, narrow_ok)
-        grid = (n_seq * heads, triton.cdiv(size, width))
-        block = {f"B_{ctx['split']}": width, "SPLIT": grid[1] > 1}
-    module.state_pass_kernel[grid](**state_args, **{**common, **block})
+    packed = _packed_tables(program, device)
+    state_args.update(_token_args(ctx["state_inputs"], tiles, lam, program.gated), **packed)
+    grid, block = [n_seq * heads], {}
+    for dim in ctx["splits"]:
+        if dim in {pd.name for pd in program.packed}:
+            width = common[f"B_{dim}"]
+        else:
+            narrow_ok = first.dtype not in _DOT or not ctx["state_chained_dots"]
+            programs = n_seq * heads * (grid[1] if len(grid) > 1 else 1)
+            width = state_block or _state_block(dict(program.sizes)[dim], programs, device, narrow_ok)
+        grid.append(triton.cdiv(common[f"D_{dim}"], width))
+        block[f"B_{dim}"] = width
+    _launch(module.state_pass_kernel, tuple(grid), {**state_args, **common, **block},
+            num_stages is None)
 
     dv = dict(program.sizes)[ctx["o_dim"]]
     o = torch.empty((n_seq, heads, n_chunks, chunk, dv), device=device, dtype=torch.float32)
-    out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated))
+    out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated), **packed)
     out_args["out_ptr"] = o
     if ctx["normalize"]:
         out_args["eps"] = float(eps)
-    module.output_kernel[(n_chunks, n_seq * heads)](**out_args, **common)
+    _launch(module.output_kernel, (n_chunks, n_seq * heads), {**out_args, **common},
+            num_stages is None)
     return o, final
+
+
+# Launch options tried in order when a kernel needs more shared memory than the
+# GPU has (large states at d = 128): the default software pipelining keeps
+# several chunks' token tiles in flight; one stage keeps one.
+FALLBACKS = ({}, {"num_stages": 1}, {"num_stages": 1, "num_warps": 8})
+_WORKING: dict = {}    # (kernel, constexprs) -> the first fallback that compiled
+
+
+def _launch(kernel, grid, args: dict, may_fall_back: bool) -> None:
+    if not may_fall_back:
+        kernel[grid](**args)
+        return
+    key = (id(kernel), tuple(sorted((k, str(v)) for k, v in args.items()
+                                    if not isinstance(v, torch.Tensor))))
+    start = _WORKING.get(key, 0)
+    for n in range(start, len(FALLBACKS)):
+        try:
+            kernel[grid](**{**args, **FALLBACKS[n]})
+        except triton.runtime.errors.OutOfResources:
+            if n == len(FALLBACKS) - 1:
+                raise
+            continue
+        _WORKING[key] = n
+        return

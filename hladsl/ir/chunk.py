@@ -20,19 +20,25 @@ from hladsl.ir.algebra import Algebra
 from hladsl.ir.chains import ANCHOR, ChainTerm, output_chains, summary_chains
 from hladsl.ir.contract import Plan, plan
 from hladsl.ir.expr import Monomial, Poly, canonical_key
+from hladsl.ir.symmetric import PackedDim, pack_symmetric
 
 
 @dataclass(frozen=True)
 class Operand:
-    kind: str                      # 'token' | 'carry' | 'derived' | 'mask' | 'decay'
+    kind: str                      # 'token' | 'power' | 'carry' | 'derived' | 'mask' | 'decay'
     name: str                      # input / state / derived name; '' otherwise
     indices: tuple[str, ...]
     rel: str = ""                  # masks: '<' or '<='
     weight: int = 0                # masks and decays: the decay weight W
     anchor: str = ""               # decays: 'end' (to chunk end) or 'start' (carry to t)
+    packed: str = ""               # power: the packed dim of its second index
+    power: int = 0                 # power: p
+    weighted: bool = False         # power: times the multiplicity m(α) (a consumed group)
 
     def text(self) -> str:
         idx = ",".join(self.indices)
+        if self.kind == "power":
+            return f"{'m·' if self.weighted else ''}spow{self.power}({self.name})[{idx}]"
         if self.kind == "mask":
             b, a = self.indices
             return f"M[{idx}] = [{a} {self.rel} {b}]" + (f"·exp({self.weight}(Λ_{b}−Λ_{a}))"
@@ -71,6 +77,20 @@ class ChunkProgram:
     output: tuple[TermProgram, ...]
     normalizer: tuple[TermProgram, ...]
     states: tuple[tuple[str, tuple[TermProgram, ...]], ...]   # streaming summary -> terms
+    layouts: tuple[tuple[str, tuple[str, ...]], ...] = ()       # summary -> dims as held
+    packed: tuple[PackedDim, ...] = ()                           # packed symmetric dims
+
+    def state_dims(self, name: str) -> tuple[str, ...]:
+        """The dims of a streaming summary as the program holds it (packed groups
+        are one dim of ``packed``)."""
+        return dict(self.layouts)[name]
+
+    def state_shape(self, name: str) -> tuple[int, ...]:
+        sizes = dict(self.sizes) | {pd.name: pd.size for pd in self.packed}
+        return tuple(sizes[d] for d in self.state_dims(name))
+
+    def is_packed(self, name: str) -> bool:
+        return any(d in {pd.name for pd in self.packed} for d in self.state_dims(name))
 
     def flops(self) -> dict[str, int]:
         return {"output": sum(t.plan.flops for t in self.output + self.normalizer),
@@ -133,7 +153,13 @@ def _output_programs(alg, poly, sizes, derived: list[Derived], prefix: str, gate
             continue
         ops = _operands(term, True, _carry_ops(term), gated)
         programs.append(_program(term, ops, out_index, sizes, True))
-    for n, (term, anchor, inner_free, monos) in enumerate(groups.values()):
+    groups = list(groups.values())
+    for term, anchor, inner_free, monos in groups:   # one carried state alone: read it directly
+        if len(monos) == 1 and len(monos[0].factors) == 1:
+            programs.append(_program(term, _operands(term, True, _carry_ops(term), gated),
+                                     out_index, sizes, True))
+    groups = [g for g in groups if not (len(g[3]) == 1 and len(g[3][0].factors) == 1)]
+    for n, (term, anchor, inner_free, monos) in enumerate(groups):
         name = f"{prefix}{n}"
         derived.append(Derived(name, Poly(inner_free, tuple(monos))))
         rep = ChainTerm(Fraction(1), anchor, (), (), (), term.carry_weight, poly.free)
@@ -161,7 +187,10 @@ def chunk_program(alg: Algebra, chunk: int, dim_sizes: tuple[tuple[str, int], ..
                                False)
                       for t in summary_chains(alg, s))
         states.append((s.name, terms))
-    return ChunkProgram(alg, chunk, dim_sizes, gated, tuple(derived), output, normalizer, tuple(states))
+    layouts = tuple((s.name, s.dims) for s in alg.streaming)
+    program = ChunkProgram(alg, chunk, dim_sizes, gated, tuple(derived), output, normalizer,
+                           tuple(states), layouts)
+    return pack_symmetric(program, Operand)
 
 
 def index_sizes(term_factors, alg: Algebra, dims: dict[str, int]) -> dict[str, int]:

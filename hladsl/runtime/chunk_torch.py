@@ -8,6 +8,7 @@ import torch
 
 from hladsl.codegen.torch_gen import torch_module
 from hladsl.ir.chunk import ChunkProgram
+from hladsl.runtime.packing import combos, multiplicity
 
 
 class Env:
@@ -20,6 +21,21 @@ class Env:
 
     def token(self, name):
         return self.tokens[name]
+
+    def power(self, name: str, packed: str, p: int, weighted: bool) -> torch.Tensor:
+        """spow(x)[..., α] = Π_r x[..., α_r] over the packed multi-indices α of
+        ``packed`` (times the multiplicity m(α) when ``weighted``)."""
+        key = ("power", name, p, weighted)
+        if key not in self._cache:
+            x = self.tokens[name]
+            index = combos(x.shape[-1], p).to(x.device)
+            value = x[..., index[:, 0]]
+            for r in range(1, p):
+                value = value * x[..., index[:, r]]
+            if weighted:
+                value = value * multiplicity(x.shape[-1], p).to(device=x.device, dtype=value.dtype)
+            self._cache[key] = value
+        return self._cache[key]
 
     def carry(self, name):
         return self.carried[name]

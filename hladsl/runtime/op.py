@@ -32,6 +32,7 @@ class Op:
         self.chunk_size = chunk_size
         self.backend = backend   # "auto": Triton on CUDA tensors, torch elsewhere; "torch": always torch
         self.state_names = tuple(s.name for s in algebra.streaming)
+        self._fitting_chunk: dict = {}   # (dims, dtype, gated, chunk asked) -> chunk that fits
         from hladsl.runtime.custom_op import register
         self.custom_op = register(self)   # the op as torch.compile sees it
 
@@ -62,14 +63,11 @@ class Op:
         gates = None if g is None else g.to(compute)
         if cu_seqlens is not None:
             tokens, gates, index = _to_padded(tokens, gates, cu_seqlens)
-        init = self._unpacked_state(initial_state, tokens["q"], dims, compute)
+        init = self._packed_state(initial_state, tokens["q"], dims, compute)
         o, final = self._forward(tokens, gates, init, dims, compute)
         if cu_seqlens is not None:
             o = o.reshape(-1, *o.shape[2:])[index].unsqueeze(0)
-        final_state = None
-        if output_final_state:
-            final_state = {name: pack(alg.summary(name), final[name], dims) for name in self.state_names}
-        return o.to(q.dtype), final_state
+        return o.to(q.dtype), (final if output_final_state else None)
 
     def state_shapes(self, d: int, dv: int) -> dict[str, tuple[int, ...]]:
         dims = {self.algebra.inputs["q"]: d, self.algebra.inputs["v"]: dv}
@@ -103,6 +101,14 @@ class Op:
         tokens = {"q": q.to(dtype) * scale, "k": k.to(dtype), "v": v.to(dtype)}
         return dims, tokens, compute
 
+    def _packed_state(self, initial_state, like, dims, dtype):
+        """The initial state dict in storage layout (symmetric summaries packed)."""
+        n, h = like.shape[0], like.shape[2]
+        if initial_state is None:
+            return {s.name: like.new_zeros((n, h) + packed_shape(s, dims), dtype=dtype)
+                    for s in self.algebra.streaming}
+        return {s.name: initial_state[s.name].to(dtype) for s in self.algebra.streaming}
+
     def _unpacked_state(self, initial_state, like, dims, dtype):
         n, h = like.shape[0], like.shape[2]
         out = {}
@@ -115,12 +121,36 @@ class Op:
         return out
 
     def _forward(self, tokens, gates, init, dims, compute):
+        """init and the returned final states are in storage layout; the chunk
+        program holds a symmetric summary packed or unpacked (ir.symmetric).
+        Kernels that do not fit the GPU's shared memory at this chunk size (large
+        states at d = 128) are retried at half the chunk size, down to 16."""
+        T = tokens["q"].shape[1]
+        C = min(self.chunk_size, max(16, 1 << (T - 1).bit_length()))
+        if not self._use_triton(tokens["q"]):
+            return self._forward_chunked(C, tokens, gates, init, dims, compute)
+        import triton.runtime.errors
+        key = (tuple(sorted(dims.items())), tokens["q"].dtype, gates is not None, C)
+        C = self._fitting_chunk.get(key, C)
+        while True:
+            try:
+                out = self._forward_chunked(C, tokens, gates, init, dims, compute)
+            except triton.runtime.errors.OutOfResources:
+                if C <= 16:
+                    raise
+                C //= 2
+                continue
+            self._fitting_chunk[key] = C
+            return out
+
+    def _forward_chunked(self, C, tokens, gates, init, dims, compute):
         alg = self.algebra
         B, T, H, _ = tokens["q"].shape
-        C = min(self.chunk_size, max(16, 1 << (T - 1).bit_length()))
         n_chunks = max(1, -(-T // C))
         pad = n_chunks * C - T
         program = chunk_program(alg, C, tuple(sorted(dims.items())), gates is not None)
+        init = {name: x if program.is_packed(name) else unpack(alg.summary(name), x, dims)
+                for name, x in init.items()}
         names = list(tokens)
         state_names = list(init)
 
@@ -155,7 +185,9 @@ class Op:
             outs = _TritonForward.apply(run, *flat)
         else:
             outs = run(False, *flat)
-        return outs[0], dict(zip(state_names, outs[1:]))
+        final = {name: x if program.is_packed(name) else pack(alg.summary(name), x, dims)
+                 for name, x in zip(state_names, outs[1:])}
+        return outs[0], final
 
     def _use_triton(self, x) -> bool:
         if self.backend == "torch" or not isinstance(x, torch.Tensor) or x.device.type != "cuda":

@@ -10,6 +10,7 @@ from math import comb
 import torch
 
 from hladsl.ir.algebra import Summary
+from hladsl.ir.symmetric import multiplicities
 
 
 def full_shape(s: Summary, dims: dict[str, int]) -> tuple[int, ...]:
@@ -30,8 +31,14 @@ def packed_shape(s: Summary, dims: dict[str, int]) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=256)
-def _combos(n: int, p: int) -> torch.Tensor:
+def combos(n: int, p: int) -> torch.Tensor:
     return torch.tensor(list(itertools.combinations_with_replacement(range(n), p)), dtype=torch.long)
+
+
+@lru_cache(maxsize=256)
+def multiplicity(n: int, p: int) -> torch.Tensor:
+    """m(α): how many full multi-indices each packed entry stands for (fp64)."""
+    return torch.tensor(multiplicities(n, p), dtype=torch.float64)
 
 
 @lru_cache(maxsize=256)
@@ -65,7 +72,7 @@ def _pack_group(x, lead, group, n):
     slots = [lead + g for g in group]
     rest = [k for k in range(x.dim()) if k not in slots]
     moved = x.permute(rest + slots).reshape(*[x.shape[k] for k in rest], n ** p)
-    flat = (_combos(n, p).to(x.device) * torch.tensor([n ** (p - 1 - j) for j in range(p)],
+    flat = (combos(n, p).to(x.device) * torch.tensor([n ** (p - 1 - j) for j in range(p)],
                                                       device=x.device)).sum(-1)
     packed = moved.index_select(-1, flat)
     first = lead + group[0]

@@ -4,9 +4,9 @@
 """Triton chunk kernels of ahla (hladsl DESIGN section 5).
 
 state_pass_kernel  grid (N*H, blocks of dv): walks the chunks of one
-                   (sequence, head) in order, every streaming summary an fp32
-                   register tile; writes the chunk-start states the output
-                   kernel reads, and the final state.
+                   (sequence, head) in order, every streaming summary (its
+                   block) an fp32 register tile; writes the chunk-start states
+                   the output kernel reads, and the final state.
 output_kernel      grid (nC, N*H): one chunk each; derived carries, every output
                    term.
 Token tiles are [N, H, nC, C, dim] (any strides, unit feature stride); lam is the
@@ -42,40 +42,38 @@ def state_pass_kernel(
     D_d: tl.constexpr, B_d: tl.constexpr,
     D_dv: tl.constexpr, B_dv: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr,
-    SPLIT: tl.constexpr,  # more than one dv-block per (sequence, head)
 ):
     pid_nh = tl.program_id(0).to(tl.int64)
-    # with SPLIT, this program owns the dv-block pid_s of every state indexed
-    # by dv; states without dv are computed by every block, written by block 0
-    pid_s = tl.program_id(1)
+    pid_dv = tl.program_id(1)  # this program's block of dv
+    # states without a split dim are computed by every block and written by its block 0 (own_)
     n = pid_nh // H
     h = pid_nh % H
     offs_t = tl.arange(0, C)
     offs_d = tl.arange(0, B_d)
-    offs_dv = tl.arange(0, B_dv)
-    if SPLIT:
-        offs_dv = pid_s * B_dv + offs_dv
+    offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
 
     off_P = offs_d[:, None] * D_dv + offs_dv[None, :]
     msk_P = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_P = msk_P
     st_P = tl.load(init_P + pid_nh * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
     off_E = offs_d[:, None] * D_dv + offs_dv[None, :]
     msk_E = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_E = msk_E
     st_E = tl.load(init_E + pid_nh * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
     for i_c in range(n_chunks):
-        tl.store(starts_P + (pid_nh * n_chunks + i_c) * (D_d * D_dv) + off_P, st_P, mask=msk_P)
-        tl.store(starts_E + (pid_nh * n_chunks + i_c) * (D_d * D_dv) + off_E, st_E, mask=msk_E)
+        tl.store(starts_P + (pid_nh * n_chunks + i_c) * (D_d * D_dv) + off_P, st_P, mask=own_P)
+        tl.store(starts_E + (pid_nh * n_chunks + i_c) * (D_d * D_dv) + off_E, st_E, mask=own_E)
+        base_k = n * str_k_n + h * str_k_h + i_c * str_k_c
         in_k = tl.load(
-            in_k_ptr + n * str_k_n + h * str_k_h + i_c * str_k_c
-            + offs_t[:, None] * str_k_t + offs_d[None, :],
+            in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+        base_v = n * str_v_n + h * str_v_h + i_c * str_v_c
         in_v = tl.load(
-            in_v_ptr + n * str_v_n + h * str_v_h + i_c * str_v_c
-            + offs_t[:, None] * str_v_t + offs_dv[None, :],
+            in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
             mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
+        base_q = n * str_q_n + h * str_q_h + i_c * str_q_c
         in_q = tl.load(
-            in_q_ptr + n * str_q_n + h * str_q_h + i_c * str_q_c
-            + offs_t[:, None] * str_q_t + offs_d[None, :],
+            in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
         lam = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + offs_t)
         lam_end = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + C - 1)
@@ -119,8 +117,8 @@ def state_pass_kernel(
 
         st_P = nx_P
         st_E = nx_E
-    tl.store(final_P + pid_nh * (D_d * D_dv) + off_P, st_P, mask=msk_P)
-    tl.store(final_E + pid_nh * (D_d * D_dv) + off_E, st_E, mask=msk_E)
+    tl.store(final_P + pid_nh * (D_d * D_dv) + off_P, st_P, mask=own_P)
+    tl.store(final_E + pid_nh * (D_d * D_dv) + off_E, st_E, mask=own_E)
 
 
 @triton.jit
@@ -146,17 +144,17 @@ def output_kernel(
     offs_d = tl.arange(0, B_d)
     offs_dv = tl.arange(0, B_dv)
 
+    base_q = n * str_q_n + h * str_q_h + i_c * str_q_c
     in_q = tl.load(
-        in_q_ptr + n * str_q_n + h * str_q_h + i_c * str_q_c
-        + offs_t[:, None] * str_q_t + offs_d[None, :],
+        in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+    base_k = n * str_k_n + h * str_k_h + i_c * str_k_c
     in_k = tl.load(
-        in_k_ptr + n * str_k_n + h * str_k_h + i_c * str_k_c
-        + offs_t[:, None] * str_k_t + offs_d[None, :],
+        in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+    base_v = n * str_v_n + h * str_v_h + i_c * str_v_c
     in_v = tl.load(
-        in_v_ptr + n * str_v_n + h * str_v_h + i_c * str_v_c
-        + offs_t[:, None] * str_v_t + offs_dv[None, :],
+        in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
         mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
     lam = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + offs_t)
 
@@ -167,45 +165,41 @@ def output_kernel(
     msk_E = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
     st_E = tl.load(starts_E + (pid_nh * n_chunks + i_c) * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
 
-    decay_start_w1 = tl.exp(1 * lam)  # exp(1·Λ_Tt)
     mask_le_w0 = tl.where(offs_t[:, None] >= offs_t[None, :], 1.0, 0.0)  # M[Tt,Tn0] = [Tn0 <= Tt]
+    decay_start_w1 = tl.exp(1 * lam)  # exp(1·Λ_Tt)
     mask_le_w1 = tl.exp(tl.where(offs_t[:, None] >= offs_t[None, :], 1 * (lam[:, None] - lam[None, :]), float("-inf")))  # M[Tn1,Tn0] = [Tn0 <= Tn1]·exp(1(Λ_Tn1−Λ_Tn0))
 
-    # ---- derived carries: per-chunk sums of carried-state contractions
-    # W0[_0,e] = E@P[_0,e]
-    dr_W0 = st_E
-
-    # ---- numerator: o[e] = q_t[_0] E[_0,e]
-    # +1 · q_t[_0] W0[_0,e]   [carry only]
-    # [Tt,e] = in_q[Tt,_0] · dr_W0[_0,e]   (matmul over _0)
-    t1 = _dot(in_q, dr_W0, tl.float32, PREC)
-    # [Tt,e] = t1[Tt,e] · decay_start_w1[Tt]   (elementwise)
-    t2 = t1 * decay_start_w1[:, None]
-    num = t2
-
+    # ---- output: o[e] = q_t[_0] E[_0,e]
     # +1 · q_t[_0] P@P[s0,e] k_n0[_0] q_n0[s0]   [n0 <= t; w(P)=1]
     # [e,Tn0] = in_q[Tn0,s0] · st_P[s0,e]   (matmul over s0)
-    t3 = _dot(tl.trans(st_P), tl.trans(in_q), tl.float32, PREC)
+    t1 = _dot(tl.trans(st_P), tl.trans(in_q), tl.float32, PREC)
     # [Tt,Tn0] = in_q[Tt,_0] · in_k[Tn0,_0]   (matmul over _0)
-    t4 = _dot(in_q, tl.trans(in_k), DOT, PREC)
-    # [Tt,Tn0] = t4[Tt,Tn0] · mask_le_w0[Tt,Tn0]   (elementwise)
-    t5 = t4 * mask_le_w0
-    # [Tt,e] = t3[e,Tn0] · t5[Tt,Tn0]   (matmul over Tn0)
-    t6 = _dot(t5, tl.trans(t3), tl.float32, PREC)
-    # [Tt,e] = t6[Tt,e] · decay_start_w1[Tt]   (elementwise)
-    t7 = t6 * decay_start_w1[:, None]
-    num += t7
+    t2 = _dot(in_q, tl.trans(in_k), DOT, PREC)
+    # [Tt,Tn0] = t2[Tt,Tn0] · mask_le_w0[Tt,Tn0]   (elementwise)
+    t3 = t2 * mask_le_w0
+    # [Tt,e] = t1[e,Tn0] · t3[Tt,Tn0]   (matmul over Tn0)
+    t4 = _dot(t3, tl.trans(t1), tl.float32, PREC)
+    # [Tt,e] = t4[Tt,e] · decay_start_w1[Tt]   (elementwise)
+    t5 = t4 * decay_start_w1[:, None]
+    num = t5
 
     # +1 · q_t[_0] k_n1[_0] q_n1[s2] k_n0[s2] v_n0[e]   [n0 <= n1, n1 <= t; w(n0)=1]
-    # [Tn1,Tn0] = in_q[Tn1,s2] · in_k[Tn0,s2]   (matmul over s2)   = t4, computed above
-    # [Tn1,Tn0] = t4[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
-    t8 = t4 * mask_le_w1
-    # [e,Tn1] = in_v[Tn0,e] · t8[Tn1,Tn0]   (matmul over Tn0)
-    t9 = _dot(tl.trans(in_v), tl.trans(t8), DOT, PREC)
-    # [Tt,Tn1] = in_q[Tt,_0] · in_k[Tn1,_0]   (matmul over _0)   = t4, computed above
-    # [Tt,Tn1] = t4[Tt,Tn1] · mask_le_w1[Tt,Tn1]   (elementwise)   = t8, computed above
-    # [Tt,e] = t9[e,Tn1] · t8[Tt,Tn1]   (matmul over Tn1)
-    t10 = _dot(t8, tl.trans(t9), DOT, PREC)
+    # [Tn1,Tn0] = in_q[Tn1,s2] · in_k[Tn0,s2]   (matmul over s2)   = t2, computed above
+    # [Tn1,Tn0] = t2[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
+    t6 = t2 * mask_le_w1
+    # [e,Tn1] = in_v[Tn0,e] · t6[Tn1,Tn0]   (matmul over Tn0)
+    t7 = _dot(tl.trans(in_v), tl.trans(t6), DOT, PREC)
+    # [Tt,Tn1] = in_q[Tt,_0] · in_k[Tn1,_0]   (matmul over _0)   = t2, computed above
+    # [Tt,Tn1] = t2[Tt,Tn1] · mask_le_w1[Tt,Tn1]   (elementwise)   = t6, computed above
+    # [Tt,e] = t7[e,Tn1] · t6[Tt,Tn1]   (matmul over Tn1)
+    t8 = _dot(t6, tl.trans(t7), DOT, PREC)
+    num += t8
+
+    # +1 · q_t[_0] E@P[_0,e]   [carry only; w(P)=1]
+    # [Tt,e] = in_q[Tt,_0] · st_E[_0,e]   (matmul over _0)
+    t9 = _dot(in_q, st_E, tl.float32, PREC)
+    # [Tt,e] = t9[Tt,e] · decay_start_w1[Tt]   (elementwise)
+    t10 = t9 * decay_start_w1[:, None]
     num += t10
     tl.store(out_ptr + ((pid_nh * n_chunks + i_c) * C + offs_t[:, None]) * D_dv + offs_dv[None, :],
              num, mask=offs_dv[None, :] < D_dv)

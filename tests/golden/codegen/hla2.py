@@ -4,9 +4,9 @@
 """Triton chunk kernels of hla2 (hladsl DESIGN section 5).
 
 state_pass_kernel  grid (N*H, blocks of dv): walks the chunks of one
-                   (sequence, head) in order, every streaming summary an fp32
-                   register tile; writes the chunk-start states the output
-                   kernel reads, and the final state.
+                   (sequence, head) in order, every streaming summary (its
+                   block) an fp32 register tile; writes the chunk-start states
+                   the output kernel reads, and the final state.
 output_kernel      grid (nC, N*H): one chunk each; derived carries, every output
                    term.
 Token tiles are [N, H, nC, C, dim] (any strides, unit feature stride); lam is the
@@ -43,48 +43,43 @@ def state_pass_kernel(
     D_d: tl.constexpr, B_d: tl.constexpr,
     D_dv: tl.constexpr, B_dv: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr,
-    SPLIT: tl.constexpr,  # more than one dv-block per (sequence, head)
 ):
     pid_nh = tl.program_id(0).to(tl.int64)
-    # with SPLIT, this program owns the dv-block pid_s of every state indexed
-    # by dv; states without dv are computed by every block, written by block 0
-    pid_s = tl.program_id(1)
+    pid_dv = tl.program_id(1)  # this program's block of dv
+    # states without a split dim are computed by every block and written by its block 0 (own_)
     n = pid_nh // H
     h = pid_nh % H
     offs_t = tl.arange(0, C)
     offs_d = tl.arange(0, B_d)
-    offs_dv = tl.arange(0, B_dv)
-    if SPLIT:
-        offs_dv = pid_s * B_dv + offs_dv
+    offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
 
     off_S = offs_d[:, None] * D_d + offs_d[None, :]
     msk_S = (offs_d[:, None] < D_d) & (offs_d[None, :] < D_d)
+    own_S = tl.where((pid_dv == 0), msk_S, False)
     st_S = tl.load(init_S + pid_nh * (D_d * D_d) + off_S, mask=msk_S, other=0.0)
     off_C = offs_d[:, None] * D_dv + offs_dv[None, :]
     msk_C = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_C = msk_C
     st_C = tl.load(init_C + pid_nh * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
     off_G = offs_d[:, None] * D_dv + offs_dv[None, :]
     msk_G = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_G = msk_G
     st_G = tl.load(init_G + pid_nh * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
     for i_c in range(n_chunks):
-        tl.store(starts_C + (pid_nh * n_chunks + i_c) * (D_d * D_dv) + off_C, st_C, mask=msk_C)
-        tl.store(starts_G + (pid_nh * n_chunks + i_c) * (D_d * D_dv) + off_G, st_G, mask=msk_G)
-        if SPLIT:
-            if pid_s == 0:
-                tl.store(starts_S + (pid_nh * n_chunks + i_c) * (D_d * D_d) + off_S, st_S, mask=msk_S)
-        else:
-            tl.store(starts_S + (pid_nh * n_chunks + i_c) * (D_d * D_d) + off_S, st_S, mask=msk_S)
+        tl.store(starts_S + (pid_nh * n_chunks + i_c) * (D_d * D_d) + off_S, st_S, mask=own_S)
+        tl.store(starts_C + (pid_nh * n_chunks + i_c) * (D_d * D_dv) + off_C, st_C, mask=own_C)
+        tl.store(starts_G + (pid_nh * n_chunks + i_c) * (D_d * D_dv) + off_G, st_G, mask=own_G)
+        base_k = n * str_k_n + h * str_k_h + i_c * str_k_c
         in_k = tl.load(
-            in_k_ptr + n * str_k_n + h * str_k_h + i_c * str_k_c
-            + offs_t[:, None] * str_k_t + offs_d[None, :],
+            in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+        base_q = n * str_q_n + h * str_q_h + i_c * str_q_c
         in_q = tl.load(
-            in_q_ptr + n * str_q_n + h * str_q_h + i_c * str_q_c
-            + offs_t[:, None] * str_q_t + offs_d[None, :],
+            in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+        base_v = n * str_v_n + h * str_v_h + i_c * str_v_c
         in_v = tl.load(
-            in_v_ptr + n * str_v_n + h * str_v_h + i_c * str_v_c
-            + offs_t[:, None] * str_v_t + offs_dv[None, :],
+            in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
             mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
         lam = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + offs_t)
         lam_end = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + C - 1)
@@ -143,13 +138,9 @@ def state_pass_kernel(
         st_S = nx_S
         st_C = nx_C
         st_G = nx_G
-    tl.store(final_C + pid_nh * (D_d * D_dv) + off_C, st_C, mask=msk_C)
-    tl.store(final_G + pid_nh * (D_d * D_dv) + off_G, st_G, mask=msk_G)
-    if SPLIT:
-        if pid_s == 0:
-            tl.store(final_S + pid_nh * (D_d * D_d) + off_S, st_S, mask=msk_S)
-    else:
-        tl.store(final_S + pid_nh * (D_d * D_d) + off_S, st_S, mask=msk_S)
+    tl.store(final_S + pid_nh * (D_d * D_d) + off_S, st_S, mask=own_S)
+    tl.store(final_C + pid_nh * (D_d * D_dv) + off_C, st_C, mask=own_C)
+    tl.store(final_G + pid_nh * (D_d * D_dv) + off_G, st_G, mask=own_G)
 
 
 @triton.jit
@@ -176,17 +167,17 @@ def output_kernel(
     offs_d = tl.arange(0, B_d)
     offs_dv = tl.arange(0, B_dv)
 
+    base_q = n * str_q_n + h * str_q_h + i_c * str_q_c
     in_q = tl.load(
-        in_q_ptr + n * str_q_n + h * str_q_h + i_c * str_q_c
-        + offs_t[:, None] * str_q_t + offs_d[None, :],
+        in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+    base_v = n * str_v_n + h * str_v_h + i_c * str_v_c
     in_v = tl.load(
-        in_v_ptr + n * str_v_n + h * str_v_h + i_c * str_v_c
-        + offs_t[:, None] * str_v_t + offs_dv[None, :],
+        in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
         mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
+    base_k = n * str_k_n + h * str_k_h + i_c * str_k_c
     in_k = tl.load(
-        in_k_ptr + n * str_k_n + h * str_k_h + i_c * str_k_c
-        + offs_t[:, None] * str_k_t + offs_d[None, :],
+        in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
     lam = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + offs_t)
 
@@ -212,7 +203,7 @@ def output_kernel(
     t1 = _dot(st_S, st_C, tl.float32, PREC)
     dr_W0 += t1
 
-    # ---- numerator: o[e] = q_t[_0] C[_1,e] S[_0,_1] - q_t[_0] G[_0,e]
+    # ---- output: o[e] = q_t[_0] C[_1,e] S[_0,_1] - q_t[_0] G[_0,e]
     # +1 · q_t[_0] W0[_0,e]   [carry only]
     # [Tt,e] = in_q[Tt,_0] · dr_W0[_0,e]   (matmul over _0)
     t2 = _dot(in_q, dr_W0, tl.float32, PREC)

@@ -1,0 +1,234 @@
+"""Packed symmetric states in the chunk program (DESIGN §3, §5 "symmetric
+states are packed"; power attention's fused expand-matmul).
+
+A summary declared symmetric in a group of p slots over a dim of size n is held
+by its C(n+p-1, p) entries with non-decreasing indices (the storage layout of
+``runtime.packing``) whenever every use of it in the chunk program is one of:
+
+  produce   p token factors of one input at one time fill the group:
+            Σ_T x[T,i1]...x[T,ip] ...  ->  spow(x)[T,α] ...      (α = the packed index)
+  consume   the group is contracted with p copies of one token vector:
+            x[T,i1]...x[T,ip] X[i1..ip,...]  ->  Σ_α m(α) spow(x)[T,α] X[α,...]
+  pass      the group of a packed carried state fills the group of the result
+            (the carry term X@P of X's own update)
+
+where spow(x)[T,α] = x[T,α_1]...x[T,α_p] and m(α) = p!/Π(multiplicities)! counts
+the full index tuples a packed entry stands for. The p token tiles become one
+[C, D_packed] tile that kernels form on the fly (a gather and p-1 products),
+never the d^p tensor. A state with any other use (HLA2's S, read as S C) stays
+unpacked. Deciding is a greatest fixpoint: a packed state may only pass into a
+packed one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from math import comb, factorial
+from collections import Counter
+
+from hladsl.ir.contract import plan
+
+
+@dataclass(frozen=True)
+class PackedDim:
+    name: str      # the dim name kernels use (D_<name>, offs_<name>)
+    base: str      # the dim of every slot of the group
+    power: int     # p
+    size: int      # C(n + p - 1, p)
+
+
+def multiplicities(n: int, p: int) -> list[int]:
+    """m(α) for the packed entries of a p-group over n, in storage order."""
+    import itertools
+    out = []
+    for combo in itertools.combinations_with_replacement(range(n), p):
+        m = factorial(p)
+        for c in Counter(combo).values():
+            m //= factorial(c)
+        out.append(m)
+    return out
+
+
+def packed_dim_name(base: str, p: int, taken) -> str:
+    name = f"{base}_pow{p}"
+    while name in taken:
+        name += "_"
+    return name
+
+
+class _Packer:
+    def __init__(self, program, operand_cls):
+        self.program = program
+        self.Operand = operand_cls
+        alg = program.algebra
+        self.sizes = dict(program.sizes)
+        self.groups = {s.name: s.symmetric for s in alg.streaming if s.symmetric}
+        self.dims = {s.name: s.dims for s in alg.streaming}
+        self.in_derived = {f.name for d in program.derived for m in d.poly.terms for f in m.factors}
+        self.packed_dims: dict[tuple[str, int], PackedDim] = {}
+        taken = set(alg.dims)
+        for name, groups in self.groups.items():
+            for g in groups:
+                base, p = self.dims[name][g[0]], len(g)
+                if (base, p) not in self.packed_dims:
+                    pd = PackedDim(packed_dim_name(base, p, taken), base, p,
+                                   comb(self.sizes[base] + p - 1, p))
+                    taken.add(pd.name)
+                    self.packed_dims[(base, p)] = pd
+
+    # -- one term -------------------------------------------------------------------
+    def rewrite(self, term, packed: set[str], produces: str | None):
+        """The term with packed operands, or the set of states whose use here fails."""
+        ops = list(term.operands)
+        failed: set[str] = set()
+        replace_tokens: dict[int, tuple] = {}   # token operand -> (power operand, or None: drop)
+        new_carry: dict[int, tuple] = {}
+        output = tuple(term.output)
+        uses = Counter(i for o in ops for i in o.indices)
+        for k, o in enumerate(ops):
+            if o.kind != "carry" or o.name not in packed:
+                continue
+            idx = list(o.indices)
+            for g in self.groups[o.name]:
+                slots = [o.indices[s] for s in g]
+                if produces in packed and set(slots) <= set(output) and \
+                        self._output_group(produces, output, slots):
+                    continue                      # pass: a packed group into a packed group
+                tokens = self._token_group(ops, slots, uses, output)
+                if tokens is None:
+                    failed.add(o.name)
+                    break
+                self._mark(replace_tokens, ops, tokens, slots[0], True, o.name, g)
+            if o.name in failed:
+                continue
+            for g in sorted(self.groups[o.name], key=lambda g: -g[0]):
+                for s in sorted(g[1:], reverse=True):
+                    del idx[s]
+            new_carry[k] = tuple(idx)
+        if produces in packed:
+            out = list(output)
+            for g in sorted(self.groups[produces], key=lambda g: -g[0]):
+                slots = [output[s] for s in g]
+                fed = any(o.kind == "carry" and o.name in packed
+                          and any({o.indices[s] for s in g2} == set(slots) for g2 in self.groups[o.name])
+                          for o in ops)
+                if not fed:
+                    tokens = self._token_group(ops, slots, uses, None)
+                    if tokens is None:
+                        failed.add(produces)
+                        continue
+                    self._mark(replace_tokens, ops, tokens, slots[0], False, produces, g)
+                for s in sorted(g[1:], reverse=True):
+                    del out[s]
+            output = tuple(out)
+        if failed:
+            return failed
+        new_ops = []
+        for k, o in enumerate(ops):
+            if k in replace_tokens:
+                if replace_tokens[k] is not None:
+                    new_ops.append(replace_tokens[k])
+            elif k in new_carry:
+                new_ops.append(replace(o, indices=new_carry[k]))
+            else:
+                new_ops.append(o)
+        if len(new_ops) == len(ops) and output == term.output:
+            return term
+        return self._replanned(term, tuple(new_ops), output, packed)
+
+    def _token_group(self, ops, slots, uses, consumed_from: tuple | None):
+        """The p token operands of one input at one time carrying ``slots`` (each
+        slot index used by one token and, when consumed, by the state itself), or None."""
+        if len(set(slots)) != len(slots):
+            return None
+        if consumed_from is not None and any(i in consumed_from for i in slots):
+            return None          # a consumed group must be summed, not kept
+        expected = 1 if consumed_from is None else 2
+        found = []
+        for i in slots:
+            owners = [k for k, o in enumerate(ops) if o.kind == "token" and o.indices[1] == i]
+            if len(owners) != 1 or uses[i] != expected:
+                return None
+            found.append(owners[0])
+        first = ops[found[0]]
+        if any(ops[k].name != first.name or ops[k].indices[0] != first.indices[0] for k in found):
+            return None
+        return found
+
+    def _output_group(self, produces, output, slots):
+        return any({output[s] for s in g} == set(slots) for g in self.groups[produces])
+
+    def _mark(self, replace_tokens, ops, tokens, alpha, weighted, state, group):
+        base, p = self.dims[state][group[0]], len(group)
+        pd = self.packed_dims[(base, p)]
+        head = ops[tokens[0]]
+        replace_tokens[tokens[0]] = self.Operand("power", head.name, (head.indices[0], alpha),
+                                                 packed=pd.name, power=p, weighted=weighted)
+        for k in tokens[1:]:
+            replace_tokens[k] = None
+
+    def _replanned(self, term, operands, output, packed):
+        sizes = {}
+        for o in operands:
+            sizes.update(self.index_sizes(o, packed))
+        p = plan(tuple(o.indices for o in operands), output, tuple(sorted(sizes.items())))
+        return replace(term, operands=operands, output=output, plan=p)
+
+    def index_sizes(self, o, packed) -> dict[str, int]:
+        alg, chunk = self.program.algebra, self.program.chunk
+        if o.kind == "token":
+            return {o.indices[0]: chunk, o.indices[1]: self.sizes[alg.inputs[o.name]]}
+        if o.kind == "power":
+            return {o.indices[0]: chunk, o.indices[1]: self._pd(o.packed).size}
+        if o.kind == "carry":
+            return dict(zip(o.indices, self.layout(o.name, packed)[1]))
+        if o.kind == "derived":
+            return {}
+        return {i: chunk for i in o.indices}
+
+    def _pd(self, name) -> PackedDim:
+        return next(pd for pd in self.packed_dims.values() if pd.name == name)
+
+    def layout(self, state: str, packed) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """(dim names, sizes) of a state as the program holds it."""
+        dims = list(self.dims[state])
+        if state in packed:
+            for g in sorted(self.groups[state], key=lambda g: -g[0]):
+                pd = self.packed_dims[(dims[g[0]], len(g))]
+                for s in sorted(g[1:], reverse=True):
+                    del dims[s]
+                dims[g[0]] = pd.name
+        sizes = {pd.name: pd.size for pd in self.packed_dims.values()} | self.sizes
+        return tuple(dims), tuple(sizes[d] for d in dims)
+
+
+def pack_symmetric(program, operand_cls):
+    """``program`` with every symmetric state whose uses all allow it held packed."""
+    packer = _Packer(program, operand_cls)
+    packed = set(packer.groups) - packer.in_derived
+    while True:
+        failed = set()
+        for produces, terms in _all_terms(program):
+            for t in terms:
+                r = packer.rewrite(t, packed, produces)
+                if isinstance(r, set):
+                    failed |= r
+        if not failed:
+            break
+        packed -= failed
+    def rewritten(terms, produces):
+        return tuple(packer.rewrite(t, packed, produces) for t in terms)
+    used = {packer.packed_dims[(packer.dims[s][g[0]], len(g))] for s in packed
+            for g in packer.groups[s]}
+    return replace(
+        program,
+        output=rewritten(program.output, None),
+        normalizer=rewritten(program.normalizer, None),
+        states=tuple((name, rewritten(ts, name)) for name, ts in program.states),
+        layouts=tuple((s, packer.layout(s, packed)[0]) for s, _ in program.states),
+        packed=tuple(sorted(used, key=lambda pd: pd.name)))
+
+
+def _all_terms(program):
+    yield None, program.output
+    yield None, program.normalizer
+    yield from program.states
