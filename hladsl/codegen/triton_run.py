@@ -68,7 +68,8 @@ def _token_args(inputs, tiles, lam, gated) -> dict:
 def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                    init_states: dict[str, torch.Tensor], eps: float, precision: str = "tf32x3",
                    state_block: int | None = None, num_warps: int = 4,
-                   num_stages: int | None = None, packed_block: int | None = None):
+                   num_stages: int | None = None, packed_block: int | None = None,
+                   state_options: dict | None = None, output_options: dict | None = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16; may be a strided view);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff the program is ungated);
     init_states: summary -> [N, H, *shape] as the program holds it (program.state_shape). precision: how fp32 tiles are
@@ -76,7 +77,9 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     "tf32x3" about fp32-accurate on tensor cores, "tf32" fastest). state_block: the
     width of the value-dim block one state-pass program owns, where the program
     allows splitting (default: small enough to fill the GPU). packed_block: the tile
-    of a packed symmetric dim (default triton_gen.PACKED_TILE). Returns (o [N, H, nC, C, dv] fp32,
+    of a packed symmetric dim (default triton_gen.PACKED_TILE). state_options /
+    output_options: launch arguments overriding the defaults of one kernel
+    (e.g. {"DOT": tl.float32, "num_stages": 1}). Returns (o [N, H, nC, C, dv] fp32,
     {summary: final state [N, H, *shape] fp32})."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
@@ -116,8 +119,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
             width = state_block or _state_block(dict(program.sizes)[dim], programs, device, narrow_ok)
         grid.append(triton.cdiv(common[f"D_{dim}"], width))
         block[f"B_{dim}"] = width
-    _launch(module.state_pass_kernel, tuple(grid), {**state_args, **common, **block},
-            num_stages is None)
+    _launch(module.state_pass_kernel, tuple(grid),
+            {**state_args, **common, **block, **(state_options or {})}, num_stages is None)
 
     dv = dict(program.sizes)[ctx["o_dim"]]
     o = torch.empty((n_seq, heads, n_chunks, chunk, dv), device=device, dtype=torch.float32)
@@ -125,8 +128,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     out_args["out_ptr"] = o
     if ctx["normalize"]:
         out_args["eps"] = float(eps)
-    _launch(module.output_kernel, (n_chunks, n_seq * heads), {**out_args, **common},
-            num_stages is None)
+    _launch(module.output_kernel, (n_chunks, n_seq * heads),
+            {**out_args, **common, **(output_options or {})}, num_stages is None)
     return o, final
 
 
