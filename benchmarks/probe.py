@@ -55,7 +55,10 @@ def main(name, d, *variant):
         ref = chunk_torch.outputs(program, "output", tiles, None, starts, torch.float32)
         row["o_rms_ratio"] = ((ref - o).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
     except Exception as exc:
+        import traceback
         row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        row["where"] = [f"{f.name}:{f.lineno}" for f in traceback.extract_tb(exc.__traceback__)
+                        if "hladsl" in f.filename]
     print(json.dumps(row), flush=True)
 
 
