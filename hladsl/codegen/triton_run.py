@@ -119,6 +119,11 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
             width = state_block or _state_block(dict(program.sizes)[dim], programs, device, narrow_ok)
         grid.append(triton.cdiv(common[f"D_{dim}"], width))
         block[f"B_{dim}"] = width
+    if ctx["state_chained_dots"] and first.dtype in _DOT and (
+            chunk < 64 or any(w < 64 for w in block.values())):
+        # the same Hopper miscompile at a narrow chunk: hla3 at d = 128 needs C = 32 to fit
+        # shared memory, and its bf16 state pass then faults; fp32 tiles (tf32x3) run correctly
+        block["DOT"] = tl.float32
     _launch(module.state_pass_kernel, tuple(grid),
             {**state_args, **common, **block, **(state_options or {})}, num_stages is None)
 
