@@ -38,13 +38,15 @@ def inputs(B, T, H, d, dv, dtype, gated, seed=0):
     return q, k, v, g
 
 
-def check(names=None, dims=(64, 128), T=8192, B=1, H=4):
+def check(names=None, dims=(64, 128), T=8192, B=1, H=4, variants=("ungated", "gated")):
     rows = []
     for name, params in SPECS:
         if names and name not in names:
             continue
         for d in dims:
             for gated, normalize in ((False, False), (True, True)):
+                    if ("gated" if gated else "ungated") not in variants:
+                        continue
                     op = hladsl.load(name, normalize=normalize, **params)
                     q, k, v, g = inputs(B, T, H, d, d, torch.bfloat16, gated)
                     if normalize:   # keep denominators away from zero
@@ -148,9 +150,10 @@ if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "check"
     names = sys.argv[2].split(",") if len(sys.argv) > 2 else None
     dims = tuple(int(x) for x in sys.argv[3].split(",")) if len(sys.argv) > 3 else (64, 128)
-    rows = check(names, dims) if what == "check" else bench(names=names)
+    variants = sys.argv[4].split(",") if len(sys.argv) > 4 else ("ungated", "gated")
+    rows = check(names, dims, variants=variants) if what == "check" else bench(names=names)
     out = os.environ.get("OUT")
     if out:
-        tag = "_".join([what] + (names or []) + [str(d) for d in dims])
+        tag = "_".join([what] + (names or []) + [str(d) for d in dims] + list(variants))
         with open(os.path.join(out, f"{tag}.json"), "w") as f:
             json.dump(rows, f, indent=1)
