@@ -38,7 +38,8 @@ def inputs(B, T, H, d, dv, dtype, gated, seed=0):
     return q, k, v, g
 
 
-def check(names=None, dims=(64, 128), T=8192, B=1, H=4, variants=("ungated", "gated")):
+def check(names=None, dims=(64, 128), T=8192, B=1, H=4, variants=("ungated", "gated"),
+          schedule="auto"):
     rows = []
     for name, params in SPECS:
         if names and name not in names:
@@ -48,10 +49,12 @@ def check(names=None, dims=(64, 128), T=8192, B=1, H=4, variants=("ungated", "ga
                     if ("gated" if gated else "ungated") not in variants:
                         continue
                     op = hladsl.load(name, normalize=normalize, **params)
+                    op.schedule = schedule
                     q, k, v, g = inputs(B, T, H, d, d, torch.bfloat16, gated)
                     if normalize:   # keep denominators away from zero
                         q, k = q.abs(), k.abs()
-                    row = dict(spec=name, d=d, T=T, gated=gated, normalize=normalize)
+                    row = dict(spec=name, d=d, T=T, gated=gated, normalize=normalize,
+                               schedule=schedule)
                     try:
                         start = time.time()
                         o, st = op(q, k, v, g=g, output_final_state=True)
@@ -146,14 +149,41 @@ def bench(Ts=(4096, 16384, 65536), B=2, H=16, d=64, names=None):
     return rows
 
 
+def schedules(names, T=16384, d=64, H=16, batches=(2, 16)):
+    """Forward time of the two-pass and the fused schedule side by side."""
+    rows = []
+    for B in batches:
+        q, k, v, g = inputs(B, T, H, d, d, torch.bfloat16, gated=True)
+        for name in names:
+            op = hladsl.load(name)
+            for schedule in ("two_pass", "fused"):
+                op.schedule = schedule
+                row = dict(spec=name, B=B, H=H, T=T, d=d, schedule=schedule)
+                try:
+                    with torch.no_grad():
+                        row["ms"] = round(triton.testing.do_bench(lambda: op(q, k, v, g=g), warmup=25,
+                                                                  rep=100, return_mode="median"), 3)
+                except Exception as exc:
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "check"
     names = sys.argv[2].split(",") if len(sys.argv) > 2 else None
     dims = tuple(int(x) for x in sys.argv[3].split(",")) if len(sys.argv) > 3 else (64, 128)
     variants = sys.argv[4].split(",") if len(sys.argv) > 4 else ("ungated", "gated")
-    rows = check(names, dims, variants=variants) if what == "check" else bench(names=names)
+    schedule = sys.argv[5] if len(sys.argv) > 5 else "auto"
+    if what == "check":
+        rows = check(names, dims, variants=variants, schedule=schedule)
+    elif what == "schedules":
+        rows = schedules(names)
+    else:
+        rows = bench(names=names)
     out = os.environ.get("OUT")
     if out:
-        tag = "_".join([what] + (names or []) + [str(d) for d in dims] + list(variants))
+        tag = "_".join([what] + (names or []) + [str(d) for d in dims] + list(variants) + [schedule])
         with open(os.path.join(out, f"{tag}.json"), "w") as f:
             json.dump(rows, f, indent=1)

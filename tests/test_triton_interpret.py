@@ -113,6 +113,22 @@ def test_state_pass_split_over_value_blocks(name):
            state_block=16)
 
 
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])
+@pytest.mark.parametrize("name", [n for n in shipped_names() if n != "power"])
+def test_fused_schedule_matches_chunk_torch(name, gated):
+    # one kernel walking the chunks with the states in registers; dv = 40 in blocks
+    # of 16, so states without dv (S, m, ...) are written by block 0 only
+    _check(hladsl.compile_spec(name, normalize=True), gated, {"d": 6, "dv": 40}, True,
+           schedule="fused", state_block=16)
+
+
+def test_packed_programs_have_no_fused_schedule():
+    from hladsl.codegen.triton_run import forward_triton
+    program, tiles, lam, init = _inputs(hladsl.compile_spec("power"), True, {"d": 4, "dv": 4}, False)
+    with pytest.raises(ValueError, match="no fused schedule"):
+        forward_triton(program, tiles, lam, init, 1e-6, schedule="fused")
+
+
 @pytest.mark.parametrize("p", [2, 3])
 def test_packed_power_tiles_and_value_blocks(p):
     # power's U is held packed: d = 8 gives 36 (p = 2) or 120 (p = 3) packed rows, in

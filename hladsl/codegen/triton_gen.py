@@ -240,6 +240,21 @@ class _Lowering:
                     return False
         return True
 
+    def output_splittable(self, dim: str) -> bool:
+        """The same for the output kernel (the fused schedule splits both alike):
+        every output term and derived carry keeps ``dim`` free and unsummed."""
+        for t in self.p.output + self.p.normalizer:
+            dims = self.index_dims(t.operands)
+            free = {i for i in t.output if dims.get(i) == dim}
+            if {i for i, d in dims.items() if d == dim} != free:
+                return False
+        for d in self.p.derived:
+            dims = self.derived_dims[d.name]
+            for m in d.poly.terms:
+                if any(dims.get(i) == dim and i not in d.poly.free for i in m.indices()):
+                    return False
+        return True
+
     @staticmethod
     def _accumulate(block: Block, acc: str, value: str, coef: float, first: bool) -> None:
         sign = "-" if coef < 0 else "+"
@@ -339,6 +354,7 @@ def kernel_context(program: ChunkProgram) -> dict:
     if tiled:
         loop = {"dim": tiled[0], "init": low.loop_init,
                 "code": "\n\n".join(c for c in (num["loop"], den["loop"]) if c)}
+    fused = _fused(low, program, splits, o_dim)   # a fresh kernel region: last
     return {
         "name": alg.name,
         "chunk": program.chunk,
@@ -361,9 +377,34 @@ def kernel_context(program: ChunkProgram) -> dict:
         "o_dim": o_dim,
         "splits": splits,
         "state_chained_dots": state_chained,
+        "fused": fused,
         "output_text": comment(f"{alg.output_name}[{o_index}] = {alg.output.text()}"),
         "normalizer_text": comment(alg.normalizer.text()) if alg.normalizer is not None else "",
     }
+
+
+def _fused(low: _Lowering, program: ChunkProgram, splits, o_dim) -> dict | None:
+    """The single-kernel schedule: one program per (sequence·head[, value block])
+    walks the chunks, computing each chunk's outputs from the states in registers
+    and then the next states -- no chunk-start states in HBM, and the output and
+    state terms share subexpressions (Q Kᵀ, ...). Not for packed states (their
+    tiles are spread over programs)."""
+    if program.packed:
+        return None
+    low.region()
+    defs = {}
+    derived_code = low.derived()
+    num = low.terms(program.output, "num", defs)["pre"]
+    den = low.terms(program.normalizer, "den", defs)["pre"] if program.normalizer else ""
+    state_code = [{"name": name, "code": low.terms(terms, f"nx_{name}", defs, scale_end=True)["pre"]}
+                  for name, terms in program.states]
+    split = o_dim if o_dim in splits and low.output_splittable(o_dim) else ""
+    terms = program.output + program.normalizer + tuple(t for _, ts in program.states for t in ts)
+    names = dict.fromkeys(o.name for t in terms for o in t.operands if o.kind == "token")
+    return {"split": split, "defs": _defs(defs), "derived_code": derived_code, "num_code": num,
+            "den_code": den, "state_code": state_code,
+            "inputs": [{"name": x, "dim": low.input_dim[x]} for x in names],
+            "lam_end": True, "chained_dots": low.block.chained}
 
 
 def _state_splits(low: _Lowering, o_dim: str) -> list[str]:

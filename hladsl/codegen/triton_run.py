@@ -24,8 +24,7 @@ def _state_block(size: int, programs: int, device, narrow_ok: bool) -> int:
     width = block_size(size)
     if not narrow_ok:
         return width
-    sms = (torch.cuda.get_device_properties(device).multi_processor_count
-           if device.type == "cuda" else 1)
+    sms = _sms(device)
     while width > 16 and programs * triton.cdiv(size, width) < 2 * sms:
         width //= 2
     return width
@@ -69,7 +68,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
                    init_states: dict[str, torch.Tensor], eps: float, precision: str = "tf32x3",
                    state_block: int | None = None, num_warps: int = 4,
                    num_stages: int | None = None, packed_block: int | None = None,
-                   state_options: dict | None = None, output_options: dict | None = None):
+                   state_options: dict | None = None, output_options: dict | None = None,
+                   schedule: str = "auto"):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16; may be a strided view);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff the program is ungated);
     init_states: summary -> [N, H, *shape] as the program holds it (program.state_shape). precision: how fp32 tiles are
@@ -79,7 +79,10 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     allows splitting (default: small enough to fill the GPU). packed_block: the tile
     of a packed symmetric dim (default triton_gen.PACKED_TILE). state_options /
     output_options: launch arguments overriding the defaults of one kernel
-    (e.g. {"DOT": tl.float32, "num_stages": 1}). Returns (o [N, H, nC, C, dv] fp32,
+    (e.g. {"DOT": tl.float32, "num_stages": 1}). schedule: "two_pass" (state pass,
+    then outputs parallel over chunks), "fused" (one kernel, no chunk-start states
+    in HBM; needs a program without packed states) or "auto" (fused when there
+    are enough (sequence, head) pairs to fill the GPU without chunk parallelism). Returns (o [N, H, nC, C, dv] fp32,
     {summary: final state [N, H, *shape] fp32})."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
@@ -97,6 +100,15 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
         common["num_stages"] = num_stages
     if packed_block is not None:
         common.update({f"B_{pd.name}": packed_block for pd in program.packed})
+
+    if schedule not in ("auto", "two_pass", "fused"):
+        raise ValueError(f"schedule must be 'auto', 'two_pass' or 'fused', got {schedule!r}")
+    if schedule == "fused" and not ctx["fused"]:
+        raise ValueError(f"{program.algebra.name} has no fused schedule (packed states)")
+    if schedule == "fused" or (schedule == "auto" and ctx["fused"]
+                               and n_seq * heads >= FUSED_MIN_PROGRAMS_PER_SM * _sms(device)):
+        return _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block,
+                      num_stages is None, state_options)
 
     state_args, out_args, final = {}, {}, {}
     for s in ctx["states"]:
@@ -135,6 +147,41 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
         out_args["eps"] = float(eps)
     _launch(module.output_kernel, (n_chunks, n_seq * heads),
             {**out_args, **common, **(output_options or {})}, num_stages is None)
+    return o, final
+
+
+FUSED_MIN_PROGRAMS_PER_SM = 2
+
+
+def _sms(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block, may_fall_back,
+           options):
+    first = next(iter(tiles.values()))
+    n_seq, heads, n_chunks, chunk = first.shape[:4]
+    device = first.device
+    f = ctx["fused"]
+    args, final = {}, {}
+    for s in ctx["states"]:
+        init = init_states[s["name"]].to(device=device, dtype=torch.float32).contiguous()
+        final[s["name"]] = torch.empty_like(init)
+        args[f"init_{s['name']}"], args[f"final_{s['name']}"] = init, final[s["name"]]
+    args.update(_token_args(f["inputs"], tiles, lam, program.gated))
+    dv = dict(program.sizes)[ctx["o_dim"]]
+    o = torch.empty((n_seq, heads, n_chunks, chunk, dv), device=device, dtype=torch.float32)
+    args["out_ptr"] = o
+    if ctx["normalize"]:
+        args["eps"] = float(eps)
+    grid, block = (n_seq * heads,), {}
+    if f["split"]:
+        narrow_ok = first.dtype not in _DOT or not f["chained_dots"]
+        width = state_block or _state_block(dv, n_seq * heads, device, narrow_ok)
+        grid, block = (n_seq * heads, triton.cdiv(dv, width)), {f"B_{f['split']}": width}
+    if f["chained_dots"] and first.dtype in _DOT and (chunk < 64 or any(w < 64 for w in block.values())):
+        block["DOT"] = tl.float32     # see forward_triton: the narrow-chunk Hopper miscompile
+    _launch(module.fused_kernel, grid, {**args, **common, **block, **(options or {})}, may_fall_back)
     return o, final
 
 

@@ -31,6 +31,7 @@ class Op:
         self.algebra = algebra
         self.chunk_size = chunk_size
         self.backend = backend   # "auto": Triton on CUDA tensors, torch elsewhere; "torch": always torch
+        self.schedule = "auto"   # Triton: "two_pass", "fused" or "auto" (see triton_run.forward_triton)
         self.state_names = tuple(s.name for s in algebra.streaming)
         self._fitting_chunk: dict = {}   # (dims, dtype, gated, chunk asked) -> chunk that fits
         from hladsl.runtime.custom_op import register
@@ -170,7 +171,8 @@ class Op:
                 lam = g.reshape(B, n_chunks, C, H).permute(0, 3, 1, 2).cumsum(-1)
             if use_triton:
                 from hladsl.codegen.triton_run import forward_triton
-                num, final = forward_triton(program, tiles, lam, states, alg.eps)
+                num, final = forward_triton(program, tiles, lam, states, alg.eps,
+                                            schedule=self.schedule)
             else:
                 starts, final = chunk_torch.state_pass(program, tiles, lam, states, compute)
                 num = chunk_torch.outputs(program, "output", tiles, lam, starts, compute)
