@@ -1,7 +1,9 @@
 """GPU validation and timing of the generated kernels (run on an H100).
 
-    python benchmarks/gpu.py check     # bf16 kernels vs the fp32 torch chunk program
-    python benchmarks/gpu.py bench     # forward timings next to fla and SDPA
+    python benchmarks/gpu.py check [SPECS [DIMS [VARIANTS [SCHEDULE]]]]
+        # bf16 kernels vs the fp32 torch chunk program, e.g. check hla3 128 gated fused
+    python benchmarks/gpu.py bench [NAMES]       # forward timings next to fla and SDPA
+    python benchmarks/gpu.py schedules SPECS     # two-pass vs fused forward times
 
 Timings use triton.testing.do_bench (median ms), all baselines in the same run.
 """
