@@ -52,6 +52,7 @@ def check(names=None, dims=(64, 128), T=8192, B=1, H=4, variants=("ungated", "ga
                         continue
                     op = hladsl.load(name, normalize=normalize, **params)
                     op.schedule = schedule
+                    op.chunk_size = int(os.environ.get("HLADSL_CHECK_CHUNK", 64))
                     q, k, v, g = inputs(B, T, H, d, d, torch.bfloat16, gated)
                     if normalize:   # keep denominators away from zero
                         q, k = q.abs(), k.abs()

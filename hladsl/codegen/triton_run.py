@@ -105,10 +105,15 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
         raise ValueError(f"schedule must be 'auto', 'two_pass' or 'fused', got {schedule!r}")
     if schedule == "fused" and not ctx["fused"]:
         raise ValueError(f"{program.algebra.name} has no fused schedule (packed states)")
-    if schedule == "fused" or (schedule == "auto" and ctx["fused"]
-                               and n_seq * heads >= FUSED_MIN_PROGRAMS_PER_SM * _sms(device)):
+    if schedule == "fused":
         return _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block,
                       num_stages is None, state_options)
+    if schedule == "auto" and ctx["fused"] and n_seq * heads >= FUSED_MIN_PROGRAMS_PER_SM * _sms(device):
+        try:   # all states of a program in one kernel's registers may not fit (hla2 at d = 128)
+            return _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block,
+                          num_stages is None, state_options)
+        except triton.runtime.errors.OutOfResources:
+            pass
 
     state_args, out_args, final = {}, {}, {}
     for s in ctx["states"]:
