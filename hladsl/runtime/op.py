@@ -4,7 +4,8 @@ CPU tensors run the chunk program through torch (every step differentiable,
 so autograd gives the backward). On CUDA tensors the forward runs the generated
 Triton kernels (hladsl.codegen); the backward is not generated yet: it
 recomputes the torch chunk program and differentiates it (correct, slower).
-``op.backend = "torch"`` forces the torch path everywhere.
+``op.backend = "torch"`` forces the torch path everywhere; ``op.schedule``
+("auto", "two_pass", "fused") picks the Triton schedule.
 """
 from __future__ import annotations
 

@@ -203,3 +203,130 @@ def output_kernel(
     num += t10
     tl.store(out_ptr + ((pid_nh * n_chunks + i_c) * C + offs_t[:, None]) * D_dv + offs_dv[None, :],
              num, mask=offs_dv[None, :] < D_dv)
+
+
+@triton.jit
+def fused_kernel(
+    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t,  # q [N, H, nC, C, d]
+    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t,  # k [N, H, nC, C, d]
+    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t,  # v [N, H, nC, C, dv]
+    lam_ptr,  # [N, H, nC, C]
+    init_P, final_P,  # P[i,e]: [d, dv]
+    init_E, final_E,  # E[i,e]: [d, dv]
+    out_ptr,  # o [N, H, nC, C, dv] fp32
+    H, n_chunks,
+    C: tl.constexpr,
+    D_d: tl.constexpr, B_d: tl.constexpr,
+    D_dv: tl.constexpr, B_dv: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr,
+):
+    """The single-kernel schedule: walks the chunks of one (sequence, head, dv-block),
+    each chunk's outputs from the states in registers, then the next states."""
+    pid_nh = tl.program_id(0).to(tl.int64)
+    pid_dv = tl.program_id(1)  # this program's block of dv
+    # states without dv are computed by every block and written by its block 0 (own_)
+    n = pid_nh // H
+    h = pid_nh % H
+    offs_t = tl.arange(0, C)
+    offs_d = tl.arange(0, B_d)
+    offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
+
+    off_P = offs_d[:, None] * D_dv + offs_dv[None, :]
+    msk_P = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_P = msk_P
+    st_P = tl.load(init_P + pid_nh * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
+    off_E = offs_d[:, None] * D_dv + offs_dv[None, :]
+    msk_E = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_E = msk_E
+    st_E = tl.load(init_E + pid_nh * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
+    for i_c in range(n_chunks):
+        base_q = n * str_q_n + h * str_q_h + i_c * str_q_c
+        in_q = tl.load(
+            in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
+            mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+        base_k = n * str_k_n + h * str_k_h + i_c * str_k_c
+        in_k = tl.load(
+            in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
+            mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+        base_v = n * str_v_n + h * str_v_h + i_c * str_v_c
+        in_v = tl.load(
+            in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
+            mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
+        lam = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + offs_t)
+        lam_end = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + C - 1)
+
+        mask_le_w0 = tl.where(offs_t[:, None] >= offs_t[None, :], 1.0, 0.0)  # M[Tt,Tn0] = [Tn0 <= Tt]
+        decay_start_w1 = tl.exp(1 * lam)  # exp(1·Λ_Tt)
+        mask_le_w1 = tl.exp(tl.where(offs_t[:, None] >= offs_t[None, :], 1 * (lam[:, None] - lam[None, :]), float("-inf")))  # M[Tn1,Tn0] = [Tn0 <= Tn1]·exp(1(Λ_Tn1−Λ_Tn0))
+        decay_end_w1 = tl.exp(1 * (lam_end - lam))  # exp(1(Λ_end−Λ_Tn0))
+
+        # ---- output: o[e] = q_t[_0] E[_0,e]
+        # +1 · q_t[_0] P@P[s0,e] k_n0[_0] q_n0[s0]   [n0 <= t; w(P)=1]
+        # [e,Tn0] = in_q[Tn0,s0] · st_P[s0,e]   (matmul over s0)
+        t1 = _dot(tl.trans(st_P), tl.trans(in_q), tl.float32, PREC)
+        # [Tt,Tn0] = in_q[Tt,_0] · in_k[Tn0,_0]   (matmul over _0)
+        t2 = _dot(in_q, tl.trans(in_k), DOT, PREC)
+        # [Tt,Tn0] = t2[Tt,Tn0] · mask_le_w0[Tt,Tn0]   (elementwise)
+        t3 = t2 * mask_le_w0
+        # [Tt,e] = t1[e,Tn0] · t3[Tt,Tn0]   (matmul over Tn0)
+        t4 = _dot(t3, tl.trans(t1), tl.float32, PREC)
+        # [Tt,e] = t4[Tt,e] · decay_start_w1[Tt]   (elementwise)
+        t5 = t4 * decay_start_w1[:, None]
+        num = t5
+
+        # +1 · q_t[_0] k_n1[_0] q_n1[s2] k_n0[s2] v_n0[e]   [n0 <= n1, n1 <= t; w(n0)=1]
+        # [Tn1,Tn0] = in_q[Tn1,s2] · in_k[Tn0,s2]   (matmul over s2)   = t2, computed above
+        # [Tn1,Tn0] = t2[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
+        t6 = t2 * mask_le_w1
+        # [e,Tn1] = in_v[Tn0,e] · t6[Tn1,Tn0]   (matmul over Tn0)
+        t7 = _dot(tl.trans(in_v), tl.trans(t6), DOT, PREC)
+        # [Tt,Tn1] = in_q[Tt,_0] · in_k[Tn1,_0]   (matmul over _0)   = t2, computed above
+        # [Tt,Tn1] = t2[Tt,Tn1] · mask_le_w1[Tt,Tn1]   (elementwise)   = t6, computed above
+        # [Tt,e] = t7[e,Tn1] · t6[Tt,Tn1]   (matmul over Tn1)
+        t8 = _dot(t6, tl.trans(t7), DOT, PREC)
+        num += t8
+
+        # +1 · q_t[_0] E@P[_0,e]   [carry only; w(P)=1]
+        # [Tt,e] = in_q[Tt,_0] · st_E[_0,e]   (matmul over _0)
+        t9 = _dot(in_q, st_E, tl.float32, PREC)
+        # [Tt,e] = t9[Tt,e] · decay_start_w1[Tt]   (elementwise)
+        t10 = t9 * decay_start_w1[:, None]
+        num += t10
+        tl.store(out_ptr + ((pid_nh * n_chunks + i_c) * C + offs_t[:, None]) * D_dv + offs_dv[None, :],
+                 num, mask=offs_dv[None, :] < D_dv)
+
+        # ---- P: state at the end of this chunk
+        # +1 · P@P[i,e]   [carry only; w(P)=1]
+        nx_P = st_P * tl.exp(1 * lam_end)
+
+        # +1 · k_n0[i] v_n0[e]   [n0 in chunk; w(n0)=1]
+        # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
+        t11 = tl.trans(in_k) * decay_end_w1[None, :]
+        # [i,e] = in_v[Tn0,e] · t11[i,Tn0]   (matmul over Tn0)
+        t12 = _dot(t11, in_v, DOT, PREC)
+        nx_P += t12
+
+        # ---- E: state at the end of this chunk
+        # +1 · E@P[i,e]   [carry only; w(P)=1]
+        nx_E = st_E * tl.exp(1 * lam_end)
+
+        # +1 · P@P[s0,e] k_n0[i] q_n0[s0]   [n0 in chunk; w(P)=1]
+        # [i,s0] = in_k[Tn0,i] · in_q[Tn0,s0]   (matmul over Tn0)
+        t13 = _dot(tl.trans(in_k), in_q, DOT, PREC)
+        # [i,e] = t13[i,s0] · st_P[s0,e]   (matmul over s0)
+        t14 = _dot(t13, st_P, tl.float32, PREC)
+        nx_E += t14 * tl.exp(1 * lam_end)
+
+        # +1 · k_n1[i] q_n1[s2] k_n0[s2] v_n0[e]   [n0 <= n1, n1 in chunk; w(n0)=1]
+        # [Tn1,Tn0] = in_q[Tn1,s2] · in_k[Tn0,s2]   (matmul over s2)   = t2, computed above
+        # [Tn1,Tn0] = t2[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)   = t6, computed above
+        # [e,Tn1] = in_v[Tn0,e] · t6[Tn1,Tn0]   (matmul over Tn0)   = t7, computed above
+        # [i,Tn1] = in_k[Tn1,i] · decay_end_w1[Tn1]   (elementwise)   = t11, computed above
+        # [i,e] = t7[e,Tn1] · t11[i,Tn1]   (matmul over Tn1)
+        t15 = _dot(t11, tl.trans(t7), DOT, PREC)
+        nx_E += t15
+
+        st_P = nx_P
+        st_E = nx_E
+    tl.store(final_P + pid_nh * (D_d * D_dv) + off_P, st_P, mask=own_P)
+    tl.store(final_E + pid_nh * (D_d * D_dv) + off_E, st_E, mask=own_E)

@@ -239,3 +239,165 @@ def output_kernel(
     num += t13
     tl.store(out_ptr + ((pid_nh * n_chunks + i_c) * C + offs_t[:, None]) * D_dv + offs_dv[None, :],
              num, mask=offs_dv[None, :] < D_dv)
+
+
+@triton.jit
+def fused_kernel(
+    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t,  # q [N, H, nC, C, d]
+    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t,  # v [N, H, nC, C, dv]
+    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t,  # k [N, H, nC, C, d]
+    lam_ptr,  # [N, H, nC, C]
+    init_S, final_S,  # S[i,j]: [d, d]
+    init_C, final_C,  # C[i,e]: [d, dv]
+    init_G, final_G,  # G[i,e]: [d, dv]
+    out_ptr,  # o [N, H, nC, C, dv] fp32
+    H, n_chunks,
+    C: tl.constexpr,
+    D_d: tl.constexpr, B_d: tl.constexpr,
+    D_dv: tl.constexpr, B_dv: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr,
+):
+    """The single-kernel schedule: walks the chunks of one (sequence, head, dv-block),
+    each chunk's outputs from the states in registers, then the next states."""
+    pid_nh = tl.program_id(0).to(tl.int64)
+    pid_dv = tl.program_id(1)  # this program's block of dv
+    # states without dv are computed by every block and written by its block 0 (own_)
+    n = pid_nh // H
+    h = pid_nh % H
+    offs_t = tl.arange(0, C)
+    offs_d = tl.arange(0, B_d)
+    offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
+
+    off_S = offs_d[:, None] * D_d + offs_d[None, :]
+    msk_S = (offs_d[:, None] < D_d) & (offs_d[None, :] < D_d)
+    own_S = tl.where((pid_dv == 0), msk_S, False)
+    st_S = tl.load(init_S + pid_nh * (D_d * D_d) + off_S, mask=msk_S, other=0.0)
+    off_C = offs_d[:, None] * D_dv + offs_dv[None, :]
+    msk_C = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_C = msk_C
+    st_C = tl.load(init_C + pid_nh * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
+    off_G = offs_d[:, None] * D_dv + offs_dv[None, :]
+    msk_G = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_G = msk_G
+    st_G = tl.load(init_G + pid_nh * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
+    for i_c in range(n_chunks):
+        base_q = n * str_q_n + h * str_q_h + i_c * str_q_c
+        in_q = tl.load(
+            in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
+            mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+        base_v = n * str_v_n + h * str_v_h + i_c * str_v_c
+        in_v = tl.load(
+            in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
+            mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
+        base_k = n * str_k_n + h * str_k_h + i_c * str_k_c
+        in_k = tl.load(
+            in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
+            mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+        lam = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + offs_t)
+        lam_end = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + C - 1)
+
+        decay_start_w2 = tl.exp(2 * lam)  # exp(2·Λ_Tt)
+        mask_le_w1 = tl.exp(tl.where(offs_t[:, None] >= offs_t[None, :], 1 * (lam[:, None] - lam[None, :]), float("-inf")))  # M[Tt,Tn0] = [Tn0 <= Tt]·exp(1(Λ_Tt−Λ_Tn0))
+        decay_start_w1 = tl.exp(1 * lam)  # exp(1·Λ_Tt)
+        mask_le_w2 = tl.exp(tl.where(offs_t[:, None] >= offs_t[None, :], 2 * (lam[:, None] - lam[None, :]), float("-inf")))  # M[Tt,Tn1] = [Tn1 <= Tt]·exp(2(Λ_Tt−Λ_Tn1))
+        decay_end_w1 = tl.exp(1 * (lam_end - lam))  # exp(1(Λ_end−Λ_Tn0))
+        mask_lt_w1 = tl.exp(tl.where(offs_t[:, None] > offs_t[None, :], 1 * (lam[:, None] - lam[None, :]), float("-inf")))  # M[Tn1,Tn0] = [Tn0 < Tn1]·exp(1(Λ_Tn1−Λ_Tn0))
+        decay_end_w2 = tl.exp(2 * (lam_end - lam))  # exp(2(Λ_end−Λ_Tn1))
+
+        # ---- derived carries: per-chunk sums of carried-state contractions
+        # W0[_0,e] = -G@P[_0,e] + C@P[_1,e] S@P[_0,_1]
+        dr_W0 = -st_G
+        # [_0,e] = st_C[_1,e] · st_S[_0,_1]   (matmul over _1)
+        t1 = _dot(st_S, st_C, tl.float32, PREC)
+        dr_W0 += t1
+
+        # ---- output: o[e] = q_t[_0] C[_1,e] S[_0,_1] - q_t[_0] G[_0,e]
+        # +1 · q_t[_0] W0[_0,e]   [carry only]
+        # [Tt,e] = in_q[Tt,_0] · dr_W0[_0,e]   (matmul over _0)
+        t2 = _dot(in_q, dr_W0, tl.float32, PREC)
+        # [Tt,e] = t2[Tt,e] · decay_start_w2[Tt]   (elementwise)
+        t3 = t2 * decay_start_w2[:, None]
+        num = t3
+
+        # +1 · q_t[_0] q_n0[_1] v_n0[e] S@P[_0,_1]   [n0 <= t; w(n0)=1, w(P)=1]
+        # [Tt,_1] = in_q[Tt,_0] · st_S[_0,_1]   (matmul over _0)
+        t4 = _dot(in_q, st_S, tl.float32, PREC)
+        # [Tt,Tn0] = in_q[Tn0,_1] · t4[Tt,_1]   (matmul over _1)
+        t5 = _dot(t4, tl.trans(in_q), tl.float32, PREC)
+        # [Tt,Tn0] = t5[Tt,Tn0] · mask_le_w1[Tt,Tn0]   (elementwise)
+        t6 = t5 * mask_le_w1
+        # [Tt,e] = in_v[Tn0,e] · t6[Tt,Tn0]   (matmul over Tn0)
+        t7 = _dot(t6, in_v, tl.float32, PREC)
+        # [Tt,e] = t7[Tt,e] · decay_start_w1[Tt]   (elementwise)
+        t8 = t7 * decay_start_w1[:, None]
+        num += t8
+
+        # +1 · q_t[_0] q_n1[_1] v_n1[e] k_n0[_0] k_n0[_1]   [n0 <= n1, n1 <= t; w(n0)=1, w(n1)=1]
+        # [Tt,Tn0] = in_q[Tt,_0] · in_k[Tn0,_0]   (matmul over _0)
+        t9 = _dot(in_q, tl.trans(in_k), DOT, PREC)
+        # [Tn1,Tn0] = in_q[Tn1,_1] · in_k[Tn0,_1]   (matmul over _1)   = t9, computed above
+        # [Tn1,Tn0] = t9[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
+        t10 = t9 * mask_le_w1
+        # [Tt,Tn1] = t9[Tt,Tn0] · t10[Tn1,Tn0]   (matmul over Tn0)
+        t11 = _dot(t9, tl.trans(t10), DOT, PREC)
+        # [Tt,Tn1] = t11[Tt,Tn1] · mask_le_w2[Tt,Tn1]   (elementwise)
+        t12 = t11 * mask_le_w2
+        # [Tt,e] = in_v[Tn1,e] · t12[Tt,Tn1]   (matmul over Tn1)
+        t13 = _dot(t12, in_v, DOT, PREC)
+        num += t13
+        tl.store(out_ptr + ((pid_nh * n_chunks + i_c) * C + offs_t[:, None]) * D_dv + offs_dv[None, :],
+                 num, mask=offs_dv[None, :] < D_dv)
+
+        # ---- S: state at the end of this chunk
+        # +1 · S@P[i,j]   [carry only; w(P)=1]
+        nx_S = st_S * tl.exp(1 * lam_end)
+
+        # +1 · k_n0[i] k_n0[j]   [n0 in chunk; w(n0)=1]
+        # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
+        t14 = tl.trans(in_k) * decay_end_w1[None, :]
+        # [i,j] = in_k[Tn0,j] · t14[i,Tn0]   (matmul over Tn0)
+        t15 = _dot(t14, in_k, DOT, PREC)
+        nx_S += t15
+
+        # ---- C: state at the end of this chunk
+        # +1 · C@P[i,e]   [carry only; w(P)=1]
+        nx_C = st_C * tl.exp(1 * lam_end)
+
+        # +1 · q_n0[i] v_n0[e]   [n0 in chunk; w(n0)=1]
+        # [i,Tn0] = in_q[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
+        t16 = tl.trans(in_q) * decay_end_w1[None, :]
+        # [i,e] = in_v[Tn0,e] · t16[i,Tn0]   (matmul over Tn0)
+        t17 = _dot(t16, in_v, DOT, PREC)
+        nx_C += t17
+
+        # ---- G: state at the end of this chunk
+        # +1 · G@P[i,e]   [carry only; w(P)=2]
+        nx_G = st_G * tl.exp(2 * lam_end)
+
+        # +1 · C@P[s0,e] k_n0[i] k_n0[s0]   [n0 in chunk; w(n0)=1, w(P)=1]
+        # [e,Tn0] = in_k[Tn0,s0] · st_C[s0,e]   (matmul over s0)
+        t18 = _dot(tl.trans(st_C), tl.trans(in_k), tl.float32, PREC)
+        # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)   = t14, computed above
+        # [i,e] = t18[e,Tn0] · t14[i,Tn0]   (matmul over Tn0)
+        t19 = _dot(t14, tl.trans(t18), tl.float32, PREC)
+        nx_G += t19 * tl.exp(1 * lam_end)
+
+        # +1 · k_n1[i] k_n1[s1] q_n0[s1] v_n0[e]   [n0 < n1, n1 in chunk; w(n0)=1, w(n1)=1]
+        # [Tn1,Tn0] = in_k[Tn1,s1] · in_q[Tn0,s1]   (matmul over s1)
+        t20 = _dot(in_k, tl.trans(in_q), DOT, PREC)
+        # [Tn1,Tn0] = t20[Tn1,Tn0] · mask_lt_w1[Tn1,Tn0]   (elementwise)
+        t21 = t20 * mask_lt_w1
+        # [e,Tn1] = in_v[Tn0,e] · t21[Tn1,Tn0]   (matmul over Tn0)
+        t22 = _dot(tl.trans(in_v), tl.trans(t21), DOT, PREC)
+        # [i,Tn1] = in_k[Tn1,i] · decay_end_w2[Tn1]   (elementwise)
+        t23 = tl.trans(in_k) * decay_end_w2[None, :]
+        # [i,e] = t22[e,Tn1] · t23[i,Tn1]   (matmul over Tn1)
+        t24 = _dot(t23, tl.trans(t22), DOT, PREC)
+        nx_G += t24
+
+        st_S = nx_S
+        st_C = nx_C
+        st_G = nx_G
+    tl.store(final_S + pid_nh * (D_d * D_d) + off_S, st_S, mask=own_S)
+    tl.store(final_C + pid_nh * (D_d * D_dv) + off_C, st_C, mask=own_C)
+    tl.store(final_G + pid_nh * (D_d * D_dv) + off_G, st_G, mask=own_G)
