@@ -96,7 +96,8 @@ def _check(alg, gated, dims, normalize, **options):
 @pytest.mark.parametrize("name", shipped_names())
 def test_shipped_specs_match_chunk_torch(name, normalize, gated):
     # d = 6 and dv = 8 are padded to the 16-wide blocks: masked loads and stores
-    _check(hladsl.compile_spec(name, normalize=normalize), gated, {"d": 6, "dv": 8}, normalize)
+    _check(hladsl.compile_spec(name, normalize=normalize), gated, {"d": 6, "dv": 8}, normalize,
+           schedule="two_pass")
 
 
 @pytest.mark.parametrize("params", [{"p": 3}, {"ridge": 0.5}], ids=["power-p3", "hla2-ridge"])
@@ -110,7 +111,7 @@ def test_more_parameters(params):
 def test_state_pass_split_over_value_blocks(name):
     # dv = 40 in blocks of 16: three state-pass programs per head, the last one masked
     _check(hladsl.compile_spec(name, normalize=True), True, {"d": 8, "dv": 40}, True,
-           state_block=16)
+           state_block=16, schedule="two_pass")
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])

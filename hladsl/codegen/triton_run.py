@@ -81,8 +81,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     output_options: launch arguments overriding the defaults of one kernel
     (e.g. {"DOT": tl.float32, "num_stages": 1}). schedule: "two_pass" (state pass,
     then outputs parallel over chunks), "fused" (one kernel, no chunk-start states
-    in HBM; needs a program without packed states) or "auto" (fused when there
-    are enough (sequence, head) pairs to fill the GPU without chunk parallelism). Returns (o [N, H, nC, C, dv] fp32,
+    in HBM; needs a program without packed states) or "auto" (on a GPU, fused when
+    there are enough (sequence, head) pairs to fill it without chunk parallelism). Returns (o [N, H, nC, C, dv] fp32,
     {summary: final state [N, H, *shape] fp32})."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
@@ -108,7 +108,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     if schedule == "fused":
         return _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block,
                       num_stages is None, state_options)
-    if schedule == "auto" and ctx["fused"] and n_seq * heads >= FUSED_MIN_PROGRAMS_PER_SM * _sms(device):
+    if (schedule == "auto" and ctx["fused"] and device.type == "cuda"   # the interpreter: two-pass
+            and n_seq * heads >= FUSED_MIN_PROGRAMS_PER_SM * _sms(device)):
         try:   # all states of a program in one kernel's registers may not fit (hla2 at d = 128)
             return _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block,
                           num_stages is None, state_options)
