@@ -21,9 +21,10 @@ packed one.
 """
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from dataclasses import dataclass, replace
 from math import comb, factorial
-from collections import Counter
 
 from hladsl.ir.contract import plan
 
@@ -38,7 +39,6 @@ class PackedDim:
 
 def multiplicities(n: int, p: int) -> list[int]:
     """m(α) for the packed entries of a p-group over n, in storage order."""
-    import itertools
     out = []
     for combo in itertools.combinations_with_replacement(range(n), p):
         m = factorial(p)
@@ -46,6 +46,12 @@ def multiplicities(n: int, p: int) -> list[int]:
             m //= factorial(c)
         out.append(m)
     return out
+
+
+def drop_repeated_slots(items, groups) -> tuple:
+    """``items`` (one per slot) without the slots a packed group folds into its first."""
+    gone = {s for g in groups for s in g[1:]}
+    return tuple(x for k, x in enumerate(items) if k not in gone)
 
 
 def packed_dim_name(base: str, p: int, taken) -> str:
@@ -100,13 +106,9 @@ class _Packer:
                 self._mark(replace_tokens, ops, tokens, slots[0], True, o.name, g)
             if o.name in failed:
                 continue
-            for g in sorted(self.groups[o.name], key=lambda g: -g[0]):
-                for s in sorted(g[1:], reverse=True):
-                    del idx[s]
-            new_carry[k] = tuple(idx)
+            new_carry[k] = drop_repeated_slots(idx, self.groups[o.name])
         if produces in packed:
-            out = list(output)
-            for g in sorted(self.groups[produces], key=lambda g: -g[0]):
+            for g in self.groups[produces]:
                 slots = [output[s] for s in g]
                 fed = any(o.kind == "carry" and o.name in packed
                           and any({o.indices[s] for s in g2} == set(slots) for g2 in self.groups[o.name])
@@ -117,9 +119,7 @@ class _Packer:
                         failed.add(produces)
                         continue
                     self._mark(replace_tokens, ops, tokens, slots[0], False, produces, g)
-                for s in sorted(g[1:], reverse=True):
-                    del out[s]
-            output = tuple(out)
+            output = drop_repeated_slots(output, self.groups[produces])
         if failed:
             return failed
         new_ops = []
@@ -192,11 +192,9 @@ class _Packer:
         """(dim names, sizes) of a state as the program holds it."""
         dims = list(self.dims[state])
         if state in packed:
-            for g in sorted(self.groups[state], key=lambda g: -g[0]):
-                pd = self.packed_dims[(dims[g[0]], len(g))]
-                for s in sorted(g[1:], reverse=True):
-                    del dims[s]
-                dims[g[0]] = pd.name
+            for g in self.groups[state]:
+                dims[g[0]] = self.packed_dims[(dims[g[0]], len(g))].name
+            dims = list(drop_repeated_slots(dims, self.groups[state]))
         sizes = {pd.name: pd.size for pd in self.packed_dims.values()} | self.sizes
         return tuple(dims), tuple(sizes[d] for d in dims)
 
