@@ -225,35 +225,26 @@ class _Lowering:
         self.block.lines.append(f"{acc} += {r.var}")
         return Tile(acc, r.indices)
 
+    def _keeps_free(self, t: TermProgram, dim: str) -> bool:
+        """Every index of ``dim`` in the term is a free index of its result: each
+        ``dim`` slice of the result needs only the same slice of its operands."""
+        dims = self.index_dims(t.operands)
+        return {i for i, d in dims.items() if d == dim} == {i for i in t.output if dims.get(i) == dim}
+
     def splittable(self, dim: str) -> bool:
-        """Can the state pass run one program per block of ``dim``? Yes when every
-        state term keeps ``dim`` as a free index running through it unchanged (each
-        ``dim`` slice of a state needs only the same slice of its operands): no
-        state has two ``dim`` slots and no term sums over ``dim``."""
-        for name, terms in self.p.states:
-            if sum(d == dim for d in self.state_dims[name]) > 1:
-                return False
-            for t in terms:
-                dims = self.index_dims(t.operands)
-                free = {i for i in t.output if dims.get(i) == dim}
-                if {i for i, d in dims.items() if d == dim} != free:
-                    return False
-        return True
+        """Can the state pass run one program per block of ``dim``? Yes when no
+        state has two ``dim`` slots and every state term keeps ``dim`` free."""
+        return all(sum(d == dim for d in self.state_dims[name]) <= 1
+                   and all(self._keeps_free(t, dim) for t in terms)
+                   for name, terms in self.p.states)
 
     def output_splittable(self, dim: str) -> bool:
-        """The same for the output kernel (the fused schedule splits both alike):
-        every output term and derived carry keeps ``dim`` free and unsummed."""
-        for t in self.p.output + self.p.normalizer:
-            dims = self.index_dims(t.operands)
-            free = {i for i in t.output if dims.get(i) == dim}
-            if {i for i, d in dims.items() if d == dim} != free:
-                return False
-        for d in self.p.derived:
-            dims = self.derived_dims[d.name]
-            for m in d.poly.terms:
-                if any(dims.get(i) == dim and i not in d.poly.free for i in m.indices()):
-                    return False
-        return True
+        """The same for the outputs (the fused schedule splits both alike): every
+        output term and derived carry keeps ``dim`` free."""
+        if not all(self._keeps_free(t, dim) for t in self.p.output + self.p.normalizer):
+            return False
+        return not any(self.derived_dims[d.name].get(i) == dim and i not in d.poly.free
+                       for d in self.p.derived for m in d.poly.terms for i in m.indices())
 
     @staticmethod
     def _accumulate(block: Block, acc: str, value: str, coef: float, first: bool) -> None:
@@ -404,7 +395,7 @@ def _fused(low: _Lowering, program: ChunkProgram, splits, o_dim) -> dict | None:
     return {"split": split, "defs": _defs(defs), "derived_code": derived_code, "num_code": num,
             "den_code": den, "state_code": state_code,
             "inputs": [{"name": x, "dim": low.input_dim[x]} for x in names],
-            "lam_end": True, "chained_dots": low.block.chained}
+            "chained_dots": low.block.chained}
 
 
 def _state_splits(low: _Lowering, o_dim: str) -> list[str]:

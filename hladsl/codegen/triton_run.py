@@ -105,26 +105,22 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
         raise ValueError(f"schedule must be 'auto', 'two_pass' or 'fused', got {schedule!r}")
     if schedule == "fused" and not ctx["fused"]:
         raise ValueError(f"{program.algebra.name} has no fused schedule (packed states)")
-    if schedule == "fused":
-        return _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block,
-                      num_stages is None, state_options)
-    if (schedule == "auto" and ctx["fused"] and device.type == "cuda"   # the interpreter: two-pass
-            and n_seq * heads >= FUSED_MIN_PROGRAMS_PER_SM * _sms(device)):
-        try:   # all states of a program in one kernel's registers may not fit (hla2 at d = 128)
+    if schedule == "fused" or (schedule == "auto" and ctx["fused"] and device.type == "cuda"
+                               and n_seq * heads >= FUSED_MIN_PROGRAMS_PER_SM * _sms(device)):
+        try:
             return _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block,
                           num_stages is None, state_options)
         except triton.runtime.errors.OutOfResources:
-            pass
+            if schedule == "fused":
+                raise   # auto: all states in one kernel may not fit (hla2 at d = 128): two-pass
 
-    state_args, out_args, final = {}, {}, {}
+    state_args, final = _state_buffers(ctx, init_states, device)
+    out_args = {}
     for s in ctx["states"]:
-        name = s["name"]
-        init = init_states[name].to(device=device, dtype=torch.float32).contiguous()
-        final[name] = torch.empty_like(init)
-        state_args[f"init_{name}"], state_args[f"final_{name}"] = init, final[name]
         if s["read"]:
+            init = state_args[f"init_{s['name']}"]
             starts = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
-            state_args[f"starts_{name}"] = out_args[f"starts_{name}"] = starts
+            state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
     packed = _packed_tables(program, device)
     state_args.update(_token_args(ctx["state_inputs"], tiles, lam, program.gated), **packed)
     grid, block = [n_seq * heads], {}
@@ -132,25 +128,17 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
         if dim in {pd.name for pd in program.packed}:
             width = common[f"B_{dim}"]
         else:
-            narrow_ok = first.dtype not in _DOT or not ctx["state_chained_dots"]
             programs = n_seq * heads * (grid[1] if len(grid) > 1 else 1)
-            width = state_block or _state_block(dict(program.sizes)[dim], programs, device, narrow_ok)
+            width = state_block or _state_block(dict(program.sizes)[dim], programs, device,
+                                                _narrow_ok(first, ctx["state_chained_dots"]))
         grid.append(triton.cdiv(common[f"D_{dim}"], width))
         block[f"B_{dim}"] = width
-    if ctx["state_chained_dots"] and first.dtype in _DOT and (
-            chunk < 64 or any(w < 64 for w in block.values())):
-        # the same Hopper miscompile at a narrow chunk: hla3 at d = 128 needs C = 32 to fit
-        # shared memory, and its bf16 state pass then faults; fp32 tiles (tf32x3) run correctly
-        block["DOT"] = tl.float32
+    block.update(_dot_override(first, ctx["state_chained_dots"], block))
     _launch(module.state_pass_kernel, tuple(grid),
             {**state_args, **common, **block, **(state_options or {})}, num_stages is None)
 
-    dv = dict(program.sizes)[ctx["o_dim"]]
-    o = torch.empty((n_seq, heads, n_chunks, chunk, dv), device=device, dtype=torch.float32)
-    out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated), **packed)
-    out_args["out_ptr"] = o
-    if ctx["normalize"]:
-        out_args["eps"] = float(eps)
+    o, out = _output_buffer(program, ctx, first, eps)
+    out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated), **packed, **out)
     _launch(module.output_kernel, (n_chunks, n_seq * heads),
             {**out_args, **common, **(output_options or {})}, num_stages is None)
     return o, final
@@ -166,29 +154,53 @@ def _sms(device) -> int:
 def _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block, may_fall_back,
            options):
     first = next(iter(tiles.values()))
-    n_seq, heads, n_chunks, chunk = first.shape[:4]
-    device = first.device
+    n_seq, heads = first.shape[:2]
     f = ctx["fused"]
-    args, final = {}, {}
-    for s in ctx["states"]:
-        init = init_states[s["name"]].to(device=device, dtype=torch.float32).contiguous()
-        final[s["name"]] = torch.empty_like(init)
-        args[f"init_{s['name']}"], args[f"final_{s['name']}"] = init, final[s["name"]]
+    args, final = _state_buffers(ctx, init_states, first.device)
     args.update(_token_args(f["inputs"], tiles, lam, program.gated))
-    dv = dict(program.sizes)[ctx["o_dim"]]
-    o = torch.empty((n_seq, heads, n_chunks, chunk, dv), device=device, dtype=torch.float32)
-    args["out_ptr"] = o
-    if ctx["normalize"]:
-        args["eps"] = float(eps)
+    o, out = _output_buffer(program, ctx, first, eps)
+    args.update(out)
     grid, block = (n_seq * heads,), {}
     if f["split"]:
-        narrow_ok = first.dtype not in _DOT or not f["chained_dots"]
-        width = state_block or _state_block(dv, n_seq * heads, device, narrow_ok)
+        dv = dict(program.sizes)[f["split"]]
+        width = state_block or _state_block(dv, n_seq * heads, first.device,
+                                            _narrow_ok(first, f["chained_dots"]))
         grid, block = (n_seq * heads, triton.cdiv(dv, width)), {f"B_{f['split']}": width}
-    if f["chained_dots"] and first.dtype in _DOT and (chunk < 64 or any(w < 64 for w in block.values())):
-        block["DOT"] = tl.float32     # see forward_triton: the narrow-chunk Hopper miscompile
+    block.update(_dot_override(first, f["chained_dots"], block))
     _launch(module.fused_kernel, grid, {**args, **common, **block, **(options or {})}, may_fall_back)
     return o, final
+
+
+def _state_buffers(ctx, init_states, device) -> tuple[dict, dict]:
+    """init_/final_ kernel arguments of every state (fp32, contiguous) and the finals."""
+    args, final = {}, {}
+    for s in ctx["states"]:
+        name = s["name"]
+        init = init_states[name].to(device=device, dtype=torch.float32).contiguous()
+        final[name] = torch.empty_like(init)
+        args[f"init_{name}"], args[f"final_{name}"] = init, final[name]
+    return args, final
+
+
+def _output_buffer(program, ctx, first, eps) -> tuple[torch.Tensor, dict]:
+    n_seq, heads, n_chunks, chunk = first.shape[:4]
+    dv = dict(program.sizes)[ctx["o_dim"]]
+    o = torch.empty((n_seq, heads, n_chunks, chunk, dv), device=first.device, dtype=torch.float32)
+    return o, {"out_ptr": o, **({"eps": float(eps)} if ctx["normalize"] else {})}
+
+
+def _narrow_ok(first, chained_dots: bool) -> bool:
+    return first.dtype not in _DOT or not chained_dots
+
+
+def _dot_override(first, chained_dots: bool, block: dict) -> dict:
+    """Chains of bf16/fp16 dots at a narrow chunk or block run with fp32 tiles: the
+    Hopper miscompile of ``_state_block`` also strikes at C = 32 (hla3 at d = 128
+    needs C = 32 to fit shared memory, and its bf16 state pass then faults)."""
+    chunk = first.shape[3]
+    if chained_dots and first.dtype in _DOT and (chunk < 64 or any(w < 64 for w in block.values())):
+        return {"DOT": tl.float32}
+    return {}
 
 
 # Launch options tried in order when a kernel needs more shared memory than the

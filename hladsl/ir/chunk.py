@@ -138,6 +138,10 @@ def _output_programs(alg, poly, sizes, derived: list[Derived], prefix: str, gate
     chains = output_chains(alg, poly)
     out_index = (_time(ANCHOR),) + poly.free
     programs, groups = [], {}
+
+    def direct(term):   # the term's own operands, carried states included
+        return _program(term, _operands(term, True, _carry_ops(term), gated), out_index, sizes, True)
+
     for term in chains:
         if term.nodes == 0 and term.carry:
             # carry only: anchor tokens x (sum of carry contractions) -> derived tensor
@@ -151,15 +155,15 @@ def _output_programs(alg, poly, sizes, derived: list[Derived], prefix: str, gate
             groups.setdefault(key, (term, anchor, inner_free, []))[3].append(
                 Monomial(term.coef, carry))
             continue
-        ops = _operands(term, True, _carry_ops(term), gated)
-        programs.append(_program(term, ops, out_index, sizes, True))
-    groups = list(groups.values())
-    for term, anchor, inner_free, monos in groups:   # one carried state alone: read it directly
-        if len(monos) == 1 and len(monos[0].factors) == 1:
-            programs.append(_program(term, _operands(term, True, _carry_ops(term), gated),
-                                     out_index, sizes, True))
-    groups = [g for g in groups if not (len(g[3]) == 1 and len(g[3][0].factors) == 1)]
-    for n, (term, anchor, inner_free, monos) in enumerate(groups):
+        programs.append(direct(term))
+    shared = []
+    for group in groups.values():
+        term, _, _, monos = group
+        if len(monos) == 1 and len(monos[0].factors) == 1:   # one carried state: read it directly
+            programs.append(direct(term))
+        else:
+            shared.append(group)
+    for n, (term, anchor, inner_free, monos) in enumerate(shared):
         name = f"{prefix}{n}"
         derived.append(Derived(name, Poly(inner_free, tuple(monos))))
         rep = ChainTerm(Fraction(1), anchor, (), (), (), term.carry_weight, poly.free)
@@ -190,7 +194,7 @@ def chunk_program(alg: Algebra, chunk: int, dim_sizes: tuple[tuple[str, int], ..
     layouts = tuple((s.name, s.dims) for s in alg.streaming)
     program = ChunkProgram(alg, chunk, dim_sizes, gated, tuple(derived), output, normalizer,
                            tuple(states), layouts)
-    return pack_symmetric(program, Operand)
+    return pack_symmetric(program)
 
 
 def index_sizes(term_factors, alg: Algebra, dims: dict[str, int]) -> dict[str, int]:

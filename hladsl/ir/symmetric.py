@@ -62,9 +62,10 @@ def packed_dim_name(base: str, p: int, taken) -> str:
 
 
 class _Packer:
-    def __init__(self, program, operand_cls):
+    def __init__(self, program):
+        from hladsl.ir.chunk import Operand   # chunk.py runs this pass: import late
         self.program = program
-        self.Operand = operand_cls
+        self.Operand = Operand
         alg = program.algebra
         self.sizes = dict(program.sizes)
         self.groups = {s.name: s.symmetric for s in alg.streaming if s.symmetric}
@@ -182,7 +183,9 @@ class _Packer:
         if o.kind == "carry":
             return dict(zip(o.indices, self.layout(o.name, packed)[1]))
         if o.kind == "derived":
-            return {}
+            (d,) = [d for d in self.program.derived if d.name == o.name]
+            return {i: self.sizes[dim] for m in d.poly.terms for f in m.factors
+                    for i, dim in zip(f.indices, self.dims[f.name]) if i in o.indices}
         return {i: chunk for i in o.indices}
 
     def _pd(self, name) -> PackedDim:
@@ -199,9 +202,9 @@ class _Packer:
         return tuple(dims), tuple(sizes[d] for d in dims)
 
 
-def pack_symmetric(program, operand_cls):
+def pack_symmetric(program):
     """``program`` with every symmetric state whose uses all allow it held packed."""
-    packer = _Packer(program, operand_cls)
+    packer = _Packer(program)
     packed = set(packer.groups) - packer.in_derived
     while True:
         failed = set()

@@ -58,7 +58,6 @@ class Op:
     def eager(self, q, k, v, g=None, scale=None, initial_state=None, output_final_state=False,
               cu_seqlens=None):
         """The op without the torch.compile routing (same signature)."""
-        alg = self.algebra
         # the Triton kernels read bf16/fp16 tiles as they are (fp32 accumulation)
         dims, tokens, compute = self._prepare(q, k, v, g, scale, initial_state, cu_seqlens,
                                               keep_dtype=self._use_triton(q))
