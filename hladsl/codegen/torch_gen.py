@@ -8,26 +8,31 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from hladsl.ir.chunk import ChunkProgram, Operand, TermProgram
+from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.evaluate import letters_for
+from hladsl.ir.operands import Kind, Operand, exhaustive
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "chunk_torch.py.jinja"
 
 
+def _unsupported(op: Operand) -> str:
+    raise ValueError(f"{op.kind} operands have no torch lowering in the forward program")
+
+
+_OPERAND_EXPR = exhaustive({
+    Kind.TOKEN: lambda op: f'env.token("{op.name}")',
+    Kind.POWER: lambda op: f'env.power("{op.name}", "{op.packed}", {op.power}, {op.weighted})',
+    Kind.CARRY: lambda op: f'env.carry("{op.name}")',
+    Kind.DERIVED: lambda op: f'env.derived("{op.name}")',
+    Kind.MASK: lambda op: f'env.mask("{op.rel}", {op.weight})',
+    Kind.DECAY: lambda op: f'env.decay("{op.anchor}", {op.weight})',
+    Kind.COTANGENT: _unsupported}, "the torch lowering")
+
+
 def _operand_expr(op: Operand) -> str:
-    if op.kind == "token":
-        return f'env.token("{op.name}")'
-    if op.kind == "power":
-        return f'env.power("{op.name}", "{op.packed}", {op.power}, {op.weighted})'
-    if op.kind == "carry":
-        return f'env.carry("{op.name}")'
-    if op.kind == "derived":
-        return f'env.derived("{op.name}")'
-    if op.kind == "mask":
-        return f'env.mask("{op.rel}", {op.weight})'
-    return f'env.decay("{op.anchor}", {op.weight})'
+    return _OPERAND_EXPR[op.kind](op)
 
 
 def _contraction(exprs, labels, indices, steps, result, output, coef) -> tuple[list[str], str]:
@@ -99,7 +104,7 @@ def context(program: ChunkProgram) -> dict:
         for n, t in enumerate(ts):
             fn = f"state_{name}_{n}"
             terms.append(_term(fn, t))
-            entries.append((fn, any(o.kind == "carry" for o in t.operands), t.carry_weight))
+            entries.append((fn, any(o.kind is Kind.CARRY for o in t.operands), t.carry_weight))
         states.append((name, entries))
     sizes = ", ".join(f"{k} = {v}" for k, v in program.sizes)
     return dict(name=alg.name, chunk=program.chunk, sizes=sizes, gated=program.gated,

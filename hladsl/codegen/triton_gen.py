@@ -22,8 +22,9 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from hladsl.codegen.steps import Block, Tile, comment
-from hladsl.ir.chunk import ChunkProgram, Operand, TermProgram
+from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
+from hladsl.ir.operands import Kind, Operand, exhaustive
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATE = "chunk_kernels.py.jinja"
@@ -94,19 +95,27 @@ class _Lowering:
         """index name -> its dim (None for a chunk-time index), for the operands of one term."""
         dims = {}
         for o in operands:
-            if o.kind == "token":
-                dims[o.indices[0]] = None
-                dims[o.indices[1]] = self.input_dim[o.name]
-            elif o.kind == "power":
-                dims[o.indices[0]] = None
-                dims[o.indices[1]] = o.packed
-            elif o.kind == "carry":
-                dims.update(zip(o.indices, self.state_dims[o.name]))
-            elif o.kind == "derived":
-                dims.update((i, self.derived_dims[o.name][i]) for i in o.indices)
-            else:
-                dims.update((i, None) for i in o.indices)
+            dims.update(_INDEX_DIMS[o.kind](self, o))
         return dims
+
+    def _token_dims(self, o):
+        return {o.indices[0]: None, o.indices[1]: self.input_dim[o.name]}
+
+    def _power_dims(self, o):
+        return {o.indices[0]: None, o.indices[1]: o.packed}
+
+    def _carry_dims(self, o):
+        return dict(zip(o.indices, self.state_dims[o.name]))
+
+    def _derived_dims(self, o):
+        return {i: self.derived_dims[o.name][i] for i in o.indices}
+
+    def _cotangent_dims(self, o):
+        raise ValueError("cotangent operands belong to the backward lowering")
+
+    @staticmethod
+    def _time_dims(o):
+        return {i: None for i in o.indices}
 
     def sizes(self, operands) -> dict[str, str]:
         """index name -> constexpr tile extent (C or B_<dim>)."""
@@ -114,35 +123,49 @@ class _Lowering:
 
     # -- operands -----------------------------------------------------------------------
     def operand(self, o: Operand, defs: dict) -> Tile:
-        if o.kind == "token":
-            return Tile(f"in_{o.name}", o.indices)
-        if o.kind == "power":
-            return self.power(o)
-        if o.kind == "carry":
-            return Tile(f"st_{o.name}", o.indices)
-        if o.kind == "derived":
-            return Tile(f"dr_{o.name}", o.indices)
-        if o.kind == "mask":
-            rel = {"<=": "le", "<": "lt"}[o.rel]
-            var = f"mask_{rel}_w{int(o.weight)}"
-            if var not in defs:
-                keep = f"offs_t[:, None] {'>=' if o.rel == '<=' else '>'} offs_t[None, :]"
-                if o.weight:
-                    expr = (f"tl.exp(tl.where({keep}, {int(o.weight)} * (lam[:, None] - lam[None, :]), "
-                            f"float(\"-inf\")))")
-                else:
-                    expr = f"tl.where({keep}, 1.0, 0.0)"
-                defs[var] = (comment(o.text()), expr)
-            return Tile(var, o.indices)
-        if o.kind == "decay":
-            var = f"decay_{'end' if o.anchor == 'end' else 'start'}_w{int(o.weight)}"
-            if var not in defs:
-                w = int(o.weight)
-                expr = (f"tl.exp({w} * (lam_end - lam))" if o.anchor == "end"
-                        else f"tl.exp({w} * lam)")
-                defs[var] = (comment(o.text()), expr)
-            return Tile(var, o.indices)
-        raise ValueError(f"operand kind {o.kind!r} has no Triton lowering")
+        return _OPERAND_TILE[o.kind](self, o, defs)
+
+    @staticmethod
+    def _token_tile(o, defs):
+        return Tile(f"in_{o.name}", o.indices)
+
+    def _power_tile(self, o, defs):
+        return self.power(o)
+
+    @staticmethod
+    def _carry_tile(o, defs):
+        return Tile(f"st_{o.name}", o.indices)
+
+    @staticmethod
+    def _derived_tile(o, defs):
+        return Tile(f"dr_{o.name}", o.indices)
+
+    @staticmethod
+    def _mask_tile(o, defs):
+        rel = {"<=": "le", "<": "lt"}[o.rel]
+        var = f"mask_{rel}_w{int(o.weight)}"
+        if var not in defs:
+            keep = f"offs_t[:, None] {'>=' if o.rel == '<=' else '>'} offs_t[None, :]"
+            if o.weight:
+                expr = (f"tl.exp(tl.where({keep}, {int(o.weight)} * (lam[:, None] - lam[None, :]), "
+                        f"float(\"-inf\")))")
+            else:
+                expr = f"tl.where({keep}, 1.0, 0.0)"
+            defs[var] = (comment(o.text()), expr)
+        return Tile(var, o.indices)
+
+    @staticmethod
+    def _decay_tile(o, defs):
+        var = f"decay_{'end' if o.anchor == 'end' else 'start'}_w{int(o.weight)}"
+        if var not in defs:
+            w = int(o.weight)
+            expr = f"tl.exp({w} * (lam_end - lam))" if o.anchor == "end" else f"tl.exp({w} * lam)"
+            defs[var] = (comment(o.text()), expr)
+        return Tile(var, o.indices)
+
+    @staticmethod
+    def _cotangent_tile(o, defs):
+        return Tile(f"ct_{o.name}", o.indices)
 
     def power(self, o: Operand) -> Tile:
         """spow(x)[T, α] for the α of this program's block of the packed dim: p
@@ -279,6 +302,24 @@ class _Lowering:
         return "\n".join(block.lines[start:]).lstrip("\n")
 
 
+_INDEX_DIMS = exhaustive({
+    Kind.TOKEN: _Lowering._token_dims, Kind.POWER: _Lowering._power_dims,
+    Kind.CARRY: _Lowering._carry_dims, Kind.DERIVED: _Lowering._derived_dims,
+    Kind.MASK: lambda self, o: _Lowering._time_dims(o),
+    Kind.DECAY: lambda self, o: _Lowering._time_dims(o),
+    Kind.COTANGENT: _Lowering._cotangent_dims}, "the Triton lowering (index dims)")
+
+_OPERAND_TILE = exhaustive({
+    Kind.TOKEN: lambda self, o, defs: _Lowering._token_tile(o, defs),
+    Kind.POWER: _Lowering._power_tile,
+    Kind.CARRY: lambda self, o, defs: _Lowering._carry_tile(o, defs),
+    Kind.DERIVED: lambda self, o, defs: _Lowering._derived_tile(o, defs),
+    Kind.MASK: lambda self, o, defs: _Lowering._mask_tile(o, defs),
+    Kind.DECAY: lambda self, o, defs: _Lowering._decay_tile(o, defs),
+    Kind.COTANGENT: lambda self, o, defs: _Lowering._cotangent_tile(o, defs)},
+    "the Triton lowering (operand tiles)")
+
+
 def _layout(dims) -> tuple[str, str, str]:
     """(offset, mask, numel) expressions of a contiguous state tile over ``dims``."""
     r = len(dims)
@@ -303,11 +344,11 @@ def kernel_context(program: ChunkProgram) -> dict:
 
     def inputs_of(terms):
         names = dict.fromkeys(o.name for t in terms for o in t.operands
-                              if o.kind in ("token", "power"))
+                              if o.kind in (Kind.TOKEN, Kind.POWER))
         return [{"name": x, "dim": low.input_dim[x]} for x in names]
 
     out_terms = program.output + program.normalizer
-    read = dict.fromkeys([o.name for t in out_terms for o in t.operands if o.kind == "carry"]
+    read = dict.fromkeys([o.name for t in out_terms for o in t.operands if o.kind is Kind.CARRY]
                          + [f.name for d in program.derived for m in d.poly.terms
                             for f in m.factors])
     (o_index,) = alg.output.free
@@ -391,7 +432,7 @@ def _fused(low: _Lowering, program: ChunkProgram, splits, o_dim) -> dict | None:
                   for name, terms in program.states]
     split = o_dim if o_dim in splits and low.output_splittable(o_dim) else ""
     terms = program.output + program.normalizer + tuple(t for _, ts in program.states for t in ts)
-    names = dict.fromkeys(o.name for t in terms for o in t.operands if o.kind == "token")
+    names = dict.fromkeys(o.name for t in terms for o in t.operands if o.kind is Kind.TOKEN)
     return {"split": split, "defs": _defs(defs), "derived_code": derived_code, "num_code": num,
             "den_code": den, "state_code": state_code,
             "inputs": [{"name": x, "dim": low.input_dim[x]} for x in names],

@@ -1,12 +1,8 @@
 """Chunk program: every chain term of the output and of each streaming
 summary, as a tensor network over [C, ·] tiles with a contraction plan.
 
-Operands of a term:
-  token   an input tile X[T_n, i]       (time index 'T<node>' of size C)
-  carry   a carried state P[...]       (per chunk)
-  mask    M[T_b, T_a] = [a rel b] · exp(W (Λ_b − Λ_a))   between consecutive times
-  decay   exp(W (Λ_end − Λ_a)) over T_a (state pass) or exp(W Λ_t) over T_t
-          (carry decayed from the chunk start to t)
+Operands of a term are ``ir.operands.Operand`` (tokens, carried states, masks
+between consecutive times, decays to the chunk end or from its start).
 Carry-only output terms are summed into derived carry tensors first (HLA2's
 W_P = S_P C_P − G_P): one matmul per chunk instead of one per term.
 """
@@ -20,34 +16,8 @@ from hladsl.ir.algebra import Algebra
 from hladsl.ir.chains import ANCHOR, ChainTerm, output_chains, summary_chains
 from hladsl.ir.contract import Plan, plan
 from hladsl.ir.expr import Monomial, Poly, canonical_key
+from hladsl.ir.operands import Kind, Operand
 from hladsl.ir.symmetric import PackedDim, pack_symmetric
-
-
-@dataclass(frozen=True)
-class Operand:
-    kind: str                      # 'token' | 'power' | 'carry' | 'derived' | 'mask' | 'decay'
-    name: str                      # input / state / derived name; '' otherwise
-    indices: tuple[str, ...]
-    rel: str = ""                  # masks: '<' or '<='
-    weight: int = 0                # masks and decays: the decay weight W
-    anchor: str = ""               # decays: 'end' (to chunk end) or 'start' (carry to t)
-    packed: str = ""               # power: the packed dim of its second index
-    power: int = 0                 # power: p
-    weighted: bool = False         # power: times the multiplicity m(α) (a consumed group)
-
-    def text(self) -> str:
-        idx = ",".join(self.indices)
-        if self.kind == "power":
-            return f"{'m·' if self.weighted else ''}spow{self.power}({self.name})[{idx}]"
-        if self.kind == "mask":
-            b, a = self.indices
-            return f"M[{idx}] = [{a} {self.rel} {b}]" + (f"·exp({self.weight}(Λ_{b}−Λ_{a}))"
-                                                         if self.weight else "")
-        if self.kind == "decay":
-            (a,) = self.indices
-            return (f"exp({self.weight}(Λ_end−Λ_{a}))" if self.anchor == "end"
-                    else f"exp({self.weight}·Λ_{a})")
-        return f"{self.name}[{idx}]"
 
 
 @dataclass(frozen=True)
@@ -105,24 +75,24 @@ def _operands(term: ChainTerm, token_anchor: bool, carry_factors, gated: bool) -
     ops = []
     for f in term.factors:
         if f.kind == "input":
-            ops.append(Operand("token", f.name, (_time(f.where), f.indices[0])))
+            ops.append(Operand(Kind.TOKEN, f.name, (_time(f.where), f.indices[0])))
     ops.extend(carry_factors)
     for n in range(term.nodes):   # one mask per forest edge; decay telescoped along it
         here, parent = _time(f"n{n}"), term.parents[n]
         weight = term.subtree_weight(n) if gated else 0
         if parent >= 0:
-            ops.append(Operand("mask", "", (_time(f"n{parent}"), here), term.rels[n], weight))
+            ops.append(Operand(Kind.MASK, "", (_time(f"n{parent}"), here), term.rels[n], weight))
         elif token_anchor:
-            ops.append(Operand("mask", "", (_time(ANCHOR), here), term.rels[n], weight))
+            ops.append(Operand(Kind.MASK, "", (_time(ANCHOR), here), term.rels[n], weight))
         elif weight:
-            ops.append(Operand("decay", "", (here,), weight=weight, anchor="end"))
+            ops.append(Operand(Kind.DECAY, "", (here,), weight=weight, anchor="end"))
     if token_anchor and term.carry_weight and gated:
-        ops.append(Operand("decay", "", (_time(ANCHOR),), weight=term.carry_weight, anchor="start"))
+        ops.append(Operand(Kind.DECAY, "", (_time(ANCHOR),), weight=term.carry_weight, anchor="start"))
     return ops
 
 
 def _carry_ops(term: ChainTerm):
-    return [Operand("carry", f.name, f.indices) for f in term.factors if f.where == "P"]
+    return [Operand(Kind.CARRY, f.name, f.indices) for f in term.factors if f.where == "P"]
 
 
 def _program(term: ChainTerm, operands, output, ctx, token_anchor, extra=()) -> TermProgram:
@@ -167,7 +137,7 @@ def _output_programs(alg, poly, sizes, derived: list[Derived], prefix: str, gate
         name = f"{prefix}{n}"
         derived.append(Derived(name, Poly(inner_free, tuple(monos))))
         rep = ChainTerm(Fraction(1), anchor, (), (), (), term.carry_weight, poly.free)
-        ops = _operands(rep, True, [Operand("derived", name, inner_free)], gated)
+        ops = _operands(rep, True, [Operand(Kind.DERIVED, name, inner_free)], gated)
         text = f"{Monomial(Fraction(1), anchor).text()} {name}[{','.join(inner_free)}]   [carry only]"
         extra = [f for m in monos for f in m.factors]
         prog = _program(rep, ops, out_index, sizes, True, extra)

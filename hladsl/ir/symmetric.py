@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from math import comb, factorial
 
 from hladsl.ir.contract import plan
+from hladsl.ir.operands import Kind, Operand, exhaustive
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,7 @@ def packed_dim_name(base: str, p: int, taken) -> str:
 
 class _Packer:
     def __init__(self, program):
-        from hladsl.ir.chunk import Operand   # chunk.py runs this pass: import late
         self.program = program
-        self.Operand = Operand
         alg = program.algebra
         self.sizes = dict(program.sizes)
         self.groups = {s.name: s.symmetric for s in alg.streaming if s.symmetric}
@@ -92,7 +91,7 @@ class _Packer:
         output = tuple(term.output)
         uses = Counter(i for o in ops for i in o.indices)
         for k, o in enumerate(ops):
-            if o.kind != "carry" or o.name not in packed:
+            if o.kind is not Kind.CARRY or o.name not in packed:
                 continue
             idx = list(o.indices)
             for g in self.groups[o.name]:
@@ -111,7 +110,7 @@ class _Packer:
         if produces in packed:
             for g in self.groups[produces]:
                 slots = [output[s] for s in g]
-                fed = any(o.kind == "carry" and o.name in packed
+                fed = any(o.kind is Kind.CARRY and o.name in packed
                           and any({o.indices[s] for s in g2} == set(slots) for g2 in self.groups[o.name])
                           for o in ops)
                 if not fed:
@@ -146,7 +145,7 @@ class _Packer:
         expected = 1 if consumed_from is None else 2
         found = []
         for i in slots:
-            owners = [k for k, o in enumerate(ops) if o.kind == "token" and o.indices[1] == i]
+            owners = [k for k, o in enumerate(ops) if o.kind is Kind.TOKEN and o.indices[1] == i]
             if len(owners) != 1 or uses[i] != expected:
                 return None
             found.append(owners[0])
@@ -162,7 +161,7 @@ class _Packer:
         base, p = self.dims[state][group[0]], len(group)
         pd = self.packed_dims[(base, p)]
         head = ops[tokens[0]]
-        replace_tokens[tokens[0]] = self.Operand("power", head.name, (head.indices[0], alpha),
+        replace_tokens[tokens[0]] = Operand(Kind.POWER, head.name, (head.indices[0], alpha),
                                                  packed=pd.name, power=p, weighted=weighted)
         for k in tokens[1:]:
             replace_tokens[k] = None
@@ -175,18 +174,28 @@ class _Packer:
         return replace(term, operands=operands, output=output, plan=p)
 
     def index_sizes(self, o, packed) -> dict[str, int]:
-        alg, chunk = self.program.algebra, self.program.chunk
-        if o.kind == "token":
-            return {o.indices[0]: chunk, o.indices[1]: self.sizes[alg.inputs[o.name]]}
-        if o.kind == "power":
-            return {o.indices[0]: chunk, o.indices[1]: self._pd(o.packed).size}
-        if o.kind == "carry":
-            return dict(zip(o.indices, self.layout(o.name, packed)[1]))
-        if o.kind == "derived":
-            (d,) = [d for d in self.program.derived if d.name == o.name]
-            return {i: self.sizes[dim] for m in d.poly.terms for f in m.factors
-                    for i, dim in zip(f.indices, self.dims[f.name]) if i in o.indices}
-        return {i: chunk for i in o.indices}
+        return _INDEX_SIZES[o.kind](self, o, packed)
+
+    def _token_sizes(self, o, packed):
+        alg = self.program.algebra
+        return {o.indices[0]: self.program.chunk, o.indices[1]: self.sizes[alg.inputs[o.name]]}
+
+    def _power_sizes(self, o, packed):
+        return {o.indices[0]: self.program.chunk, o.indices[1]: self._pd(o.packed).size}
+
+    def _carry_sizes(self, o, packed):
+        return dict(zip(o.indices, self.layout(o.name, packed)[1]))
+
+    def _derived_sizes(self, o, packed):
+        (d,) = [d for d in self.program.derived if d.name == o.name]
+        return {i: self.sizes[dim] for m in d.poly.terms for f in m.factors
+                for i, dim in zip(f.indices, self.dims[f.name]) if i in o.indices}
+
+    def _time_sizes(self, o, packed):
+        return {i: self.program.chunk for i in o.indices}
+
+    def _no_sizes(self, o, packed):
+        raise ValueError(f"{o.kind} operands do not occur in the forward program")
 
     def _pd(self, name) -> PackedDim:
         return next(pd for pd in self.packed_dims.values() if pd.name == name)
@@ -200,6 +209,13 @@ class _Packer:
             dims = list(drop_repeated_slots(dims, self.groups[state]))
         sizes = {pd.name: pd.size for pd in self.packed_dims.values()} | self.sizes
         return tuple(dims), tuple(sizes[d] for d in dims)
+
+
+_INDEX_SIZES = exhaustive({
+    Kind.TOKEN: _Packer._token_sizes, Kind.POWER: _Packer._power_sizes,
+    Kind.CARRY: _Packer._carry_sizes, Kind.DERIVED: _Packer._derived_sizes,
+    Kind.MASK: _Packer._time_sizes, Kind.DECAY: _Packer._time_sizes,
+    Kind.COTANGENT: _Packer._no_sizes}, "symmetric packing (index sizes)")
 
 
 def pack_symmetric(program):
