@@ -352,7 +352,8 @@ class _CarryIn(torch.autograd.Function):
         if leaves:
             with torch.enable_grad():
                 rows = _flat(_CarryIn.rows(ctx, init_leaf, gathered_leaf, carry_leaf), plan.names)
-                grads = torch.autograd.grad(rows, leaves, d_rows, allow_unused=True)
+                grads = (torch.autograd.grad(rows, leaves, d_rows, allow_unused=True)
+                         if rows.requires_grad else [None] * len(leaves))   # all rows zero
             grads = [torch.zeros_like(x) if gx is None else gx for x, gx in zip(leaves, grads)]
             it = iter(grads)
             d_init = next(it) if init_leaf is not None else None

@@ -224,6 +224,8 @@ def test_cp_matches_single_process(world, tmp_path):
             if not err <= TOL:
                 failures.append(f"{case['spec']} {case['params']} {case['strategy']} "
                                 f"varlen={case['varlen']} mode={case['mode']}: {quantity} {err:.2e}")
+    worst = max((e, q) for _, r in report[:-1] for q, e in r.items())
+    print(f"world {world}: {len(report) - 1} cases, worst relative error {worst[0]:.1e} ({worst[1]})")
     assert len(report) == len(cases) + 1
     assert not failures, "\n".join(failures)
     _, messages = report[-1]
