@@ -307,9 +307,7 @@ class _CarryIn(torch.autograd.Function):
             dist.broadcast(init_flat, src=ctx.global_rank(0), group=ctx.group)
         gathered_flat = carry_flat = None
         if plan.strategy == "gather":
-            parts = [torch.empty_like(seg_flat) for _ in range(plan.world)]
-            dist.all_gather(parts, seg_flat.contiguous(), group=ctx.group)
-            gathered_flat = torch.stack(parts)
+            gathered_flat = _all_gather(ctx, seg_flat)
         elif plan.incoming:
             carry_flat = ctx.zeros(_numel(ctx.shapes(plan.names, ctx.rows)))
             dist.recv(carry_flat, src=ctx.global_rank(plan.rank - 1), group=ctx.group)
@@ -369,6 +367,18 @@ class _CarryIn(torch.autograd.Function):
             if plan.rank != 0:
                 d_init = None
         return None, None, d_init, d_seg
+
+
+def _all_gather(ctx, flat):
+    """flat [L] on every rank -> [W, L]."""
+    flat = flat.contiguous()
+    if dist.get_backend(ctx.group) == "nccl":
+        out = flat.new_empty((ctx.plan.world, flat.numel()))
+        dist.all_gather_into_tensor(out, flat, group=ctx.group)
+        return out
+    parts = [torch.empty_like(flat) for _ in range(ctx.plan.world)]
+    dist.all_gather(parts, flat, group=ctx.group)
+    return torch.stack(parts)
 
 
 def _reduce_scatter(ctx, stacked):

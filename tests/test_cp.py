@@ -273,3 +273,31 @@ def test_plan_text_picks_by_bytes():
     assert "auto -> gather" in small and "auto -> relay" in big
     assert "X1" in big and "combine-only" in big and "X1" not in small
     assert "[2080x64]" not in small and "[2080]" in small   # S packed: d(d+1)/2 entries
+
+
+def test_group_of_one_is_the_op(tmp_path):
+    """A group of one rank: both strategies give the op's result; bad arguments
+    raise ValueError naming them."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
+                            world_size=1)
+    try:
+        case = dict(spec="ahla", params={}, strategy="gather", varlen=True, gated=True, init=True,
+                    mode="last", seed=5)
+        data, _ = _data(case, 2)
+        ref = _reference(case, data)
+        for strategy in ("gather", "relay"):
+            got = _sharded(dict(case, strategy=strategy), data, [data["q"].shape[1]], 0, 1)
+            errs = _compare(case, ref, [got], 1)
+            assert max(errs.values()) < TOL, errs
+        op = _op(case)
+        x = {n: data[n] for n in ("q", "k", "v")}
+        with pytest.raises(ValueError, match="cp_strategy"):
+            cp_call(op, x, strategy="ring")
+        with pytest.raises(ValueError, match="output_final_state"):
+            cp_call(op, x, output_final_state="first")
+        with pytest.raises(ValueError, match="cu_seqlens"):
+            cp_call(op, x, cu_seqlens=torch.tensor([0, 5, 3]))
+        with pytest.raises(ValueError, match="initial_state"):
+            cp_call(op, x, initial_state={"P": torch.zeros(1)}, cu_seqlens=data["cu"])
+    finally:
+        dist.destroy_process_group()
