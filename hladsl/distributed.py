@@ -13,9 +13,11 @@ sequence split over the ranks of a ``torch.distributed`` group, for any spec.
   group's first rank only (other ranks may pass None); its gradient arrives there.
 * ``output_final_state``: False; True or "last": the final state on the group's
   last rank, None elsewhere; "broadcast": on every rank.
-* Autograd spans the ranks. Every rank must run backward through its ``o_shard``
-  (the pass-through that carries the exchange of state gradients hangs off it), and
-  whether tokens require grad must agree across ranks.
+* Autograd spans the ranks: when any rank differentiates, every rank must run
+  backward on a loss that reaches its ``o_shard`` (the exchange of state gradients
+  hangs off it as a pass-through, so that no rank skips a collective).
+* Bad arguments raise ValueError on every rank (shapes and flags are exchanged
+  first), never a hang.
 
 Strategies (``cp_plan_text`` explains the choice for given sizes):
 * gather: each rank forms its shard's segment tuple (``ir.segment.gathered``: the
@@ -26,6 +28,12 @@ Strategies (``cp_plan_text`` explains the choice for given sizes):
 * relay: rank r receives its carry from rank r−1, runs its shard from it and sends
   its end state on; nothing combine-only is materialised. Backward: state
   gradients travel back rank to rank. Ranks run one after another.
+
+Costs (what to improve next): the gather's segment pass runs the op (or, with
+combine-only summaries, ``ir.segment``'s op that also carries them) from a zero
+state and discards its output; a state-pass-only entry of the op would make it
+the cheap pass it should be. The relay runs whole shards one after another; with
+per-chunk state starts exposed it could send its end state before its outputs.
 """
 from __future__ import annotations
 
