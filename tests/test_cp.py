@@ -53,6 +53,10 @@ def _cases():
                       gated=False, init=False, mode="last", seed=2))
     cases.append(dict(spec="hla3_masked", params={}, strategy="relay", varlen=True,
                       gated=True, init=False, mode="broadcast", seed=3))
+    cases.append(dict(spec="power", params={"p": 3}, strategy="gather", varlen=True,
+                      gated=True, init=True, mode="last", seed=4))
+    cases.append(dict(spec="hla2", params={"ridge": 0.3}, strategy="relay", varlen=False,
+                      gated=True, init=True, mode="last", seed=5))
     return cases
 
 
@@ -116,7 +120,7 @@ def _reference(case, data):
     return o.detach(), {n: t.detach() for n, t in final.items()}, _grads(x, init)
 
 
-def _sharded(case, data, lengths, rank, world):
+def _sharded(case, data, lengths, rank, world, group=None):
     op = _op(case)
     lo = sum(lengths[:rank])
     hi = lo + lengths[rank]
@@ -125,7 +129,7 @@ def _sharded(case, data, lengths, rank, world):
     if data["init"] is not None and rank == 0:
         init = {n: t.clone().requires_grad_() for n, t in data["init"].items()}
     o, final = cp_call(op, {"q": x["q"], "k": x["k"], "v": x["v"]}, x["g"], 0.7, init,
-                       case["mode"] or False, data["cu"], None, case["strategy"])
+                       case["mode"] or False, data["cu"], group, case["strategy"])
     loss = (o * data["wo"][:, lo:hi]).sum()
     if final is not None:   # "broadcast": every rank holds it; count it once in total
         share = 1.0 / world if case["mode"] == "broadcast" else 1.0
@@ -180,6 +184,28 @@ def _expect_errors(rank, world):
     return messages
 
 
+SUBGROUP_CASE = dict(spec="hla2", params={}, strategy="relay", varlen=True, gated=True, init=True,
+                     mode="broadcast", seed=7)
+
+
+def _subgroup_case(rank):
+    """Context parallelism over a subgroup of non-adjacent ranks (global 1 and 3):
+    group ranks, not global ones, order the shards and address the messages."""
+    sub = dist.new_group([1, 3])
+    case = SUBGROUP_CASE
+    data, lengths = _data(case, 2)
+    got = None
+    if rank in (1, 3):
+        mine = dist.get_rank(sub)
+        got = (mine, _sharded(case, data, lengths, mine, 2, sub))
+    every = [None] * 4 if rank == 0 else None
+    dist.gather_object(got, every, dst=0)
+    if rank != 0:
+        return None
+    ordered = [r for _, r in sorted(x for x in every if x is not None)]
+    return case, _compare(case, _reference(case, data), ordered, 2)
+
+
 def _worker(rank, world, port, cases, path):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -193,6 +219,8 @@ def _worker(rank, world, port, cases, path):
             dist.gather_object(got, every, dst=0)
             if rank == 0:
                 report.append((case, _compare(case, _reference(case, data), every, world)))
+        if world == 4:
+            report.append(_subgroup_case(rank))
         errors = _expect_errors(rank, world)
         every = [None] * world if rank == 0 else None
         dist.gather_object(errors, every, dst=0)
@@ -226,7 +254,7 @@ def test_cp_matches_single_process(world, tmp_path):
                                 f"varlen={case['varlen']} mode={case['mode']}: {quantity} {err:.2e}")
     worst = max((e, q) for _, r in report[:-1] for q, e in r.items())
     print(f"world {world}: {len(report) - 1} cases, worst relative error {worst[0]:.1e} ({worst[1]})")
-    assert len(report) == len(cases) + 1
+    assert len(report) == len(cases) + 1 + (world == 4)
     assert not failures, "\n".join(failures)
     _, messages = report[-1]
     for r, per_rank in enumerate(messages):
