@@ -10,7 +10,8 @@ sequence on one GPU (rank 0 alone, the other waiting) and sharded over the group
 asks <= 0.6 at 128k), the bytes each rank sent and received in one step (counted at
 the torch.distributed calls, next to what ``cp_plan_text`` predicts), and the RMS
 error ratio of the sharded output and gradients against the one-GPU op (bf16 both).
-Writes benchmarks/results/cp_bench.json.
+Writes benchmarks/results/cp_bench.json (a --device cpu dry run writes
+cp_bench_cpu_dry_run.json beside it: not a measurement).
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import hladsl  # noqa: E402
-from hladsl.distributed import choose_strategy, cp_call, cp_plan_text  # noqa: E402
+import hladsl
+from hladsl.distributed import choose_strategy, cp_call, cp_plan_text
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cp_bench.json"
 
@@ -217,15 +218,16 @@ def run(args):
     if rank == 0:
         print(cp_plan_text(op.algebra, {"d": args.d, "dv": args.d}, world, heads=args.H,
                            batch=args.B))
-        RESULTS.parent.mkdir(exist_ok=True)
-        RESULTS.write_text(json.dumps(rows, indent=1))
+        path = RESULTS if DEVICE == "cuda" else RESULTS.with_name("cp_bench_cpu_dry_run.json")
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(rows, indent=1))
         print(f"{'gated':>5} {'strategy':>8} {'1 GPU ms':>9} {f'{world} GPUs ms':>10} {'ratio':>6} "
               f"{'sent':>10} {'received':>10} {'rms o':>8} {'rms dq':>8}")
         for r in rows:
             print(f"{r['gated']!s:>5} {r['ran']:>8} {r['single_ms']:9.2f} {r['sharded_ms']:10.2f} "
                   f"{r['ratio']:6.2f} {r['sent_bytes']:10d} {r['received_bytes']:10d} "
                   f"{r['rms_o']:8.1e} {r['rms_dq']:8.1e}")
-        print(f"wrote {RESULTS}")
+        print(f"wrote {path}")
 
 
 def broadcast_float(value):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 import torch.distributed as dist
@@ -73,7 +74,7 @@ def choose_strategy(alg: Algebra, sizes: dict[str, int], world: int, rows: int =
     tuple_bytes = sum(_bytes(alg, [s.name for s in gathered(alg)], sizes, rows, elem).values())
     received = world * tuple_bytes
     if received <= GATHER_BUDGET_BYTES:
-        return "gather", (f"gather: each rank receives {world} x {_human(tuple_bytes)} = "
+        return "gather", (f"gather: each rank gathers {world} x {_human(tuple_bytes)} = "
                           f"{_human(received)} <= budget {_human(GATHER_BUDGET_BYTES)}")
     return "relay", (f"relay: gather would move {world} x {_human(tuple_bytes)} = "
                      f"{_human(received)} per rank > budget {_human(GATHER_BUDGET_BYTES)}")
@@ -98,22 +99,22 @@ def cp_plan_text(algebra: Algebra, sizes: dict[str, int], world_size: int, heads
     seg = _bytes(algebra, tuple_names, sizes, rows, elem)
     state = _bytes(algebra, streaming, sizes, rows, elem)
     dims = ", ".join(f"{k} = {v}" for k, v in sizes.items())
-    lines = [f"# {algebra.name}: context parallelism over {world_size} ranks "
-             f"({dims}; {heads} head(s) x {batch} sequence(s); {elem}-byte states)", "",
+    lines = [(f"# {algebra.name}: context parallelism over {world_size} ranks "
+              f"({dims}; {heads} head(s) x {batch} sequence(s); {elem}-byte states)"), "",
              "segment tuple (gather):"]
     for name in tuple_names:
         role = "streaming" if name in streaming else "combine-only, read on the B side"
         shape = "x".join(str(e) for e in packed_shape(algebra.summary(name), sizes))
-        lines.append(f"  {name:<6} [{shape}]  {_human(seg[name]):>12}  {role}")
+        lines.append(f"  {name:<8}{'[' + shape + ']':<16}{_human(seg[name]):>12}  {role}")
     tuple_bytes, state_bytes = sum(seg.values()), sum(state.values())
-    lines += [f"  log rho {_human(rows * elem):>12}  (gated only)",
+    lines += [f"  {'log rho':<24}{_human(rows * elem):>12}  (gated only)",
               f"  total {_human(tuple_bytes)} per rank", "",
-              f"gather: sends {_human(tuple_bytes)}, receives {world_size} x "
-              f"{_human(tuple_bytes)} = {_human(world_size * tuple_bytes)} per rank "
-              "(one all-gather), ranks run in parallel",
-              f"relay:  sends and receives one state, {_human(state_bytes)} per rank "
-              f"({', '.join(streaming)}), ranks run one after another", ""]
-    strategy, reason = choose_strategy(algebra, sizes, world_size, rows, elem)
+              (f"gather: sends {_human(tuple_bytes)} and gathers {world_size} x "
+               f"{_human(tuple_bytes)} = {_human(world_size * tuple_bytes)} per rank "
+               "(one all-gather, its own included), ranks run in parallel"),
+              (f"relay:  sends and receives one state, {_human(state_bytes)} per rank "
+               f"({', '.join(streaming)}), ranks run one after another"), ""]
+    _, reason = choose_strategy(algebra, sizes, world_size, rows, elem)
     lines.append(f"auto -> {reason}")
     return "\n".join(lines) + "\n"
 
@@ -157,7 +158,7 @@ class _Plan:
 def _pieces(bounds, offsets, lengths, rank):
     lo, hi = offsets[rank], offsets[rank] + lengths[rank]
     out = []
-    for n, (a, b) in enumerate(zip(bounds, bounds[1:])):
+    for n, (a, b) in enumerate(pairwise(bounds)):
         s, e = max(a, lo), min(b, hi)
         if s < e:
             out.append(_Piece(n, s - lo, e - lo, a < lo, b <= hi))
@@ -185,9 +186,9 @@ def _make_plan(alg, strategy, rank, world, lengths, batch, heads, sizes, elem, b
             seq = pieces[0].seq
             chain = tuple(range(_owner(offsets, lengths, bounds[seq]), rank))
             chain_seqs = (seq,)
-        ends = {n: _owner(offsets, lengths, b - 1) for n, (a, b) in enumerate(zip(bounds, bounds[1:]))
+        ends = {n: _owner(offsets, lengths, b - 1) for n, (a, b) in enumerate(pairwise(bounds))
                 if b > a}
-        empty = tuple(n for n, (a, b) in enumerate(zip(bounds, bounds[1:])) if a == b)
+        empty = tuple(n for n, (a, b) in enumerate(pairwise(bounds)) if a == b)
         off_last = empty or any(r != world - 1 for r in ends.values())
         rows = heads
     else:
@@ -285,12 +286,16 @@ def _fold(ctx: _Ctx, init: dict | None, segments: list[dict], log_rhos: list) ->
                             dtype=ctx.dtype, device=ctx.device))
             for n in plan.names}
     for seg, log_rho in zip(segments, log_rhos):
-        seg_full = {n: unpack(alg.summary(n), x, dims) for n, x in seg.items()}
-        rho = torch.exp(log_rho)
-        full = {n: einsum_poly(polys[n], lambda f: full[f.name] if f.where == "A" else seg_full[f.name],
-                               lambda side: rho)
-                for n in plan.names}
+        full = _combine(polys, full, {n: unpack(alg.summary(n), x, dims) for n, x in seg.items()},
+                        torch.exp(log_rho))
     return {n: pack(alg.summary(n), x, dims) for n, x in full.items()}
+
+
+def _combine(polys, a: dict, b: dict, rho_b: torch.Tensor) -> dict:
+    """A ⊕ B for the summaries of ``polys`` (full states; B holds the gathered tuple)."""
+    def operand(f):
+        return a[f.name] if f.where == "A" else b[f.name]
+    return {n: einsum_poly(poly, operand, lambda side: rho_b) for n, poly in polys.items()}
 
 
 def _init_rows(ctx, init, seqs):
@@ -459,7 +464,7 @@ class _Finals(torch.autograd.Function):
 
 # -- the call ---------------------------------------------------------------------------------
 
-_SEGMENT_OPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_SEGMENT_OPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _segment_op(op):
@@ -486,7 +491,7 @@ def _check_cu_seqlens(cu_seqlens, batch, total) -> list[int]:
     bounds = [int(x) for x in cu_seqlens.tolist()]
     if total is None:
         total = bounds[-1]
-    if bounds[0] != 0 or bounds[-1] != total or any(b < a for a, b in zip(bounds, bounds[1:])):
+    if bounds[0] != 0 or bounds[-1] != total or any(b < a for a, b in pairwise(bounds)):
         raise ValueError(f"cu_seqlens must be non-decreasing from 0 to the total length over all "
                          f"ranks ({total}), got {bounds}")
     return bounds
@@ -576,7 +581,7 @@ def cp_call(op, tokens: dict, g=None, scale=None, initial_state=None, output_fin
                   or (error is None and has_init_here
                       and any(x.requires_grad for x in initial_state.values())))
     lengths, has_init, wants_grad = _metadata(tokens, g, has_init_here, wants_grad, error, group)
-    B, T, H, _ = q.shape
+    B, _, H, _ = q.shape
     bounds = None if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, B, sum(lengths))
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     elem = torch.tensor([], dtype=dtype).element_size()
