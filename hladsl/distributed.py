@@ -475,8 +475,9 @@ def _segment_op(op):
         return op
     hit = _SEGMENT_OPS.get(op)
     if hit is None or hit.algebra is not seg_alg:
+        # schedule left at "auto": the carried combine-only summaries may be packed
+        # (hla3_masked's QQ), which the fused schedule does not take
         hit = type(op)(seg_alg, chunk_size=op.chunk_size, backend=op.backend)
-        hit.schedule = op.schedule
         _SEGMENT_OPS[op] = hit
     return hit
 
