@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hladsl
-from hladsl.distributed import choose_strategy, cp_call, cp_plan_text
+from hladsl.runtime.context_parallel import choose_strategy, cp_call, cp_plan_text
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cp_bench.json"
 
@@ -50,7 +50,7 @@ def parse(argv=None):
     return p.parse_args(argv)
 
 
-# -- bytes moved: counted at the torch.distributed calls hladsl.distributed makes -------
+# -- bytes moved: counted at the torch.distributed calls hladsl.runtime.context_parallel makes -------
 
 class ByteCounter:
     """Wraps the point-to-point and collective calls; per rank: bytes sent, received."""

@@ -1,4 +1,4 @@
-"""Context parallelism (hladsl.distributed): gloo on CPU, 2 and 4 processes.
+"""Context parallelism (hladsl.runtime.context_parallel): gloo on CPU, 2 and 4 processes.
 
 Every shipped spec, gated, with an initial state, batched and with cu_seqlens
 crossing shard boundaries (a sequence over three shards, one starting exactly at
@@ -20,10 +20,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import hladsl
-from hladsl.distributed import cp_call, cp_plan_text
+from hladsl.runtime.context_parallel import cp_call, cp_plan_text
 from hladsl.ir.combine import combine
 from hladsl.ir.evaluate import einsum_poly
 from hladsl.ir.segment import gathered, segment_algebra
+from hladsl.ir.pipeline import algebra_compilation
 from hladsl.runtime.op import Op
 from hladsl.runtime.packing import unpack
 
@@ -128,8 +129,9 @@ def _sharded(case, data, lengths, rank, world, group=None):
     init = None
     if data["init"] is not None and rank == 0:
         init = {n: t.clone().requires_grad_() for n, t in data["init"].items()}
-    o, final = cp_call(op, {"q": x["q"], "k": x["k"], "v": x["v"]}, x["g"], 0.7, init,
-                       case["mode"] or False, data["cu"], group, case["strategy"])
+    o, final = op(x["q"], x["k"], x["v"], g=x["g"], scale=0.7, initial_state=init,
+                  output_final_state=case["mode"] or False, cu_seqlens=data["cu"],
+                  cp_group=group or dist.group.WORLD, cp_strategy=case["strategy"])
     loss = (o * data["wo"][:, lo:hi]).sum()
     if final is not None:   # "broadcast": every rank holds it; count it once in total
         share = 1.0 / world if case["mode"] == "broadcast" else 1.0
@@ -273,7 +275,7 @@ def test_segment_tuple_is_the_fold_of_token_deltas(spec):
     torch.manual_seed(0)
     alg = hladsl.compile_spec(spec)
     seg_alg = segment_algebra(alg)
-    op = Op(seg_alg) if seg_alg is not alg else hladsl.load(spec)
+    op = Op(algebra_compilation(seg_alg)) if seg_alg is not alg else hladsl.load(spec)
     T, dims = 21, {"d": D, "dv": DV}
     q, k = torch.randn(2, T, H, D, dtype=F64), torch.randn(2, T, H, D, dtype=F64)
     v, g = torch.randn(2, T, H, DV, dtype=F64), -0.3 * torch.rand(2, T, H, dtype=F64)

@@ -1,4 +1,4 @@
-"""Segment summaries for context parallelism (DESIGN section 5, last paragraph).
+"""Segment summaries for context parallelism.
 
 Splitting one sequence over ranks needs, per rank, the summary of its shard as
 the *B* side of ``carry ⊕ shard``: the combine of each streaming summary reads

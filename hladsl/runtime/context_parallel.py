@@ -1,5 +1,6 @@
-"""Context parallelism from the combine (DESIGN sections 5 and 6): one long
-sequence split over the ranks of a ``torch.distributed`` group, for any spec.
+"""Context parallelism from the combine: one long sequence split over the ranks
+of a ``torch.distributed`` group, for any spec. Reached as
+``op(q, k, v, ..., cp_group=group, cp_strategy="auto"|"gather"|"relay")``, which calls
 
     o_shard, final = cp_call(op, {"q": q, "k": k, "v": v}, g, scale, initial_state,
                              output_final_state, cu_seqlens, group, strategy="auto")
@@ -47,6 +48,7 @@ import torch.distributed as dist
 from hladsl.ir.algebra import Algebra
 from hladsl.ir.combine import combine
 from hladsl.ir.evaluate import einsum_poly
+from hladsl.ir.pipeline import algebra_compilation
 from hladsl.ir.segment import gathered, segment_algebra
 from hladsl.runtime.packing import pack, packed_shape, unpack
 from hladsl.runtime.validate import check_inputs, check_state
@@ -477,7 +479,7 @@ def _segment_op(op):
     if hit is None or hit.algebra is not seg_alg:
         # schedule left at "auto": the carried combine-only summaries may be packed
         # (hla3_masked's QQ), which the fused schedule does not take
-        hit = type(op)(seg_alg, chunk_size=op.chunk_size, backend=op.backend)
+        hit = type(op)(algebra_compilation(seg_alg), chunk_size=op.chunk_size, backend=op.backend)
         _SEGMENT_OPS[op] = hit
     return hit
 
@@ -515,7 +517,8 @@ def _metadata(tokens, g, has_init, wants_grad, error, group):
     """All-gather each rank's shapes and flags, so that every rank knows the shard
     lengths and every rank raises when any rank's inputs are bad (rather than the
     others hanging in the next collective)."""
-    q, v = tokens["q"], tokens["v"]
+    names = list(tokens)
+    q, v = tokens[names[0]], tokens[names[-1]]
     B, T, H, d = q.shape
     dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
     mine = torch.tensor([T, B, H, d, v.shape[-1], int(has_init), int(g is not None),
@@ -547,11 +550,11 @@ def _metadata(tokens, g, has_init, wants_grad, error, group):
 def _check_local(op, tokens, g, scale, initial_state, cu_seqlens, rank):
     """This rank's own checks (before any communication): the dim sizes."""
     alg = op.algebra
-    dims = check_inputs(alg, tokens["q"], tokens["k"], tokens["v"], g, scale, None)
+    dims = check_inputs(alg, tokens, g, scale, None)
+    q = tokens[op.inputs[0]]
     if cu_seqlens is not None:
-        _check_cu_seqlens(cu_seqlens, tokens["q"].shape[0], None)
+        _check_cu_seqlens(cu_seqlens, q.shape[0], None)
     if initial_state is not None and rank == 0:
-        q = tokens["q"]
         n_seq = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
         check_state(alg, initial_state, n_seq, q.shape[2], dims, q.device)
     return dims
@@ -566,11 +569,12 @@ def cp_call(op, tokens: dict, g=None, scale=None, initial_state=None, output_fin
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("cp_group needs torch.distributed initialised (init_process_group)")
     mode = _final_mode(output_final_state)
-    missing = sorted({"q", "k", "v"} - set(tokens))
+    missing = sorted(set(op.inputs) - set(tokens))
     if missing:
-        raise ValueError(f"tokens must hold q, k and v; missing {missing}")
+        raise ValueError(f"tokens must hold {', '.join(op.inputs)}; missing {missing}")
+    tokens = {n: tokens[n] for n in op.inputs}
     alg = op.algebra
-    q, k, v = tokens["q"], tokens["k"], tokens["v"]
+    q = tokens[op.inputs[0]]
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     error, dims = None, {}
     try:
@@ -578,7 +582,7 @@ def cp_call(op, tokens: dict, g=None, scale=None, initial_state=None, output_fin
     except ValueError as exc:
         error = exc
     has_init_here = initial_state is not None and rank == 0
-    wants_grad = (any(x.requires_grad for x in (q, k, v)) or (g is not None and g.requires_grad)
+    wants_grad = (any(x.requires_grad for x in tokens.values()) or (g is not None and g.requires_grad)
                   or (error is None and has_init_here
                       and any(x.requires_grad for x in initial_state.values())))
     lengths, has_init, wants_grad = _metadata(tokens, g, has_init_here, wants_grad, error, group)
@@ -604,7 +608,7 @@ def cp_call(op, tokens: dict, g=None, scale=None, initial_state=None, output_fin
     if bounds is not None:
         local_cu = torch.tensor([0] + [p.end for p in plan.pieces], dtype=cu_seqlens.dtype,
                                 device=cu_seqlens.device)
-    o, final = op(q, k, v, g, scale=scale, initial_state=start, output_final_state=True,
+    o, final = op(**tokens, g=g, scale=scale, initial_state=start, output_final_state=True,
                   cu_seqlens=local_cu)
     if plan.strategy == "relay" and plan.outgoing:
         out_rows = [m for m, p in enumerate(plan.pieces) if not p.ends_here]
@@ -652,7 +656,7 @@ def _segment_flat(op, ctx, tokens, g, scale):
         a = plan.pieces[-1].start
         tokens = {n: x[:, a:] for n, x in tokens.items()}
         g = None if g is None else g[:, a:]
-    _, seg = _segment_op(op)(tokens["q"], tokens["k"], tokens["v"], g, scale=scale,
+    _, seg = _segment_op(op)(**tokens, g=g, scale=scale,
                              output_final_state=True)
     flat = _flat({n: seg[n].to(ctx.dtype) for n in plan.tuple_names}, plan.tuple_names)
     if plan.gated:
