@@ -24,6 +24,15 @@ def op_name(op) -> str:
     return f"{alg.name}_{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
+def _fresh(x, inputs):
+    """``x`` contiguous and sharing no storage with the op's inputs (a custom op's
+    outputs may not alias them): copied only when it would."""
+    x = x.contiguous()
+    if any(x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr() for y in inputs):
+        x = x.clone()
+    return x
+
+
 def register(op):
     name = op_name(op)
     if name in _REGISTERED:
@@ -36,8 +45,7 @@ def register(op):
                 init: list[torch.Tensor], cu_seqlens: torch.Tensor | None, schedule: str
                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         o, states = op.forward_impl(tokens, g, scale, init, cu_seqlens, schedule)
-        fmt = torch.contiguous_format
-        return o.clone(memory_format=fmt), [s.clone(memory_format=fmt) for s in states]
+        return _fresh(o, tokens + init), [_fresh(s, tokens + init) for s in states]
 
     @forward.register_fake
     def _(tokens, g, scale, init, cu_seqlens, schedule):

@@ -266,12 +266,14 @@ class _Prepared:
         n_chunks = max(1, -(-T // chunk))
         pad = n_chunks * chunk - T
         self.tiles = {}
-        for name, x in tokens.items():
-            x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
+        for name, x in tokens.items():   # a view of the input unless T needs padding
+            if pad:
+                x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
             self.tiles[name] = x.reshape(B, n_chunks, chunk, H, -1).permute(0, 3, 1, 2, 4)
         self.lam = None
         if gates is not None:
-            gates = torch.nn.functional.pad(gates, (0, 0, 0, pad))
+            if pad:
+                gates = torch.nn.functional.pad(gates, (0, 0, 0, pad))
             self.lam = gates.reshape(B, n_chunks, chunk, H).permute(0, 3, 1, 2).cumsum(-1)
         self.init = {}
         for n, s in enumerate(alg.streaming):
@@ -285,9 +287,11 @@ class _Prepared:
         o = o_tiles.permute(0, 2, 3, 1, 4).reshape(B, -1, H, o_tiles.shape[-1])[:, :T]
         if self.index is not None:
             o = o.reshape(-1, *o.shape[2:])[self.index].unsqueeze(0)
+        if o.dtype != self.dtype:   # one copy: cast and lay out contiguously together
+            o = o.to(self.dtype, memory_format=torch.contiguous_format)
         states = [finals[s.name] if self.program.is_packed(s.name)
                   else pack(s, finals[s.name], self.dims) for s in alg.streaming]
-        return o.to(self.dtype), [x.to(self.compute) for x in states]
+        return o, [x.to(self.compute) for x in states]
 
 
 def _to_padded(tokens, gates, cu_seqlens):
