@@ -70,6 +70,28 @@ class Op:
             o = o.reshape(-1, *o.shape[2:])[index].unsqueeze(0)
         return o.to(q.dtype), (final if output_final_state else None)
 
+    def step(self, q, k, v, g=None, scale=None, state=None, state_indices=None, backend=None):
+        """Decode: the serial update over q's T tokens (runtime.step.run_step). state
+        ({summary: [N, H, *shape]}, as op(...)'s final state) is updated in place;
+        a zero state is made when None. Returns (o in q's dtype, state)."""
+        from hladsl.runtime.step import run_step
+        dims = check_inputs(self.algebra, q, k, v, g, scale, None)
+        n = q.shape[0] if state is None or state_indices is None else \
+            next(iter(state.values())).shape[0]
+        if state is not None:
+            check_state(self.algebra, state, n, q.shape[2], dims, q.device)
+        scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        if state is None:
+            state = {name: q.new_zeros((n, q.shape[2]) + shape, dtype=compute)
+                     for name, shape in self.state_shapes(q.shape[-1], v.shape[-1]).items()}
+        if backend is None:
+            backend = "triton" if self._use_triton(q) else "torch"
+        tokens = {"q": q * scale, "k": k, "v": v}
+        o = run_step(self.algebra, {x: tokens[x] for x in self.algebra.inputs}, g, state,
+                     state_indices, backend)
+        return o.to(q.dtype), state
+
     def state_shapes(self, d: int, dv: int) -> dict[str, tuple[int, ...]]:
         dims = {self.algebra.inputs["q"]: d, self.algebra.inputs["v"]: dv}
         return {s.name: packed_shape(s, dims) for s in self.algebra.streaming}

@@ -1,0 +1,292 @@
+"""The decode step (DESIGN §5, last paragraphs): the derived serial update
+X_t = X_{t-1} ⊕ token_t (``ir.combine.serial``) as a plan of contractions, and
+that plan as one generated Triton kernel.
+
+``step_plan`` rewrites every monomial of every serial update, of the output and
+of the normalizer into a ``StepTerm``: operands (``ir.operands.Operand``; here a
+TOKEN is the token vector x[i] of the current step, CARRY a state -- the previous
+one in an update, the current one in an output -- and POWER the packed symmetric
+power spow(x)[α]) with a contraction plan from ``ir.contract.plan``, so rank-1
+factors are applied as matvecs (k (kᵀ C), never (k kᵀ) C).
+
+Symmetric states. A state whose one symmetric group is only ever filled by p
+copies of one token vector (produced), contracted with p copies of one token
+vector (consumed, weighted by the multiplicity m(α)) or carried over into a state
+of the same packed dim (passed) is held on its packed rows, as it is stored
+(power attention's U: C(d+p-1, p) rows, never d^p): a "row state". Any other
+symmetric state (HLA2's S, read as S C) is held whole and read/written packed.
+
+The kernel (``step_source``, template ``templates/step_kernel.py.jinja``): one
+program per (batch row, head[, block of the value dim]). Phase 1 holds every
+whole state in fp32 registers and walks the T tokens; each packed dim then gets
+a loop over blocks of its rows, each block walking the T tokens again (a row
+state's update reads only the same rows, the token and ρ_t). Outputs of row
+states are summed over the blocks in a [T, value block] accumulator.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from math import comb
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from hladsl.codegen.steps import Block, Tile, comment
+from hladsl.codegen.triton_gen import _ident, block_size
+from hladsl.ir.algebra import Algebra
+from hladsl.ir.combine import serial
+from hladsl.ir.contract import Plan, plan
+from hladsl.ir.operands import Kind, Operand, exhaustive
+from hladsl.ir.symmetric import PackedDim, drop_repeated_slots, packed_dim_name
+
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATE = "step_kernel.py.jinja"
+STEP_KINDS = (Kind.TOKEN, Kind.POWER, Kind.CARRY)
+PACKED_ROWS = 64     # default rows of a packed dim per block
+
+
+@dataclass(frozen=True)
+class StepTerm:
+    coef: float
+    rho: int                        # power of ρ_t = exp(g_t)
+    operands: tuple[Operand, ...]
+    output: tuple[str, ...]         # result indices, in the held layout of the target
+    plan: Plan
+    source: str                     # the serial monomial, for comments
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    algebra: Algebra
+    sizes: tuple[tuple[str, int], ...]
+    packed: tuple[PackedDim, ...]                            # packed dims of row states
+    layouts: tuple[tuple[str, tuple[str, ...]], ...]         # state -> dims as held
+    states: tuple[tuple[str, tuple[StepTerm, ...]], ...]     # streaming state -> its update
+    output: tuple[StepTerm, ...]
+    normalizer: tuple[StepTerm, ...]
+    value_dim: str                                            # the output's dim
+
+    def dims_of(self, name: str) -> tuple[str, ...]:
+        return dict(self.layouts)[name]
+
+    def row_dim(self, name: str) -> str:
+        """The packed dim a row state is held on, '' for a whole state."""
+        return next((d for d in self.dims_of(name) if d in self.packed_names()), "")
+
+    def packed_names(self) -> set[str]:
+        return {pd.name for pd in self.packed}
+
+    def size(self, dim: str) -> int:
+        return (dict(self.sizes) | {pd.name: pd.size for pd in self.packed})[dim]
+
+    def index_dims(self, t: StepTerm) -> dict[str, str]:
+        out = {}
+        for o in t.operands:
+            out.update(_INDEX_DIMS[o.kind](self, o))
+        return out
+
+
+def _token_dims(p: StepPlan, o: Operand):
+    return {o.indices[0]: p.algebra.inputs[o.name]}
+
+
+def _power_dims(p: StepPlan, o: Operand):
+    return {o.indices[0]: o.packed}
+
+
+def _carry_dims(p: StepPlan, o: Operand):
+    return dict(zip(o.indices, p.dims_of(o.name)))
+
+
+_INDEX_DIMS = exhaustive({Kind.TOKEN: _token_dims, Kind.POWER: _power_dims, Kind.CARRY: _carry_dims},
+                         "the step plan (index dims)", STEP_KINDS)
+
+
+# -- the plan ------------------------------------------------------------------------------
+
+def step_plan(alg: Algebra, sizes) -> StepPlan:
+    """The serial update of ``alg`` at dim ``sizes`` ({dim: n} or its items)."""
+    return _step_plan(alg, tuple(sorted(dict(sizes).items())))
+
+
+@lru_cache(maxsize=64)
+def _step_plan(alg: Algebra, sizes) -> StepPlan:
+    dims = dict(sizes)
+    groups = {s.name: s.symmetric for s in alg.streaming}
+    monomials = [(s.name, serial(alg, s)) for s in alg.streaming] + [(None, alg.output)]
+    if alg.normalizer is not None:
+        monomials.append((None, alg.normalizer))
+    for _, poly in monomials:
+        for m in poly.terms:
+            for f in m.factors:
+                if f.kind not in ("input", "state"):
+                    raise ValueError(f"the step plan does not handle {f.kind} factors ({f})")
+    # row states: a greatest fixpoint, a row state may only pass into a row state
+    rows = {name for name, g in groups.items() if len(g) == 1}
+    while True:
+        failed = set()
+        for produces, poly in monomials:
+            for m in poly.terms:
+                r = _rewrite(m, poly.free, produces, rows, groups, alg)
+                if isinstance(r, set):
+                    failed |= r
+        if not failed:
+            break
+        rows -= failed
+    packed, taken = {}, set(alg.dims)
+    for s in alg.streaming:
+        if s.name in rows:
+            (g,) = s.symmetric
+            key = (s.dims[g[0]], len(g))
+            if key not in packed:
+                pd = PackedDim(packed_dim_name(key[0], key[1], taken), key[0], key[1],
+                               comb(dims[key[0]] + key[1] - 1, key[1]))
+                taken.add(pd.name)
+                packed[key] = pd
+    layouts = {}
+    for s in alg.streaming:
+        held = list(s.dims)
+        if s.name in rows:
+            (g,) = s.symmetric
+            held[g[0]] = packed[(s.dims[g[0]], len(g))].name
+            held = list(drop_repeated_slots(held, s.symmetric))
+        layouts[s.name] = tuple(held)
+    if not alg.output.free or len(alg.output.free) != 1:
+        raise ValueError(f"the step needs an output with one free index, {alg.name} has "
+                         f"{alg.output.free}")
+    shell = StepPlan(alg, sizes, tuple(packed.values()), tuple(layouts.items()), (), (), (), "")
+
+    def terms(produces, poly):
+        out = []
+        for m in poly.terms:
+            ops, free = _rewrite(m, poly.free, produces, rows, groups, alg, packed)
+            t = StepTerm(float(m.coef), dict(m.rho).get("t", 0), ops, free, None, m.text())
+            index_sizes = {i: shell.size(d) for i, d in shell.index_dims(t).items()}
+            out.append(replace(t, plan=plan(tuple(o.indices for o in ops), free,
+                                             tuple(sorted(index_sizes.items())))))
+        return tuple(out)
+
+    states = tuple((s.name, terms(s.name, serial(alg, s))) for s in alg.streaming)
+    (o_index,) = alg.output.free
+    value_dim = None
+    for m in alg.output.terms:
+        for f in m.factors:
+            if o_index in f.indices:
+                value_dim = (alg.inputs[f.name] if f.kind == "input"
+                             else alg.summary(f.name).dims[f.indices.index(o_index)])
+    return replace(shell, states=states, output=terms(None, alg.output),
+                   normalizer=terms(None, alg.normalizer) if alg.normalizer is not None else (),
+                   value_dim=value_dim)
+
+
+def _operand(f) -> Operand:
+    if f.kind == "input":
+        return Operand(Kind.TOKEN, f.name, f.indices)
+    return Operand(Kind.CARRY, f.name, f.indices)
+
+
+def _rewrite(m, free, produces, rows, groups, alg, packed=None):
+    """(operands, result indices) of monomial ``m`` with the row states in
+    ``rows`` on their packed rows, or the set of row states whose use here is
+    neither produce, consume nor pass. Without ``packed`` only checks."""
+    ops = [_operand(f) for f in m.factors]
+    uses = Counter(i for o in ops for i in o.indices)
+    out = tuple(free)
+    powers: dict[int, tuple] = {}     # first token operand -> (α, weighted, p); others dropped
+    dropped: set[int] = set()
+    carries: dict[int, tuple[str, ...]] = {}
+    failed: set[str] = set()
+    target = groups[produces][0] if produces in rows else None
+    target_slots = [out[s] for s in target] if target else []
+    alpha = target_slots[0] if target else None
+    fed = False
+    for k, o in enumerate(ops):
+        if o.kind is not Kind.CARRY or o.name not in rows:
+            continue
+        (g,) = groups[o.name]
+        slots = [o.indices[s] for s in g]
+        idx = list(o.indices)
+        if (target and set(slots) == set(target_slots) and len(set(slots)) == len(slots)
+                and all(uses[i] == 1 for i in slots) and _same_kind(o.name, produces, alg, groups)):
+            fed = True                               # pass: rows into the same rows
+            idx[g[0]] = alpha
+        else:
+            found = _token_group(ops, slots, uses, out, consumed=True)
+            if found is None:
+                failed.add(o.name)
+                continue
+            powers[found[0]] = (slots[0], True, len(g))
+            dropped.update(found[1:])
+        carries[k] = drop_repeated_slots(idx, (g,))
+    if target and not fed:
+        found = _token_group(ops, target_slots, uses, out, consumed=False)
+        if found is None:
+            failed.add(produces)
+        else:
+            powers[found[0]] = (alpha, False, len(target))
+            dropped.update(found[1:])
+    if failed:
+        return failed
+    if packed is None:
+        return None
+    new = []
+    for k, o in enumerate(ops):
+        if k in dropped:
+            continue
+        if k in powers:
+            a, weighted, p = powers[k]
+            pd = packed[(alg.inputs[o.name], p)]
+            new.append(Operand(Kind.POWER, o.name, (a,), packed=pd.name, power=p, weighted=weighted))
+        elif k in carries:
+            new.append(replace(o, indices=tuple(carries[k])))
+        else:
+            new.append(o)
+    if target:
+        out = drop_repeated_slots(out, (target,))
+    return tuple(new), out
+
+
+def _same_kind(a, b, alg, groups) -> bool:
+    """Both row states' groups run over the same dim with the same p."""
+    sa, sb = alg.summary(a), alg.summary(b)
+    return (sa.dims[groups[a][0][0]], len(groups[a][0])) == (sb.dims[groups[b][0][0]], len(groups[b][0]))
+
+
+def _token_group(ops, slots, uses, free, consumed: bool):
+    """The p token operands of one input carrying ``slots`` one each (each index
+    used by its token and, when consumed, by the state; never kept), or None."""
+    if len(set(slots)) != len(slots):
+        return None
+    if consumed and any(i in free for i in slots):
+        return None
+    found = []
+    for i in slots:
+        owners = [k for k, o in enumerate(ops) if o.kind is Kind.TOKEN and o.indices == (i,)]
+        if len(owners) != 1 or uses[i] != (2 if consumed else 1):
+            return None
+        found.append(owners[0])
+    if len({ops[k].name for k in found}) != 1:
+        return None
+    return found
+
+
+def splittable(p: StepPlan) -> bool:
+    """Can programs own blocks of the value dim? Yes when no state holds it twice
+    and every term keeps it free (each block needs only the same block)."""
+    dv = p.value_dim
+    if any(list(p.dims_of(name)).count(dv) > 1 for name, _ in p.states):
+        return False
+    terms = [t for _, ts in p.states for t in ts] + list(p.output) + list(p.normalizer)
+    return all({i for i, d in p.index_dims(t).items() if d == dv} <= set(t.output) for t in terms)
+
+
+def serial_text(alg: Algebra) -> list[str]:
+    """The serial equations as ``hladsl compile --emit serial`` prints them."""
+    lines = [f"{x.name}_t[{','.join(x.indices)}] = {serial(alg, x).text()}".replace("@prev", "_{t-1}")
+             for x in alg.streaming]
+    lines.append(f"{alg.output_name}_t = {alg.output.text()}   (states at t, inclusive)")
+    if alg.normalizer is not None:
+        lines.append(f"den_t = {alg.normalizer.text()};  o_t = num_t / (den_t + eps)")
+    return [comment(line) for line in lines]
