@@ -290,3 +290,253 @@ def serial_text(alg: Algebra) -> list[str]:
     if alg.normalizer is not None:
         lines.append(f"den_t = {alg.normalizer.text()};  o_t = num_t / (den_t + eps)")
     return [comment(line) for line in lines]
+
+
+# -- the kernel -----------------------------------------------------------------------------
+
+class _Region:
+    """Straight-line code of one token-loop body (phase 1, or one packed dim's
+    block): token loads, ρ powers, every update, the outputs and their store."""
+
+    def __init__(self, plan: StepPlan, gated: bool, temps: int, row_dim: str = ""):
+        self.plan, self.gated, self.row_dim = plan, gated, row_dim
+        self.block = Block()
+        self.block._temps = temps          # temps numbered apart from other regions
+        self.inputs: dict[str, str] = {}   # token inputs loaded as whole vectors
+        self.rhos: set[int] = set()
+        self.power_inputs: set[str] = set()
+        self.weighted = False
+
+    def tile(self, o: Operand, state_prefix: str) -> Tile:
+        return _TILE[o.kind](self, o, state_prefix)
+
+    def _token(self, o, prefix):
+        self.inputs[o.name] = self.plan.algebra.inputs[o.name]
+        return Tile(f"in_{o.name}", o.indices)
+
+    def _carry(self, o, prefix):
+        return Tile(f"{prefix}_{o.name}", o.indices)
+
+    def _power(self, o, prefix):
+        """spow(x)[α] on this block's rows: p gathered loads of x's feature row."""
+        pd, x = o.packed, o.name
+        self.power_inputs.add(x)
+        parts = [self.block.define(
+            f"tl.load(in_{x}_ptr + base_{x} + t * str_{x}_t + pkc_{pd}_{r} * str_{x}_f, "
+            f"mask=valid_{pd}, other=0.0).to(ACC)") for r in range(o.power)]
+        expr = " * ".join(parts)
+        if o.weighted:
+            self.weighted = True
+            expr += f" * pkm_{pd}"
+        why = f"{o.text()} = " + " ".join(f"{x}[α_{r + 1}]" for r in range(o.power)) + \
+            (" · m(α)" if o.weighted else "") + "   (packed rows, never d^p)"
+        return Tile(self.block.define(expr, why), o.indices)
+
+    def terms(self, terms, target: str, state_prefix: str) -> None:
+        """``target`` = Σ terms (each contracted in its plan's order)."""
+        block = self.block
+        for n, t in enumerate(terms):
+            block.sizes = {i: f"B_{d}" for i, d in self.plan.index_dims(t).items()}
+            tiles = [self.tile(o, state_prefix) for o in t.operands]
+            for s in t.plan.steps:
+                tiles.append(_contract(block, tiles[s.left], tiles[s.right], s.indices))
+            value = block.reduce(tiles[t.plan.result], t.output).var
+            factors = ([repr(abs(t.coef))] if abs(t.coef) != 1 else []) + \
+                ([f"rho{t.rho}"] if t.rho and self.gated else [])
+            if t.rho and self.gated:
+                self.rhos.add(t.rho)
+            expr = " * ".join(factors + [value])
+            if n == 0:
+                block.assign(target, expr if t.coef > 0 else f"-({expr})")
+            else:
+                block.assign(target, f"{target} {'+' if t.coef > 0 else '-'} {expr}")
+
+
+def _contract(block: Block, a: Tile, b: Tile, out) -> Tile:
+    """Σ a · b over the indices not in ``out``, as a broadcast product and sums
+    (matvecs and outer products, the step's only contractions). The larger
+    tile keeps its axis order (no layout change of a state tile); the result's
+    axes are in that order, ``Block.reduce`` orders them at the end of a term."""
+    out = tuple(out)
+    a, b = (_presum(block, a, b, out), _presum(block, b, a, out))
+    orders = []
+    for big, small in ((a, b), (b, a)):
+        if len(big.indices) >= len(small.indices):
+            orders.append(list(big.indices) + [i for i in small.indices if i not in big.indices])
+    union = next((u for u in orders if [i for i in u if i in out] == list(out)), orders[0])
+    parts = []
+    for t in (a, b):
+        own = [i for i in union if i in t.indices]
+        expr = block.arrange(t, own)
+        if own and len(own) < len(union):
+            expr += "[" + ", ".join(":" if i in t.indices else "None" for i in union) + "]"
+        parts.append(expr)
+    expr = " * ".join(parts)
+    for axis in range(len(union) - 1, -1, -1):
+        if union[axis] not in out:
+            expr = f"tl.sum({expr}, axis={axis})"
+    kept = tuple(i for i in union if i in out)
+    summed = [i for i in union if i not in out]
+    why = f"[{','.join(kept)}] = {a.label()} · {b.label()}" + \
+        (f"   (sum over {','.join(summed)})" if summed else "")
+    return Tile(block.define(expr, why), kept)
+
+
+def _presum(block: Block, t: Tile, other: Tile, out) -> Tile:
+    """Indices only ``t`` has and the result drops are summed before the product."""
+    keep = tuple(i for i in t.indices if i in out or i in other.indices)
+    return t if keep == t.indices else block.reduce(t, keep)
+
+
+_TILE = exhaustive({Kind.TOKEN: _Region._token, Kind.POWER: _Region._power, Kind.CARRY: _Region._carry},
+                   "the Triton step lowering (operand tiles)", STEP_KINDS)
+
+
+def _slot(k: int, r: int) -> str:
+    return "" if r == 1 else "[" + ", ".join(":" if j == k else "None" for j in range(r)) + "]"
+
+
+def _layout(plan: StepPlan, name: str) -> dict:
+    """Offsets (storage strides str_<name>_<axis>), load mask and store mask of a
+    state's held tile. A whole symmetric state is stored packed: its group of two
+    slots (i, j) reads packed position _sym2(i, j) and writes only i <= j."""
+    s = plan.algebra.summary(name)
+    held = plan.dims_of(name)
+    r = len(held)
+    offs = [f"offs_{d}{_slot(k, r)}" for k, d in enumerate(held)]
+    valid = [f"({o} < D_{d})" for o, d in zip(offs, held)]
+    terms, keep = [], []
+    if plan.row_dim(name):
+        terms = [f"{o} * str_{name}_{k}" for k, o in enumerate(offs)]
+    else:
+        heads = {g[0]: g for g in s.symmetric}
+        folded = {k for g in s.symmetric for k in g[1:]}
+        axis = 0
+        for k, o in enumerate(offs):
+            if k in folded:
+                continue
+            if k in heads:
+                g = heads[k]
+                if len(g) != 2:
+                    raise ValueError(f"the step kernel holds {name} whole; it supports symmetric "
+                                     f"groups of two slots there, not {len(g)}")
+                a, b = offs[g[0]], offs[g[1]]
+                terms.append(f"_sym2({a}, {b}, D_{held[k]}) * str_{name}_{axis}")
+                keep.append(f"({a} <= {b})")
+            else:
+                terms.append(f"{o} * str_{name}_{axis}")
+            axis += 1
+    store = " & ".join(valid + keep)
+    if plan.value_dim not in held:      # computed by every value block, written by block 0
+        store = f"tl.where(pid_v == 0, {store}, False)"
+    return {"off": " + ".join(terms), "ld": " & ".join(valid), "st": store, "axes": len(plan.algebra.summary(name).dims)
+            - sum(len(g) - 1 for g in s.symmetric), "dims": list(held), "index": ",".join(s.indices)}
+
+
+def _reads(terms) -> set[str]:
+    return {o.name for t in terms for o in t.operands if o.kind is Kind.CARRY}
+
+
+def kernel_context(plan: StepPlan, gated: bool) -> dict:
+    """Everything the template needs, as plain data (also the cache key's part)."""
+    alg = plan.algebra
+    _ident("mechanism", alg.name)
+    for x, d in alg.inputs.items():
+        _ident("input", x), _ident("dim", d)
+    for pd in plan.packed:
+        _ident("packed dim", pd.name)
+    whole = [s.name for s in alg.streaming if not plan.row_dim(_ident("summary", s.name))]
+    row_groups = {pd.name: [s.name for s in alg.streaming if plan.row_dim(s.name) == pd.name]
+                  for pd in plan.packed}
+    outputs = {"num": plan.output, "den": plan.normalizer}
+    for name, terms in plan.states:
+        rd = plan.row_dim(name)
+        bad = sorted(n for n in _reads(terms) if plan.row_dim(n) != rd)
+        if bad:
+            raise ValueError(f"the step kernel updates {name} {'on rows of ' + rd if rd else 'whole'}"
+                             f", but its update reads {', '.join(bad)}")
+    for t in plan.output + plan.normalizer:
+        kinds = {plan.row_dim(n) for n in _reads([t])}
+        if len(kinds) > 1 or (kinds - {""} and len(_reads([t])) > 1):
+            raise ValueError(f"the step kernel sums an output term over one row state at a time; "
+                             f"{t.source} reads {sorted(_reads([t]))}")
+
+    def region_outputs(rd):
+        return {k: tuple(t for t in ts if {plan.row_dim(n) for n in _reads([t])} <= {rd}
+                         and (rd == "" or _reads([t])))
+                for k, ts in outputs.items()}
+
+    regions, temps = [], 0
+    for rd, names in [("", whole)] + list(row_groups.items()):
+        region = _Region(plan, gated, temps, rd)
+        if not names and not any(region_outputs(rd).values()):
+            continue
+        for name in names:
+            region.block.lines.append("")
+            region.block.note(next(line for line in serial_text(alg) if line.startswith(f"{name}_t[")))
+            region.terms(dict(plan.states)[name], f"nx_{name}", "st")
+        outs = region_outputs(rd)
+        for key, terms in outs.items():
+            if terms:
+                region.block.lines.append("")
+                region.block.note(f"{key}_t = " + "".join(
+                    (" - " + t.source[1:] if t.source.startswith("-") else " + " + t.source)
+                    if n else t.source for n, t in enumerate(terms)))
+                region.terms(terms, key, "nx")
+        temps = region.block._temps
+        regions.append({"row_dim": rd, "states": names, "code": region.block.text(),
+                        "inputs": [{"name": x, "dim": d} for x, d in region.inputs.items()],
+                        "rhos": sorted(region.rhos), "num": bool(outs["num"]),
+                        "den": bool(outs["den"]), "weighted": region.weighted})
+    packed = [{"name": pd.name, "base": pd.base, "power": pd.power, "size": pd.size}
+              for pd in plan.packed]
+    states = [{"name": s.name, **_layout(plan, s.name)} for s in alg.streaming]
+    return {
+        "name": alg.name,
+        "sizes": [[d, n] for d, n in plan.sizes],
+        "dims": list(alg.dims) + [pd["name"] for pd in packed],
+        "inputs": [{"name": x, "dim": d} for x, d in alg.inputs.items()],
+        "packed": packed,
+        "gated": gated,
+        "normalize": bool(plan.normalizer),
+        "states": states,
+        "regions": regions,
+        "direct": not plan.packed,
+        "value_dim": plan.value_dim,
+        "split": splittable(plan),
+        "equations": serial_text(alg),
+    }
+
+
+def template_text() -> str:
+    return (TEMPLATE_DIR / TEMPLATE).read_text()
+
+
+def render(context: dict, version: str) -> str:
+    env = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), undefined=StrictUndefined,
+                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    return env.get_template(TEMPLATE).render(version=version, **context)
+
+
+def step_source(alg: Algebra, sizes, gated: bool) -> str:
+    """The Python/Triton module source of ``alg``'s decode step (uncached)."""
+    import hladsl
+    return render(kernel_context(step_plan(alg, sizes), gated), hladsl.__version__)
+
+
+_MODULES: dict = {}
+
+
+def step_kernel(alg: Algebra, sizes, gated: bool):
+    """(module, context): the imported module with ``step_kernel`` (rendered once,
+    then served from the disk cache, hladsl.codegen.cache)."""
+    key = (id(alg), tuple(sorted(dict(sizes).items())), bool(gated))
+    hit = _MODULES.get(key)
+    if hit is None or hit[0] is not alg:
+        import hladsl
+        from hladsl.codegen.cache import cache_key, load_module
+        context = kernel_context(step_plan(alg, sizes), gated)
+        module = load_module(f"{context['name']}_step", cache_key(context, template_text()),
+                             lambda: render(context, hladsl.__version__))
+        hit = _MODULES[key] = (alg, module, context)
+    return hit[1], hit[2]

@@ -165,4 +165,82 @@ _TENSOR = exhaustive({Kind.TOKEN: lambda plan, o, tok, held: tok[o.name], Kind.P
 # -- triton -------------------------------------------------------------------------------------
 
 def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps, packed_rows):
-    raise NotImplementedError
+    import triton
+    import triton.language as tl
+
+    from hladsl.codegen.step_gen import PACKED_ROWS, step_kernel
+    from hladsl.codegen.triton_gen import block_size
+    gated = g is not None
+    module, ctx = step_kernel(plan.algebra, plan.sizes, gated)
+    first = next(iter(tokens.values()))
+    B, T, H, _ = first.shape
+    sizes = dict(plan.sizes)
+    dv = sizes[plan.value_dim]
+    o = torch.empty((B, T, H, dv), device=first.device, dtype=dtype)
+    args = {}
+    for name, x in tokens.items():
+        args[f"in_{name}_ptr"] = x
+        for axis, s in zip("bthf", x.stride()):
+            args[f"str_{name}_{axis}"] = s
+    if gated:
+        args["g_ptr"] = g
+        for axis, s in zip("bth", g.stride()):
+            args[f"str_g_{axis}"] = s
+    for s in ctx["states"]:
+        x = state[s["name"]]
+        args[f"st_{s['name']}_ptr"] = x
+        for axis, st in zip(["n", "h"] + list(range(s["axes"])), x.stride()):
+            args[f"str_{s['name']}_{axis}"] = st
+    for pd in plan.packed:
+        args[f"pk_{pd.name}_idx"], args[f"pk_{pd.name}_mult"] = _tables(sizes[pd.base], pd.power,
+                                                                       first.device)
+        args[f"D_{pd.name}"] = pd.size
+        args[f"B_{pd.name}"] = packed_rows or min(PACKED_ROWS, block_size(pd.size))
+    args["rows_ptr"] = state_indices if state_indices is not None else o
+    args["o_ptr"] = o
+    for axis, s in zip("bth", o.stride()):
+        args[f"str_o_{axis}"] = s
+    args.update(T=T, H=H, T_BLOCK=max(2, triton.next_power_of_2(T)),
+                INDEXED=state_indices is not None, ACC=tl.float64 if dtype == torch.float64 else tl.float32)
+    if ctx["normalize"]:
+        args["eps"] = float(plan.algebra.eps)
+    for d, n in sizes.items():
+        args[f"D_{d}"] = n
+        args[f"B_{d}"] = block_size(n)
+    width = block_size(dv)
+    if block_v is not None:
+        if not ctx["split"] and block_v < width:
+            raise ValueError(f"{plan.algebra.name}'s step cannot split {plan.value_dim} (block_v)")
+        width = block_size(block_v)
+    args[f"B_{plan.value_dim}"] = width
+    grid = (B * H, triton.cdiv(dv, width))
+    module.step_kernel[grid](**args, num_warps=num_warps or _warps(plan, width))
+    return o
+
+
+def _warps(plan: StepPlan, width: int) -> int:
+    """Enough threads for the register tiles of one program (whole states at
+    this value block, or one packed block)."""
+    from hladsl.codegen.triton_gen import block_size
+    sizes = dict(plan.sizes)
+    elems = 0
+    for name, _ in plan.states:
+        if plan.row_dim(name):
+            continue
+        n = 1
+        for d in plan.dims_of(name):
+            n *= width if d == plan.value_dim else block_size(sizes[d])
+        elems += n
+    return 4 if elems <= 4096 else 8
+
+
+_TABLES: dict = {}
+
+
+def _tables(n: int, p: int, device):
+    """Slots [p, D] int32 and multiplicities [D] fp32 of a packed dim, made once per device."""
+    key = (n, p, str(device))
+    if key not in _TABLES:
+        _TABLES[key] = (combos(n, p).t().contiguous().to(device=device, dtype=torch.int32),
+                        multiplicity(n, p).to(device=device, dtype=torch.float32))
+    return _TABLES[key]
