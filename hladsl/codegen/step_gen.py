@@ -273,10 +273,13 @@ def _token_group(ops, slots, uses, free, consumed: bool):
 
 
 def splittable(p: StepPlan) -> bool:
-    """Can programs own blocks of the value dim? Yes when no state holds it twice
-    and every term keeps it free (each block needs only the same block)."""
+    """Can programs own blocks of the value dim? Yes when every state holds it
+    exactly once and every term keeps it free (each block needs only the same
+    block). A state without it would have to be recomputed by every block, and
+    the block that writes it back in place could overwrite it before another
+    block has read it."""
     dv = p.value_dim
-    if any(list(p.dims_of(name)).count(dv) > 1 for name, _ in p.states):
+    if any(list(p.dims_of(name)).count(dv) != 1 for name, _ in p.states):
         return False
     terms = [t for _, ts in p.states for t in ts] + list(p.output) + list(p.normalizer)
     return all({i for i, d in p.index_dims(t).items() if d == dv} <= set(t.output) for t in terms)
@@ -426,10 +429,7 @@ def _layout(plan: StepPlan, name: str) -> dict:
             else:
                 terms.append(f"{o} * str_{name}_{axis}")
             axis += 1
-    store = " & ".join(valid + keep)
-    if plan.value_dim not in held:      # computed by every value block, written by block 0
-        store = f"tl.where(pid_v == 0, {store}, False)"
-    return {"off": " + ".join(terms), "ld": " & ".join(valid), "st": store, "axes": len(plan.algebra.summary(name).dims)
+    return {"off": " + ".join(terms), "ld": " & ".join(valid), "st": " & ".join(valid + keep), "axes": len(plan.algebra.summary(name).dims)
             - sum(len(g) - 1 for g in s.symmetric), "dims": list(held), "index": ",".join(s.indices)}
 
 
