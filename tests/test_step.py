@@ -112,6 +112,22 @@ def test_value_blocks_refused_when_a_state_lacks_the_value_dim():
         _triton_check("hla2", {}, True, True, pieces=(1,), d=4, dv=20, block_v=16)
 
 
+@pytest.mark.parametrize("spec,params", [("hla2", {}), ("power", {"p": 2})], ids=["hla2", "power"])
+def test_triton_step_float64_strided_tokens(spec, params):
+    """fp64 states run the kernel in fp64 (ACC); tokens may be any strided view."""
+    op = hladsl.load(spec, normalize=True, **params)
+    q, k, v, g, init = _problem(op, True, True, B=2, T=3, H=2, d=4, dv=5)
+    ref, final = op(q, k, v, g=g, initial_state=init, output_final_state=True)
+    state = {name: x.clone() for name, x in init.items()}
+    k_strided = k.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)    # [B, T, H, d] view
+    assert not k_strided.is_contiguous()
+    o = run_step(op.algebra, {"q": q * 4 ** -0.5, "k": k_strided, "v": v}, g, state,
+                 backend="triton")
+    assert o.dtype == torch.float64 and _rel(ref, o) < 1e-10
+    for name, x in state.items():
+        assert _rel(final[name], x) < 1e-10, name
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("spec,params", [("hla2", {}), ("power", {"p": 2})], ids=["hla2", "power"])
 def test_state_indices_pool(spec, params, backend):

@@ -34,7 +34,7 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from hladsl.codegen.steps import Block, Tile, comment
-from hladsl.codegen.triton_gen import _ident, block_size
+from hladsl.codegen.triton_gen import _ident
 from hladsl.ir.algebra import Algebra
 from hladsl.ir.combine import serial
 from hladsl.ir.contract import Plan, plan

@@ -75,7 +75,10 @@ class Op:
         ({summary: [N, H, *shape]}, as op(...)'s final state) is updated in place;
         a zero state is made when None. Returns (o in q's dtype, state)."""
         from hladsl.runtime.step import run_step
-        dims = check_inputs(self.algebra, q, k, v, g, scale, None)
+        # g's values (finite, <= 0) are not checked while a CUDA graph is being
+        # captured: reading them would sync with the host (run_step checks its shape)
+        capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+        dims = check_inputs(self.algebra, q, k, v, None if capturing else g, scale, None)
         n = q.shape[0] if state is None or state_indices is None else \
             next(iter(state.values())).shape[0]
         if state is not None:

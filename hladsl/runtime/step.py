@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from hladsl.codegen.step_gen import StepPlan, splittable, step_plan
+from hladsl.codegen.step_gen import StepPlan, step_plan
 from hladsl.ir.algebra import Algebra
 from hladsl.ir.contract import Plan
 from hladsl.ir.evaluate import letters_for
