@@ -113,38 +113,21 @@ def step_plan(alg: Algebra, sizes) -> StepPlan:
 
 @lru_cache(maxsize=64)
 def _step_plan(alg: Algebra, sizes) -> StepPlan:
-    dims = dict(sizes)
+    if len(alg.output.free) != 1:
+        raise ValueError(f"the step needs an output with one free index, {alg.name} has "
+                         f"{alg.output.free}")
     groups = {s.name: s.symmetric for s in alg.streaming}
-    monomials = [(s.name, serial(alg, s)) for s in alg.streaming] + [(None, alg.output)]
+    updates = {s.name: serial(alg, s) for s in alg.streaming}
+    polys = list(updates.items()) + [(None, alg.output)]
     if alg.normalizer is not None:
-        monomials.append((None, alg.normalizer))
-    for _, poly in monomials:
+        polys.append((None, alg.normalizer))
+    for _, poly in polys:
         for m in poly.terms:
             for f in m.factors:
                 if f.kind not in ("input", "state"):
                     raise ValueError(f"the step plan does not handle {f.kind} factors ({f})")
-    # row states: a greatest fixpoint, a row state may only pass into a row state
-    rows = {name for name, g in groups.items() if len(g) == 1}
-    while True:
-        failed = set()
-        for produces, poly in monomials:
-            for m in poly.terms:
-                r = _rewrite(m, poly.free, produces, rows, groups, alg)
-                if isinstance(r, set):
-                    failed |= r
-        if not failed:
-            break
-        rows -= failed
-    packed, taken = {}, set(alg.dims)
-    for s in alg.streaming:
-        if s.name in rows:
-            (g,) = s.symmetric
-            key = (s.dims[g[0]], len(g))
-            if key not in packed:
-                pd = PackedDim(packed_dim_name(key[0], key[1], taken), key[0], key[1],
-                               comb(dims[key[0]] + key[1] - 1, key[1]))
-                taken.add(pd.name)
-                packed[key] = pd
+    rows = _row_states(alg, polys, groups)
+    packed = _packed_dims(alg, rows, dict(sizes))
     layouts = {}
     for s in alg.streaming:
         held = list(s.dims)
@@ -153,10 +136,8 @@ def _step_plan(alg: Algebra, sizes) -> StepPlan:
             held[g[0]] = packed[(s.dims[g[0]], len(g))].name
             held = list(drop_repeated_slots(held, s.symmetric))
         layouts[s.name] = tuple(held)
-    if not alg.output.free or len(alg.output.free) != 1:
-        raise ValueError(f"the step needs an output with one free index, {alg.name} has "
-                         f"{alg.output.free}")
-    shell = StepPlan(alg, sizes, tuple(packed.values()), tuple(layouts.items()), (), (), (), "")
+    shell = StepPlan(alg, sizes, tuple(packed.values()), tuple(layouts.items()), (), (), (),
+                     _value_dim(alg))
 
     def terms(produces, poly):
         out = []
@@ -168,17 +149,50 @@ def _step_plan(alg: Algebra, sizes) -> StepPlan:
                                              tuple(sorted(index_sizes.items())))))
         return tuple(out)
 
-    states = tuple((s.name, terms(s.name, serial(alg, s))) for s in alg.streaming)
+    return replace(shell, states=tuple((name, terms(name, p)) for name, p in updates.items()),
+                   output=terms(None, alg.output),
+                   normalizer=terms(None, alg.normalizer) if alg.normalizer is not None else ())
+
+
+def _row_states(alg, polys, groups) -> set[str]:
+    """States with one symmetric group whose every use is produce, consume or
+    pass: a greatest fixpoint (a row state may only pass into a row state)."""
+    rows = {name for name, g in groups.items() if len(g) == 1}
+    while True:
+        failed = set()
+        for produces, poly in polys:
+            for m in poly.terms:
+                r = _rewrite(m, poly.free, produces, rows, groups, alg)
+                if isinstance(r, set):
+                    failed |= r
+        if not failed:
+            return rows
+        rows -= failed
+
+
+def _packed_dims(alg, rows, sizes) -> dict[tuple[str, int], PackedDim]:
+    """(base dim, p) -> its packed dim, for the groups of the row states."""
+    packed, taken = {}, set(alg.dims)
+    for s in alg.streaming:
+        if s.name in rows:
+            (g,) = s.symmetric
+            base, p = s.dims[g[0]], len(g)
+            if (base, p) not in packed:
+                packed[(base, p)] = PackedDim(packed_dim_name(base, p, taken), base, p,
+                                              comb(sizes[base] + p - 1, p))
+                taken.add(packed[(base, p)].name)
+    return packed
+
+
+def _value_dim(alg) -> str:
+    """The dim of the output's free index."""
     (o_index,) = alg.output.free
-    value_dim = None
     for m in alg.output.terms:
         for f in m.factors:
             if o_index in f.indices:
-                value_dim = (alg.inputs[f.name] if f.kind == "input"
-                             else alg.summary(f.name).dims[f.indices.index(o_index)])
-    return replace(shell, states=states, output=terms(None, alg.output),
-                   normalizer=terms(None, alg.normalizer) if alg.normalizer is not None else (),
-                   value_dim=value_dim)
+                return (alg.inputs[f.name] if f.kind == "input"
+                        else alg.summary(f.name).dims[f.indices.index(o_index)])
+    raise ValueError(f"{alg.name}'s output index {o_index} is not read from any factor")
 
 
 def _operand(f) -> Operand:

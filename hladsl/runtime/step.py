@@ -231,7 +231,12 @@ def _warps(plan: StepPlan, width: int) -> int:
         for d in plan.dims_of(name):
             n *= width if d == plan.value_dim else block_size(sizes[d])
         elems += n
-    return 4 if elems <= 4096 else 8
+    # about 2048 fp32 state elements per warp (16 registers a thread), 4 to 16 warps
+    return min(16, max(4, _next_pow2(-(-elems // 2048))))
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
 _TABLES: dict = {}
