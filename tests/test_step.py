@@ -105,6 +105,14 @@ def test_triton_step_value_blocks(spec, params):
     _triton_check(spec, params, True, False, pieces=(1, 1), d=4, dv=20, block_v=16)
 
 
+def test_triton_step_long_input_in_launches(monkeypatch):
+    """Kernels with packed dims take at most MAX_TOKENS tokens a launch; longer
+    inputs run as consecutive launches on the updated state."""
+    import hladsl.runtime.step as step
+    monkeypatch.setattr(step, "MAX_TOKENS", 2)
+    _triton_check("power", {"p": 2}, True, True, pieces=(5,), d=4, dv=5)
+
+
 def test_value_blocks_refused_when_a_state_lacks_the_value_dim():
     """hla2's S has no dv: every block would need all of it while block 0
     rewrites it in place, so its step is never split."""

@@ -321,7 +321,6 @@ class _Region:
         self.block._temps = temps          # temps numbered apart from other regions
         self.inputs: dict[str, str] = {}   # token inputs loaded as whole vectors
         self.rhos: set[int] = set()
-        self.power_inputs: set[str] = set()
         self.weighted = False
 
     def tile(self, o: Operand, state_prefix: str) -> Tile:
@@ -337,7 +336,6 @@ class _Region:
     def _power(self, o, prefix):
         """spow(x)[α] on this block's rows: p gathered loads of x's feature row."""
         pd, x = o.packed, o.name
-        self.power_inputs.add(x)
         parts = [self.block.define(
             f"tl.load(in_{x}_ptr + base_{x} + t * str_{x}_t + pkc_{pd}_{r} * str_{x}_f, "
             f"mask=valid_{pd}, other=0.0).to(ACC)") for r in range(o.power)]

@@ -200,8 +200,7 @@ def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps
     args["o_ptr"] = o
     for axis, s in zip("bth", o.stride()):
         args[f"str_o_{axis}"] = s
-    args.update(T=T, H=H, T_BLOCK=max(2, triton.next_power_of_2(T)),
-                INDEXED=state_indices is not None, ACC=tl.float64 if dtype == torch.float64 else tl.float32)
+    args.update(H=H, INDEXED=state_indices is not None, ACC=tl.float64 if dtype == torch.float64 else tl.float32)
     if ctx["normalize"]:
         args["eps"] = float(plan.algebra.eps)
     for d, n in sizes.items():
@@ -214,8 +213,22 @@ def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps
         width = block_size(block_v)
     args[f"B_{plan.value_dim}"] = width
     grid = (B * H, triton.cdiv(dv, width))
-    module.step_kernel[grid](**args, num_warps=num_warps or _warps(plan, width))
+    warps = num_warps or _warps(plan, width)
+    # kernels with packed dims sum outputs in a [T, value block] register tile:
+    # longer inputs run as consecutive launches of MAX_TOKENS (the state carries over)
+    span = T if ctx["direct"] else MAX_TOKENS
+    for a in range(0, T, span):
+        piece = dict(args, T=min(span, T - a), T_BLOCK=max(2, triton.next_power_of_2(min(span, T - a))))
+        for name, x in tokens.items():
+            piece[f"in_{name}_ptr"] = x[:, a:a + span]
+        if gated:
+            piece["g_ptr"] = g[:, a:a + span]
+        piece["o_ptr"] = o[:, a:a + span]
+        module.step_kernel[grid](**piece, num_warps=warps)
     return o
+
+
+MAX_TOKENS = 64
 
 
 def _warps(plan: StepPlan, width: int) -> int:
