@@ -1,6 +1,7 @@
 """Decode-step timings on the GPU (DESIGN §8: decode steps at >= 60% of copy bandwidth).
 
     python benchmarks/step_bench.py --out step.json [--sweep] [--specs linear,hla2]
+    python benchmarks/step_bench.py --out regs.json --compile-only   # no GPU needed
 
 For every shipped spec (bf16 tokens, fp32 state, B = 64, H = 16, d = dv = 64, one
 gated token): the generated step kernel's time, the state bytes it moves (read +
@@ -144,6 +145,69 @@ def latency_b1(name, H, d, dv):
                     lambda: op.step(q, k, v, g=g, state=state)) * 1e3)
 
 
+def compile_only(B, H, d, T=1, warps=None) -> list[dict]:
+    """Compile every spec's step kernel for sm_90 without a GPU (Triton's own
+    ptxas) and report registers and spills per thread at the default launch."""
+    import glob
+    import os
+    import subprocess
+    import tempfile
+
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from hladsl.codegen.step_gen import PACKED_ROWS, step_kernel
+    from hladsl.codegen.triton_gen import block_size
+    from hladsl.runtime.step import _warps
+    cuobjdump = glob.glob(os.path.join(os.path.dirname(triton.__file__),
+                                       "backends/nvidia/bin/cuobjdump"))[0]
+    rows = []
+    for name, params in SPECS:
+        alg = hladsl.load(name, **params).algebra
+        module, ctx = step_kernel(alg, {"d": d, "dv": d}, True)
+        fn = module.step_kernel
+        consts = {f"str_{x['name']}_f": 1 for x in ctx["inputs"]}
+        consts.update({f"str_{s['name']}_{s['axes'] - 1}": 1 for s in ctx["states"]})
+        for dim, n in ctx["sizes"]:
+            consts[f"D_{dim}"], consts[f"B_{dim}"] = n, block_size(n)
+        for pd in ctx["packed"]:
+            consts[f"D_{pd['name']}"], consts[f"B_{pd['name']}"] = pd["size"], PACKED_ROWS
+        consts.update(T_BLOCK=max(2, triton.next_power_of_2(T)), INDEXED=False, ACC=tl.float32)
+        if T == 1:
+            consts["T"] = 1
+        sig = {}
+        for p in fn.params:
+            n = p.name
+            if n in consts or p.is_constexpr:
+                sig[n] = "constexpr"
+            elif n.endswith("_idx") or n == "rows_ptr":
+                sig[n] = "*i32"
+            elif n.startswith("in_"):
+                sig[n] = "*bf16"
+            elif n.endswith("_ptr") or n.endswith("_mult"):
+                sig[n] = "*fp32"
+            else:
+                sig[n] = "fp32" if n == "eps" else "i32"
+        nw = warps or _warps(step_plan(alg, {"d": d, "dv": d}), block_size(d), PACKED_ROWS)
+        # as a launch specialises them: pointers and strides divisible by 16
+        aligned = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+                   if t != "constexpr" and n not in ("T", "H", "eps") and not n.startswith("str_g")}
+        src = ASTSource(fn=fn, signature=sig, attrs=aligned,
+                        constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": nw})
+        with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+            f.write(kernel.asm["cubin"])
+        info = subprocess.run([cuobjdump, "--dump-resource-usage", f.name],
+                              capture_output=True, text=True).stdout
+        os.unlink(f.name)
+        usage = [line.strip() for line in info.splitlines() if "REG:" in line]
+        rows.append(dict(spec=name + "".join(f" {k}={v}" for k, v in params.items()), warps=nw,
+                         resources=usage))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def table(rows, latencies) -> str:
     lines = ["| spec | state MB | step µs | GB/s | copy µs | copy GB/s | ratio | best µs (launch) | best ratio | eager µs |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -173,7 +237,15 @@ def main():
     parser.add_argument("-B", type=int, default=64)
     parser.add_argument("-H", type=int, default=16)
     parser.add_argument("-d", type=int, default=64)
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile the kernels for sm_90 (no GPU needed): registers, spills")
     args = parser.parse_args()
+    if args.compile_only:
+        rows = [r for w in ([None] + ([2, 4, 8, 16] if args.sweep else []))
+                for r in compile_only(args.B, args.H, args.d, warps=w)]
+        with open(args.out, "w") as f:
+            json.dump({"triton": triton.__version__, "compile_only": rows}, f, indent=1)
+        return
     wanted = set(filter(None, args.specs.split(",")))
     rows = []
     for name, params in SPECS:

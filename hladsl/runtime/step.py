@@ -191,11 +191,12 @@ def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps
         args[f"st_{s['name']}_ptr"] = x
         for axis, st in zip(["n", "h"] + list(range(s["axes"])), x.stride()):
             args[f"str_{s['name']}_{axis}"] = st
+    rows = 0
     for pd in plan.packed:
         args[f"pk_{pd.name}_idx"], args[f"pk_{pd.name}_mult"] = _tables(sizes[pd.base], pd.power,
                                                                        first.device)
         args[f"D_{pd.name}"] = pd.size
-        args[f"B_{pd.name}"] = packed_rows or min(PACKED_ROWS, block_size(pd.size))
+        args[f"B_{pd.name}"] = rows = packed_rows or min(PACKED_ROWS, block_size(pd.size))
     args["rows_ptr"] = state_indices if state_indices is not None else o
     args["o_ptr"] = o
     for axis, s in zip("bth", o.stride()):
@@ -213,7 +214,7 @@ def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps
         width = block_size(block_v)
     args[f"B_{plan.value_dim}"] = width
     grid = (B * H, triton.cdiv(dv, width))
-    warps = num_warps or _warps(plan, width)
+    warps = num_warps or _warps(plan, width, rows)
     # kernels with packed dims sum outputs in a [T, value block] register tile:
     # longer inputs run as consecutive launches of MAX_TOKENS (the state carries over)
     span = T if ctx["direct"] else MAX_TOKENS
@@ -231,25 +232,29 @@ def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps
 MAX_TOKENS = 64
 
 
-def _warps(plan: StepPlan, width: int) -> int:
-    """Enough threads for the register tiles of one program (whole states at
-    this value block, or one packed block)."""
+def _warps(plan: StepPlan, width: int, rows: int) -> int:
+    """Warps for the fp32 state elements one program holds at a time (its whole
+    states at this value block, or one block of ``rows`` packed rows): 4, 8 or
+    16, about 1600 elements a warp. Compiled for sm_90 (benchmarks/step_bench.py
+    --compile-only) this keeps every shipped spec below 170 registers a thread
+    without spills at d = dv = 64."""
     from hladsl.codegen.triton_gen import block_size
     sizes = dict(plan.sizes)
-    elems = 0
+    whole, blocks = 0, {}
     for name, _ in plan.states:
-        if plan.row_dim(name):
-            continue
         n = 1
         for d in plan.dims_of(name):
-            n *= width if d == plan.value_dim else block_size(sizes[d])
-        elems += n
-    # about 2048 fp32 state elements per warp (16 registers a thread), 4 to 16 warps
-    return min(16, max(4, _next_pow2(-(-elems // 2048))))
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
+            n *= (width if d == plan.value_dim else rows if d in plan.packed_names()
+                  else block_size(sizes[d]))
+        if plan.row_dim(name):
+            blocks[plan.row_dim(name)] = blocks.get(plan.row_dim(name), 0) + n
+        else:
+            whole += n
+    elems = max([whole, *blocks.values()])
+    warps = 4
+    while warps < 16 and elems > warps * 1600:
+        warps *= 2
+    return warps
 
 
 _TABLES: dict = {}
