@@ -202,3 +202,16 @@ def test_bad_arguments():
         run_step(op.algebra, {"q": q, "k": q, "v": q}, None, state, backend="cuda")
     with pytest.raises(ValueError, match="g must be"):
         op.step(q, q, q, g=torch.zeros(2, 1), state=state)
+
+
+def test_op_step_from_zero_state_and_dtype():
+    """state=None starts from zeros (op(...) without an initial state); o comes
+    back in q's dtype and the state in fp32 for fp32 inputs."""
+    op = hladsl.load("hla2", normalize=True)
+    q, k, v, g, _ = _problem(op, True, True, T=4)
+    ref, final = op(q, k, v, g=g, output_final_state=True)
+    o, state = op.step(q, k, v, g=g)
+    assert _rel(ref, o) < 1e-10 and all(_rel(final[n], state[n]) < 1e-10 for n in final)
+    o32, state32 = op.step(q.float(), k.float(), v.float(), g=g.float())
+    assert o32.dtype == torch.float32 and all(x.dtype == torch.float32 for x in state32.values())
+    assert _rel(ref, o32) < 1e-5

@@ -166,47 +166,15 @@ _TENSOR = exhaustive({Kind.TOKEN: lambda plan, o, tok, held: tok[o.name], Kind.P
 
 def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps, packed_rows):
     import triton
-    import triton.language as tl
 
-    from hladsl.codegen.step_gen import PACKED_ROWS, step_kernel
+    from hladsl.codegen.step_gen import step_kernel
     from hladsl.codegen.triton_gen import block_size
-    gated = g is not None
-    module, ctx = step_kernel(plan.algebra, plan.sizes, gated)
+    module, ctx = step_kernel(plan.algebra, plan.sizes, g is not None)
     first = next(iter(tokens.values()))
     B, T, H, _ = first.shape
-    sizes = dict(plan.sizes)
-    dv = sizes[plan.value_dim]
+    dv = dict(plan.sizes)[plan.value_dim]
     o = torch.empty((B, T, H, dv), device=first.device, dtype=dtype)
-    args = {}
-    for name, x in tokens.items():
-        args[f"in_{name}_ptr"] = x
-        for axis, s in zip("bthf", x.stride()):
-            args[f"str_{name}_{axis}"] = s
-    if gated:
-        args["g_ptr"] = g
-        for axis, s in zip("bth", g.stride()):
-            args[f"str_g_{axis}"] = s
-    for s in ctx["states"]:
-        x = state[s["name"]]
-        args[f"st_{s['name']}_ptr"] = x
-        for axis, st in zip(["n", "h"] + list(range(s["axes"])), x.stride()):
-            args[f"str_{s['name']}_{axis}"] = st
-    rows = 0
-    for pd in plan.packed:
-        args[f"pk_{pd.name}_idx"], args[f"pk_{pd.name}_mult"] = _tables(sizes[pd.base], pd.power,
-                                                                       first.device)
-        args[f"D_{pd.name}"] = pd.size
-        args[f"B_{pd.name}"] = rows = packed_rows or min(PACKED_ROWS, block_size(pd.size))
-    args["rows_ptr"] = state_indices if state_indices is not None else o
-    args["o_ptr"] = o
-    for axis, s in zip("bth", o.stride()):
-        args[f"str_o_{axis}"] = s
-    args.update(H=H, INDEXED=state_indices is not None, ACC=tl.float64 if dtype == torch.float64 else tl.float32)
-    if ctx["normalize"]:
-        args["eps"] = float(plan.algebra.eps)
-    for d, n in sizes.items():
-        args[f"D_{d}"] = n
-        args[f"B_{d}"] = block_size(n)
+    args, rows = _kernel_args(plan, ctx, tokens, g, state, state_indices, o, packed_rows)
     width = block_size(dv)
     if block_v is not None:
         if not ctx["split"] and block_v < width:
@@ -219,14 +187,51 @@ def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps
     # longer inputs run as consecutive launches of MAX_TOKENS (the state carries over)
     span = T if ctx["direct"] else MAX_TOKENS
     for a in range(0, T, span):
-        piece = dict(args, T=min(span, T - a), T_BLOCK=max(2, triton.next_power_of_2(min(span, T - a))))
+        n = min(span, T - a)
+        piece = dict(args, T=n, T_BLOCK=max(2, triton.next_power_of_2(n)), o_ptr=o[:, a:a + n])
         for name, x in tokens.items():
-            piece[f"in_{name}_ptr"] = x[:, a:a + span]
-        if gated:
-            piece["g_ptr"] = g[:, a:a + span]
-        piece["o_ptr"] = o[:, a:a + span]
+            piece[f"in_{name}_ptr"] = x[:, a:a + n]
+        if g is not None:
+            piece["g_ptr"] = g[:, a:a + n]
         module.step_kernel[grid](**piece, num_warps=warps)
     return o
+
+
+def _kernel_args(plan, ctx, tokens, g, state, state_indices, o, packed_rows):
+    """The kernel's arguments but T, T_BLOCK and the value block; the rows of a
+    packed block. Tensors go in as they are (strides passed): nothing is copied."""
+    import triton.language as tl
+
+    from hladsl.codegen.step_gen import PACKED_ROWS
+    from hladsl.codegen.triton_gen import block_size
+    sizes = dict(plan.sizes)
+    args = {}
+    for name, x in tokens.items():
+        args[f"in_{name}_ptr"] = x
+        args.update({f"str_{name}_{axis}": s for axis, s in zip("bthf", x.stride())})
+    if g is not None:
+        args["g_ptr"] = g
+        args.update({f"str_g_{axis}": s for axis, s in zip("bth", g.stride())})
+    for s in ctx["states"]:
+        x = state[s["name"]]
+        args[f"st_{s['name']}_ptr"] = x
+        axes = ["n", "h"] + list(range(s["axes"]))
+        args.update({f"str_{s['name']}_{axis}": st for axis, st in zip(axes, x.stride())})
+    rows = 0
+    for pd in plan.packed:
+        idx, mult = _tables(sizes[pd.base], pd.power, o.device)
+        rows = packed_rows or min(PACKED_ROWS, block_size(pd.size))
+        args.update({f"pk_{pd.name}_idx": idx, f"pk_{pd.name}_mult": mult,
+                     f"D_{pd.name}": pd.size, f"B_{pd.name}": rows})
+    for d, n in sizes.items():
+        args[f"D_{d}"], args[f"B_{d}"] = n, block_size(n)
+    args.update({f"str_o_{axis}": s for axis, s in zip("bth", o.stride())})
+    args.update(rows_ptr=state_indices if state_indices is not None else o,
+                H=o.shape[2], INDEXED=state_indices is not None,
+                ACC=tl.float64 if o.dtype == torch.float64 else tl.float32)
+    if ctx["normalize"]:
+        args["eps"] = float(plan.algebra.eps)
+    return args, rows
 
 
 MAX_TOKENS = 64
