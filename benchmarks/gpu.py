@@ -20,6 +20,7 @@ import torch
 import triton
 
 import hladsl
+from hladsl.runtime import launch
 
 SPECS = [("linear", {}), ("hla2", {}), ("ahla", {}), ("hla3", {}), ("hla3_masked", {}),
          ("power", {"p": 2})]
@@ -50,9 +51,9 @@ def check(names=None, dims=(64, 128), T=8192, B=1, H=4, variants=("ungated", "ga
             for gated, normalize in ((False, False), (True, True)):
                     if ("gated" if gated else "ungated") not in variants:
                         continue
-                    op = hladsl.load(name, normalize=normalize, **params)
+                    op = hladsl.load(name, normalize=normalize,
+                                     chunk_size=int(os.environ.get("HLADSL_CHECK_CHUNK", 64)), **params)
                     op.schedule = schedule
-                    op.chunk_size = int(os.environ.get("HLADSL_CHECK_CHUNK", 64))
                     q, k, v, g = inputs(B, T, H, d, d, torch.bfloat16, gated)
                     if normalize:   # keep denominators away from zero
                         q, k = q.abs(), k.abs()
@@ -63,7 +64,7 @@ def check(names=None, dims=(64, 128), T=8192, B=1, H=4, variants=("ungated", "ga
                         o, st = op(q, k, v, g=g, output_final_state=True)
                         torch.cuda.synchronize()
                         row["first_call_s"] = round(time.time() - start, 1)
-                        row["chunk"] = sorted(set(op._fitting_chunk.values()))
+                        row["chunk"] = sorted(set(launch._FITTING.values()))
                         op.backend = "torch"
                         ref, ref_st = op(q.float(), k.float(), v.float(), g=g,
                                          output_final_state=True)

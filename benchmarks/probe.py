@@ -12,8 +12,8 @@ import torch
 import triton.language as tl
 
 import hladsl
-from hladsl.codegen.triton_run import forward_triton
-from hladsl.ir.chunk import chunk_program
+from hladsl.runtime.triton_forward import forward_triton
+from hladsl.ir.pipeline import chunk_program
 from hladsl.runtime import chunk_torch
 
 VALUES = {"fp32": tl.float32, "bf16": tl.bfloat16}

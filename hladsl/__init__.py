@@ -4,6 +4,9 @@
     import hladsl
     op = hladsl.load("hla2", normalize=True)
     o, final_state = op(q, k, v, g=None, output_final_state=True)
+
+Layers import one way: frontend -> ir -> codegen -> runtime -> this public
+surface (api, cli, emit, nn, bench).
 """
 import warnings
 
@@ -11,20 +14,20 @@ import warnings
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 from hladsl.errors import AlgebraError, SpecCheckError, SpecError, SpecErrors, SpecSyntaxError
-
-__version__ = "0.1.0"
+from hladsl.version import __version__
 
 __all__ = ["load", "compile_spec", "SpecError", "SpecSyntaxError", "SpecCheckError",
            "SpecErrors", "AlgebraError", "__version__"]
 
 
 def compile_spec(name_or_path, **params):
-    """Parse, check and lower a spec to its state algebra (hladsl.ir.Algebra)."""
-    from hladsl.ir.lower import lower_spec
-    return lower_spec(name_or_path, **params)
+    """Parse, check and lower a spec to its state algebra (hladsl.ir.algebra.Algebra)."""
+    from hladsl.api import algebra
+    return algebra(name_or_path, **params)
 
 
-def load(name_or_path, **params):
-    """A torch op for a shipped spec name or a path to a .hla file (DESIGN section 6)."""
-    from hladsl.runtime.op import Op
-    return Op(compile_spec(name_or_path, **params))
+def load(name_or_path, *, backend: str = "auto", chunk_size: int = 64, **params):
+    """The torch op of a shipped spec name or a path to a .hla file,
+    memoised per spec text, parameters, backend and chunk size."""
+    from hladsl.api import load as load_op
+    return load_op(name_or_path, backend=backend, chunk_size=chunk_size, **params)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-import hladsl
+from hladsl.emit import EMIT_KINDS, check_report, emit
 from hladsl.errors import SpecError
+from hladsl.version import __version__
 
-EMITS = ["ast", "ir", "serial", "combine", "vjp", "chains", "chunk", "torch", "triton"]
 
 
 def _parse_params(items: list[str]) -> dict:
@@ -34,13 +34,13 @@ def _parse_params(items: list[str]) -> dict:
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hladsl", description="Compile state-algebra specs (.hla) of causal sequence mixers.")
-    parser.add_argument("--version", action="version", version=f"hladsl {hladsl.__version__}")
+    parser.add_argument("--version", action="version", version=f"hladsl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     comp = sub.add_parser("compile", help="derive and print (or write) what a spec compiles to")
     comp.add_argument("spec", help="path to a .hla file or a shipped spec name (e.g. hla2)")
-    comp.add_argument("--emit", choices=EMITS, default=None,
-                      help="what to print; default: write the Triton module (to -o DIR, "
-                           "default .) and say where")
+    comp.add_argument("--emit", default=None, metavar="KIND",
+                      help="what to print: " + ", ".join(EMIT_KINDS) + "; default: write the "
+                           "Triton module (to -o DIR, default .) and say where")
     comp.add_argument("-o", "--output-dir", default=None, help="directory to write generated code to")
     comp.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                       help="set a spec parameter, e.g. -p p=3")
@@ -56,10 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = _parse_params(args.param)
         if args.command == "check":
-            from hladsl.ir.checks import check_report
             print(check_report(args.spec, **params))
             return 0
-        from hladsl.emit import emit
         print(emit(args.spec, args.emit, params, args.output_dir), end="")
         return 0
     except SpecError as exc:

@@ -1,19 +1,26 @@
-"""``hladsl compile --emit KIND``: what a spec compiles to, printed readably."""
+"""What the CLI prints: ``hladsl check`` reports and ``hladsl compile --emit
+KIND`` (every derivation, generated source, and any pass's result with
+``after:PASS``), formatted readably."""
 from __future__ import annotations
 
-from hladsl.errors import SpecError
+from pathlib import Path
+
+from hladsl.api import compile_spec
+from hladsl.errors import AlgebraError, SpecError
+from hladsl.frontend.printer import to_text
+from hladsl.frontend.specs import load_ast
+from hladsl.ir.checks import serial_flops
+from hladsl.ir.lower import bind_params
+from hladsl.ir.pipeline import PASS_NAMES, Compilation, Target, compile_spec as run_pipeline
 
 DEFAULT_SIZES = {"d": 64, "dv": 64}
 
 
 def _algebra(spec, params):
-    from hladsl.ir.lower import lower_spec
-    return lower_spec(spec, **params)
+    return compile_spec(spec, until="lower", **params).algebra
 
 
 def _ast(spec, params, out_dir):
-    from hladsl.frontend.printer import to_text
-    from hladsl.frontend.specs import load_ast
     if params:
         raise SpecError("-p has no effect on --emit ast (the AST is printed before parameters "
                         "are bound)")
@@ -25,8 +32,8 @@ def _header(alg, what):
     return f"# {alg.name}: {what}" + (f"  ({params})" if params else "") + "\n"
 
 
-def _ir(spec, params, out_dir):
-    alg = _algebra(spec, params)
+def _ir(spec, params, out_dir, alg=None):
+    alg = alg or _algebra(spec, params)
     lines = [_header(alg, "state algebra")]
     for x in alg.summaries:
         role = "combine-only" if x not in alg.streaming else "state"
@@ -43,23 +50,30 @@ def _ir(spec, params, out_dir):
 
 
 def _combine(spec, params, out_dir):
-    from hladsl.ir.combine import combine
-    alg = _algebra(spec, params)
+    return _combine_text(compile_spec(spec, until="combine", **params))
+
+
+def _combine_text(c: Compilation) -> str:
+    alg = c.algebra
+    combine = dict(c.combine)
     lines = [_header(alg, "associative combine X(AB) = X(A) ⊕ X(B); identity: all zeros, ρ = 1")]
     for x in alg.summaries:
-        lines.append(f"{x.name}@AB[{','.join(x.indices)}] = {combine(alg, x).text()}")
+        lines.append(f"{x.name}@AB[{','.join(x.indices)}] = {combine[x.name].text()}")
     lines.append("ρ_AB = ρ_A ρ_B")
     return "\n".join(lines) + "\n"
 
 
 def _serial(spec, params, out_dir):
-    from hladsl.ir.checks import serial_flops
-    from hladsl.ir.combine import serial
-    alg = _algebra(spec, params)
+    return _serial_text(compile_spec(spec, until="serial", **params))
+
+
+def _serial_text(c: Compilation) -> str:
+    alg = c.algebra
+    serial = dict(c.serial)
     flops = serial_flops(alg, {d: DEFAULT_SIZES.get(d, 64) for d in alg.dims})
     lines = [_header(alg, "serial update X_t = X_{t-1} ⊕ token_t (ρ_t = exp g_t)")]
     for x in alg.streaming:
-        lines.append(f"{x.name}_t[{','.join(x.indices)}] = {serial(alg, x).text()}"
+        lines.append(f"{x.name}_t[{','.join(x.indices)}] = {serial[x.name].text()}"
                      f"    # {flops[x.name]} FLOPs")
     lines.append(f"o_t = {alg.output.text()}   (states at t, inclusive)")
     lines.append(f"# {sum(flops.values())} FLOPs/token at d = dv = 64")
@@ -67,35 +81,45 @@ def _serial(spec, params, out_dir):
 
 
 def _vjp(spec, params, out_dir):
-    from hladsl.ir.combine import vjp
-    alg = _algebra(spec, params)
-    lines = [_header(alg, "VJP of the combine: dX@AB -> dY@A, dY@B, d log ρ_B")]
-    for (name, side), poly in sorted(vjp(alg).items()):
+    return _vjp_text(compile_spec(spec, until="vjp", **params))
+
+
+def _vjp_text(c: Compilation) -> str:
+    lines = [_header(c.algebra, "VJP of the combine: dX@AB -> dY@A, dY@B, d log ρ_B")]
+    for (name, side), poly in c.vjp:
         label = "dlogρ_B" if name == "log_rho" else f"d{name}@{side}[{','.join(poly.free)}]"
         lines.append(f"{label} = {poly.text()}")
     return "\n".join(lines) + "\n"
 
 
 def _chains(spec, params, out_dir):
-    from hladsl.ir.chains import output_chains, summary_chains
-    alg = _algebra(spec, params)
+    return _chains_text(compile_spec(spec, until="chains", **params))
+
+
+def _chains_text(c: Compilation) -> str:
+    alg, ch = c.algebra, c.chains
     lines = [_header(alg, "chain normal form (state = P ⊕ L_t; n_i are chunk-local token times)")]
     lines.append("output:")
-    lines += ["  " + t.text() for t in output_chains(alg)]
-    if alg.normalizer is not None:
+    lines += ["  " + t.text() for t in ch.output]
+    if ch.normalizer is not None:
         lines.append("normalizer:")
-        lines += ["  " + t.text() for t in output_chains(alg, alg.normalizer)]
-    for x in alg.streaming:
-        lines.append(f"{x.name}(P ⊕ chunk):")
-        lines += ["  " + t.text() for t in summary_chains(alg, x)]
+        lines += ["  " + t.text() for t in ch.normalizer]
+    for name, terms in ch.states:
+        lines.append(f"{name}(P ⊕ chunk):")
+        lines += ["  " + t.text() for t in terms]
     return "\n".join(lines) + "\n"
 
 
+def _target() -> Target:
+    return Target(64, tuple(sorted(DEFAULT_SIZES.items())), True)
+
+
 def _chunk(spec, params, out_dir):
-    from hladsl.ir.chunk import chunk_program
-    alg = _algebra(spec, params)
-    sizes = tuple(sorted((d, DEFAULT_SIZES.get(d, 64)) for d in alg.dims))
-    prog = chunk_program(alg, 64, sizes, True)
+    return _program_text(compile_spec(spec, target=_target(), **params).program)
+
+
+def _program_text(prog) -> str:
+    alg, sizes = prog.algebra, prog.sizes
     lines = [_header(alg, f"chunk program, C = 64, {', '.join(f'{d} = {n}' for d, n in sizes)}")]
 
     def term_lines(t):
@@ -131,21 +155,78 @@ def _chunk(spec, params, out_dir):
     return "\n".join(lines) + "\n"
 
 
+def _ir_text(c: Compilation) -> str:
+    return _ir(None, None, None, c.algebra)
+
+
+def _check_text(c: Compilation) -> str:
+    return "\n".join(c.check) + "\n"
+
+
+def _source(backend: str, what: str):
+    def emit(spec, params, out_dir):
+        if backend == "triton":
+            from hladsl.codegen.triton_gen import generate
+        else:
+            from hladsl.codegen.torch_gen import generate
+        program = compile_spec(spec, target=_target(), **params).program
+        source = generate(program)
+        if out_dir is None:
+            return source
+        path = Path(out_dir) / f"{program.algebra.name}_{backend}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+        return f"wrote {path} ({what} for {program.algebra.name}: d = dv = 64, C = 64, gated)\n"
+    return emit
+
+
+_triton = _source("triton", "Triton kernels, state pass + output")
+
+# after:PASS printers, one per pass of ir.pipeline.PASSES (a test checks the coverage)
+PASS_TEXT = {"lower": _ir_text, "check": _check_text, "serial": _serial_text,
+             "combine": _combine_text, "vjp": _vjp_text, "chains": _chains_text,
+             "chunk": lambda c: _program_text(c.chunk),
+             "pack_symmetric": lambda c: _program_text(c.program)}
+
 EMITTERS = {"ast": _ast, "ir": _ir, "combine": _combine, "serial": _serial, "vjp": _vjp,
-            "chains": _chains, "chunk": _chunk}
-
-
-def register(kind: str, fn) -> None:
-    EMITTERS[kind] = fn
+            "chains": _chains, "chunk": _chunk, "triton": _triton,
+            "torch": _source("torch", "torch chunk program"),
+            "default": lambda spec, params, out_dir: _triton(spec, params, out_dir or ".")}
+EMIT_KINDS = [k for k in EMITTERS if k != "default"] + [f"after:{p}" for p in PASS_NAMES]
 
 
 def emit(spec: str, kind: str | None, params: dict, out_dir: str | None) -> str:
     kind = kind or "default"     # write the Triton module and say where
+    if kind.startswith("after:"):
+        name = kind[len("after:"):]
+        if name not in PASS_TEXT:
+            raise SpecError(f"--emit {kind}: no pass named '{name}' (passes: {', '.join(PASS_NAMES)})")
+        c = compile_spec(spec, until=name, target=_target(), verify=True, **params)
+        return f"# after pass '{name}'\n" + PASS_TEXT[name](c)
     if kind not in EMITTERS:
-        try:   # code generators register themselves on import
-            import hladsl.codegen.emitters  # noqa: F401
-        except ImportError:
-            pass
-    if kind not in EMITTERS:
-        raise SpecError(f"--emit {kind} is not available in this build")
+        raise SpecError(f"--emit {kind} is not available; choose one of {', '.join(EMIT_KINDS)}")
     return EMITTERS[kind](spec, params, out_dir)
+
+
+def check_report(name_or_path, **params) -> str:
+    """``hladsl check``: every verification, as report lines."""
+    spec, display, source = load_ast(name_or_path)
+    try:
+        bound = bind_params(spec, params)
+        if "normalize" in bound and "normalize" not in params:
+            bound["normalize"] = True      # check the normalizer's summaries too
+        c = run_pipeline(spec, bound, source, until="check")
+    except AlgebraError as exc:
+        exc.path = display
+        raise exc.located(display, source)
+    alg = c.algebra
+    lines = ["syntax, names, indices, sides, dependency graph ... ok"] + list(c.check)
+    streaming = ", ".join(f"{x.name}[{','.join(x.dims)}]" for x in alg.streaming)
+    helpers = [x.name for x in alg.summaries if x not in alg.streaming]
+    lines.append(f"streaming state: {streaming}")
+    if helpers:
+        lines.append(f"combine-only (never carried): {', '.join(helpers)}")
+    flops = serial_flops(alg, {d: 64 for d in alg.dims})
+    lines.append(f"serial update: {sum(flops.values())} FLOPs/token at "
+                 f"{', '.join(f'{d}=64' for d in alg.dims)}")
+    return f"{display}: OK\n" + "\n".join("  " + line for line in lines)

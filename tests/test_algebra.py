@@ -10,7 +10,8 @@ import torch
 import hladsl
 from hladsl.errors import AlgebraError, SpecError
 from hladsl.frontend.specs import shipped_names
-from hladsl.ir.checks import check_report, serial_flops, verify
+from hladsl.emit import check_report
+from hladsl.ir.checks import serial_flops, verify
 from hladsl.ir.combine import associativity_defect, serial
 from hladsl.runtime.naive import naive_output
 
@@ -158,7 +159,7 @@ def test_cli_emits(emit):
 
 
 def test_hla2_chunk_program_is_design_three_terms():
-    from hladsl.ir.chunk import chunk_program
+    from hladsl.ir.pipeline import chunk_program
     prog = chunk_program(hladsl.compile_spec("hla2"), 64, (("d", 64), ("dv", 64)), True)
     sources = [t.source for t in prog.output]
     assert len(sources) == 3

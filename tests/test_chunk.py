@@ -42,7 +42,7 @@ def test_chunk_program_equals_serial(name, gated, normalize):
 
 def test_hla3_chunk_program_has_no_segment_maps():
     """DESIGN section 4, erratum 4: no d^3 intermediates, no 4-index carries."""
-    from hladsl.ir.chunk import chunk_program
+    from hladsl.ir.pipeline import chunk_program
     alg = hladsl.compile_spec("hla3", normalize=True)
     prog = chunk_program(alg, 64, (("d", 64), ("dv", 64)), True)
     terms = prog.output + prog.normalizer + tuple(t for _, ts in prog.states for t in ts)
@@ -65,7 +65,7 @@ mechanism power_mixed {
 def test_symmetric_states_are_packed_where_every_use_allows():
     """power's U and z are held packed (2080 rows at d = 64), read through spow(q)
     with multiplicities and written through spow(k); HLA2's S (read as S C) is not."""
-    from hladsl.ir.chunk import chunk_program
+    from hladsl.ir.pipeline import chunk_program
     sizes = (("d", 64), ("dv", 64))
     power = chunk_program(hladsl.compile_spec("power", normalize=True), 64, sizes, True)
     assert power.state_shape("U") == (2080, 64) and power.state_shape("z") == (2080,)
@@ -86,7 +86,7 @@ def test_a_state_with_one_unpackable_use_stays_unpacked(tmp_path):
     # q_t[i] k_t[j] U[i,j,e] contracts the group with two different vectors
     path = tmp_path / "power_mixed.hla"
     path.write_text(UNPACKABLE_POWER)
-    from hladsl.ir.chunk import chunk_program
+    from hladsl.ir.pipeline import chunk_program
     prog = chunk_program(hladsl.compile_spec(str(path)), 16, (("d", 4), ("dv", 3)), True)
     assert not prog.packed and prog.state_shape("U") == (4, 4, 3)
     op = hladsl.load(str(path))

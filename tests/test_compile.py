@@ -31,5 +31,5 @@ def test_compiled_forward_and_backward_match_eager():
 def test_custom_op_passes_opcheck():
     op = hladsl.load("linear")
     q, k, v = (torch.randn(1, 20, 2, 4, dtype=torch.float64) for _ in range(3))
-    torch.library.opcheck(op.custom_op, (q, k, v, None, 0.5, [], True, None),
+    torch.library.opcheck(op.custom_op, ([q, k, v], None, 0.5, [], None, "auto"),
                           test_utils=("test_schema", "test_faketensor"))

@@ -172,7 +172,7 @@ def test_state_indices_pool(spec, params, backend):
 
 def test_power_rows_never_full():
     """Power attention's states are held on their packed rows in the kernel."""
-    alg = hladsl.compile_spec("power", p=3)
+    alg = hladsl.load("power", p=3).algebra
     plan = step_plan(alg, {"d": 64, "dv": 64})
     assert [pd.size for pd in plan.packed] == [45760]
     assert plan.dims_of("U") == (plan.packed[0].name, "dv")
@@ -182,7 +182,7 @@ def test_power_rows_never_full():
 
 
 def test_step_source_comments_serial_equations():
-    alg = hladsl.compile_spec("hla2")
+    alg = hladsl.load("hla2").algebra
     source = step_source(alg, {"d": 8, "dv": 8}, False)
     assert "G_t[i,e] = ρ_t k_t[_0] k_t[i] C_{t-1}[_0,e] + ρ_t^2 G_{t-1}[i,e]" in source
     assert "rho" not in source.split("def step_kernel")[1]     # ungated: no decay code

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 import hladsl  # noqa: E402
 from hladsl.frontend.specs import shipped_names  # noqa: E402
-from hladsl.ir.chunk import chunk_program  # noqa: E402
+from hladsl.ir.pipeline import chunk_program  # noqa: E402
 from hladsl.runtime import chunk_torch  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden" / "codegen"
@@ -74,7 +74,7 @@ def _inputs(alg, gated, dims, normalize, n=1, h=2, chunk=16, n_chunks=3, seed=0)
 
 
 def _check(alg, gated, dims, normalize, **options):
-    from hladsl.codegen.triton_run import forward_triton
+    from hladsl.runtime.triton_forward import forward_triton
     program, tiles, lam, init = _inputs(alg, gated, dims, normalize)
     starts, final = chunk_torch.state_pass(program, tiles, lam, init, torch.float64)
     ref = chunk_torch.outputs(program, "output", tiles, lam, starts, torch.float64)
@@ -124,7 +124,7 @@ def test_fused_schedule_matches_chunk_torch(name, gated):
 
 
 def test_packed_programs_have_no_fused_schedule():
-    from hladsl.codegen.triton_run import forward_triton
+    from hladsl.runtime.triton_forward import forward_triton
     program, tiles, lam, init = _inputs(hladsl.compile_spec("power"), True, {"d": 4, "dv": 4}, False)
     with pytest.raises(ValueError, match="no fused schedule"):
         forward_triton(program, tiles, lam, init, 1e-6, schedule="fused")

@@ -37,14 +37,14 @@ def versions() -> dict[str, str]:
     path must not import triton)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    import hladsl
+    from hladsl.version import __version__
 
     def installed(name: str) -> str:
         try:
             return version(name)
         except PackageNotFoundError:
             return "absent"
-    return {"hladsl": hladsl.__version__, "triton": installed("triton"), "torch": installed("torch")}
+    return {"hladsl": __version__, "triton": installed("triton"), "torch": installed("torch")}
 
 
 def cache_key(context: dict, template: str) -> str:

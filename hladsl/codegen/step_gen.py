@@ -40,6 +40,7 @@ from hladsl.ir.combine import serial
 from hladsl.ir.contract import Plan, plan
 from hladsl.ir.operands import Kind, Operand, exhaustive
 from hladsl.ir.symmetric import PackedDim, drop_repeated_slots, packed_dim_name
+from hladsl.version import __version__
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATE = "step_kernel.py.jinja"
@@ -532,8 +533,7 @@ def render(context: dict, version: str) -> str:
 
 def step_source(alg: Algebra, sizes, gated: bool) -> str:
     """The Python/Triton module source of ``alg``'s decode step (uncached)."""
-    import hladsl
-    return render(kernel_context(step_plan(alg, sizes), gated), hladsl.__version__)
+    return render(kernel_context(step_plan(alg, sizes), gated), __version__)
 
 
 _MODULES: dict = {}
@@ -545,10 +545,9 @@ def step_kernel(alg: Algebra, sizes, gated: bool):
     key = (id(alg), tuple(sorted(dict(sizes).items())), bool(gated))
     hit = _MODULES.get(key)
     if hit is None or hit[0] is not alg:
-        import hladsl
         from hladsl.codegen.cache import cache_key, load_module
         context = kernel_context(step_plan(alg, sizes), gated)
         module = load_module(f"{context['name']}_step", cache_key(context, template_text()),
-                             lambda: render(context, hladsl.__version__))
+                             lambda: render(context, __version__))
         hit = _MODULES[key] = (alg, module, context)
     return hit[1], hit[2]

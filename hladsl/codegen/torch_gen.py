@@ -11,6 +11,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.evaluate import letters_for
+from hladsl.version import __version__
 from hladsl.ir.operands import Kind, Operand, exhaustive
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -114,10 +115,9 @@ def context(program: ChunkProgram) -> dict:
 
 
 def render(ctx: dict) -> str:
-    import hladsl
     env = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), undefined=StrictUndefined,
                       keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    return env.get_template(TEMPLATE).render(version=hladsl.__version__, **ctx)
+    return env.get_template(TEMPLATE).render(version=__version__, **ctx)
 
 
 def generate(program: ChunkProgram) -> str:

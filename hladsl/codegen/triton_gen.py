@@ -1,4 +1,4 @@
-"""Triton source for a chunk program (DESIGN §5): a state-pass kernel walking the
+"""Triton source for a chunk program: a state-pass kernel walking the
 chunks of one (sequence, head) in order, and an output kernel parallel over
 (chunk, sequence·head). ``kernel_context`` lowers the program to a plain,
 JSON-serialisable description (names, shapes and the straight-line code of every
@@ -24,6 +24,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from hladsl.codegen.steps import Block, Tile, comment
 from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
+from hladsl.version import __version__
 from hladsl.ir.operands import Kind, Operand, exhaustive
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -468,8 +469,7 @@ def render(context: dict, version: str) -> str:
 
 def generate(program: ChunkProgram) -> str:
     """The Python/Triton module source for ``program`` (uncached)."""
-    import hladsl
-    return render(kernel_context(program), hladsl.__version__)
+    return render(kernel_context(program), __version__)
 
 
 _MODULES: dict[int, tuple] = {}   # id(program) -> (program, module, context); hashing a
@@ -482,10 +482,9 @@ def kernels(program: ChunkProgram):
     cache, see hladsl.codegen.cache) and the context it was rendered from."""
     hit = _MODULES.get(id(program))
     if hit is None or hit[0] is not program:
-        import hladsl
         from hladsl.codegen.cache import cache_key, load_module
         context = kernel_context(program)
         key = cache_key(context, template_text())
-        module = load_module(context["name"], key, lambda: render(context, hladsl.__version__))
+        module = load_module(context["name"], key, lambda: render(context, __version__))
         hit = _MODULES[id(program)] = (program, module, context)
     return hit[1], hit[2]

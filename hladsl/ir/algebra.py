@@ -4,6 +4,7 @@ their token deltas, cross terms and decay weights, and the outputs. Produced by
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import networkx as nx
 
@@ -68,7 +69,7 @@ class Algebra:
                         g.add_edge("<out>", f.name, side="A")
         return g
 
-    @property
+    @cached_property
     def streaming(self) -> tuple[Summary, ...]:
         """Summaries carried from segment to segment: what the outputs read,
         closed under A-side reads. The rest are combine-only: a later segment's

@@ -13,13 +13,11 @@ import itertools
 import torch
 
 from hladsl.errors import AlgebraError
-from hladsl.frontend.specs import load_ast
 from hladsl.ir.algebra import Algebra, Summary
 from hladsl.ir.combine import bracketings, combine, serial, vjp
 from hladsl.ir.contract import plan
 from hladsl.ir.evaluate import einsum_poly
 from hladsl.ir.expr import Poly
-from hladsl.ir.lower import bind_params, lower
 
 CHECK_DIMS = {"d": 3, "dv": 2}
 
@@ -150,25 +148,3 @@ def verify(alg: Algebra) -> list[str]:
     err = check_vjp(alg)
     lines.append(f"combine VJP vs torch.autograd, float64 (max rel. error {err:.1e}) ... ok")
     return lines
-
-
-def check_report(name_or_path, **params) -> str:
-    spec, display, source = load_ast(name_or_path)
-    try:
-        bound = bind_params(spec, params)
-        if "normalize" in bound and "normalize" not in params:
-            bound["normalize"] = True      # check the normalizer's summaries too
-        alg = lower(spec, bound, source)
-        lines = ["syntax, names, indices, sides, dependency graph ... ok"] + verify(alg)
-    except AlgebraError as exc:
-        exc.path = display
-        raise exc.located(display, source)
-    streaming = ", ".join(f"{x.name}[{','.join(x.dims)}]" for x in alg.streaming)
-    helpers = [x.name for x in alg.summaries if x not in alg.streaming]
-    lines.append(f"streaming state: {streaming}")
-    if helpers:
-        lines.append(f"combine-only (never carried): {', '.join(helpers)}")
-    flops = serial_flops(alg, {d: 64 for d in alg.dims})
-    lines.append(f"serial update: {sum(flops.values())} FLOPs/token at "
-                 f"{', '.join(f'{d}=64' for d in alg.dims)}")
-    return f"{display}: OK\n" + "\n".join("  " + line for line in lines)

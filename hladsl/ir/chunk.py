@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
 
 from hladsl.ir.algebra import Algebra
-from hladsl.ir.chains import ANCHOR, ChainTerm, output_chains, summary_chains
+from hladsl.ir.chains import ANCHOR, ChainTerm
 from hladsl.ir.contract import Plan, plan
 from hladsl.ir.expr import Monomial, Poly, canonical_key
 from hladsl.ir.operands import Kind, Operand
-from hladsl.ir.symmetric import PackedDim, pack_symmetric
+from hladsl.ir.symmetric import PackedDim
 
 
 @dataclass(frozen=True)
@@ -104,8 +103,7 @@ def _program(term: ChainTerm, operands, output, ctx, token_anchor, extra=()) -> 
     return TermProgram(float(term.coef), tuple(operands), output, p, carry_weight, term.text())
 
 
-def _output_programs(alg, poly, sizes, derived: list[Derived], prefix: str, gated: bool):
-    chains = output_chains(alg, poly)
+def _output_programs(alg, poly, chains, sizes, derived: list[Derived], prefix: str, gated: bool):
     out_index = (_time(ANCHOR),) + poly.free
     programs, groups = [], {}
 
@@ -145,26 +143,33 @@ def _output_programs(alg, poly, sizes, derived: list[Derived], prefix: str, gate
     return tuple(programs)
 
 
-@lru_cache(maxsize=64)
-def chunk_program(alg: Algebra, chunk: int, dim_sizes: tuple[tuple[str, int], ...],
-                  gated: bool = True) -> ChunkProgram:
-    """The chunk program for these dim sizes; ``gated=False`` drops every decay
-    (no gates: masks are plain 0/1 and carries do not decay)."""
+@dataclass(frozen=True)
+class Chains:
+    """The chain normal forms a chunk program is built from (ir.chains)."""
+    output: tuple[ChainTerm, ...]
+    normalizer: tuple[ChainTerm, ...] | None
+    states: tuple[tuple[str, tuple[ChainTerm, ...]], ...]
+
+
+def build_chunk_program(alg: Algebra, chains: Chains, chunk: int,
+                        dim_sizes: tuple[tuple[str, int], ...], gated: bool = True) -> ChunkProgram:
+    """The chunk program (every state unpacked) for these dim sizes; ``gated=False``
+    drops every decay (no gates: masks are plain 0/1 and carries do not decay)."""
     size_items = (alg, dict(dim_sizes), chunk, gated)
     derived: list[Derived] = []
-    output = _output_programs(alg, alg.output, size_items, derived, "W", gated)
-    normalizer = (_output_programs(alg, alg.normalizer, size_items, derived, "Wn", gated)
+    output = _output_programs(alg, alg.output, chains.output, size_items, derived, "W", gated)
+    normalizer = (_output_programs(alg, alg.normalizer, chains.normalizer, size_items, derived,
+                                   "Wn", gated)
                   if alg.normalizer is not None else ())
     states = []
-    for s in alg.streaming:
-        terms = tuple(_program(t, _operands(t, False, _carry_ops(t), gated), s.indices, size_items,
-                               False)
-                      for t in summary_chains(alg, s))
-        states.append((s.name, terms))
+    for name, terms in chains.states:
+        x = alg.summary(name)
+        states.append((name, tuple(
+            _program(t, _operands(t, False, _carry_ops(t), gated), x.indices, size_items, False)
+            for t in terms)))
     layouts = tuple((s.name, s.dims) for s in alg.streaming)
-    program = ChunkProgram(alg, chunk, dim_sizes, gated, tuple(derived), output, normalizer,
-                           tuple(states), layouts)
-    return pack_symmetric(program)
+    return ChunkProgram(alg, chunk, dim_sizes, gated, tuple(derived), output, normalizer,
+                        tuple(states), layouts)
 
 
 def index_sizes(term_factors, alg: Algebra, dims: dict[str, int]) -> dict[str, int]:

@@ -11,7 +11,6 @@ from hladsl.errors import AlgebraError, SpecError
 from hladsl.frontend import ast
 from hladsl.frontend.check import BUILTIN_EYE, declaration_order
 from hladsl.frontend.printer import sum_text
-from hladsl.frontend.specs import load_ast
 from hladsl.ir.algebra import Algebra, Summary
 from hladsl.ir.expr import Factor, Monomial, Poly, eliminate_eye
 
@@ -116,14 +115,6 @@ class _Lowerer:
 
 def _frac(value) -> Fraction:
     return Fraction(str(value)) if isinstance(value, float) else Fraction(value)
-
-
-def lower_spec(name_or_path, **overrides) -> Algebra:
-    spec, display, source = load_ast(name_or_path)
-    try:
-        return lower(spec, bind_params(spec, overrides), source)
-    except SpecError as exc:
-        raise exc.located(display, source)
 
 
 def lower(spec: ast.Spec, params: dict, source: str = "") -> Algebra:

@@ -1,5 +1,5 @@
-"""Packed symmetric states in the chunk program (DESIGN §3, §5 "symmetric
-states are packed"; power attention's fused expand-matmul).
+"""Packed symmetric states in the chunk program: power attention's state is
+never held as d^p entries, and its φ tiles are expanded on the fly.
 
 A summary declared symmetric in a group of p slots over a dim of size n is held
 by its C(n+p-1, p) entries with non-decreasing indices (the storage layout of

@@ -1,253 +1,311 @@
-"""The torch op: ``hladsl.load(spec)(q, k, v, ...) -> (o, final_state)``.
+"""The torch op of a compiled spec: ``hladsl.load(spec)(q, k, v, ...) -> (o, final_state)``.
 
-CPU tensors run the chunk program through torch (every step differentiable,
-so autograd gives the backward). On CUDA tensors the forward runs the generated
-Triton kernels (hladsl.codegen); the backward is not generated yet: it
-recomputes the torch chunk program and differentiates it (correct, slower).
-``op.backend = "torch"`` forces the torch path everywhere; ``op.schedule``
-("auto", "two_pass", "fused") picks the Triton schedule.
+Token inputs, their dims and the output come from the spec's declarations:
+positional arguments follow the ``input`` order, keywords use the declared
+names. Every call, eager or under torch.compile, goes through one torch custom
+op per loaded spec (``runtime.custom_op``) whose autograd formula calls
+``Op.backward_impl``: one autograd path. Execution (``Op.forward_impl``) splits
+into a differentiable preparation in torch (scale, varlen padding, chunk tiles,
+cumulative gates, state layouts), a core that is either the torch chunk program
+or the generated Triton kernels, and a differentiable finish (unpad, cast).
 """
 from __future__ import annotations
 
 import torch
 
 from hladsl.errors import SpecError
-from hladsl.ir.algebra import Algebra
-from hladsl.ir.chunk import chunk_program
-from hladsl.runtime import chunk_torch
+from hladsl.ir.pipeline import Compilation, program_for
+from hladsl.runtime import chunk_torch, launch
 from hladsl.runtime.packing import pack, packed_shape, unpack
 from hladsl.runtime.serial_torch import serial_polys, step
 from hladsl.runtime.validate import check_inputs, check_state
 
+BACKENDS = ("auto", "torch", "triton")
+CALL_OPTIONS = {"g": None, "scale": None, "initial_state": None, "output_final_state": False,
+                "cu_seqlens": None}
+SERIAL_OPTIONS = {"g": None, "scale": None, "initial_state": None}
+STEP_OPTIONS = {"g": None, "scale": None, "state": None, "state_indices": None, "backend": None}
 
-OP_INPUTS = ("q", "k", "v")
+
+def output_dim(alg) -> str:
+    """The dim of the output's one free index (the value dim)."""
+    (index,) = alg.output.free
+    for m in alg.output.terms:
+        for f in m.factors:
+            if index in f.indices:
+                if f.kind == "input":
+                    return alg.inputs[f.name]
+                if f.kind == "state":
+                    return alg.summary(f.name).dims[f.indices.index(index)]
+    raise SpecError(f"cannot tell the dim of output index '{index}'", path=alg.name)
+
+
+def query_inputs(alg) -> tuple[str, ...]:
+    """Inputs read at the output's own token (the query side): ``scale`` multiplies them."""
+    return tuple(dict.fromkeys(f.name for m in alg.output.terms for f in m.factors
+                               if f.kind == "input"))
 
 
 class Op:
-    def __init__(self, algebra: Algebra, chunk_size: int = 64, backend: str = "auto"):
-        unknown = sorted(set(algebra.inputs) - set(OP_INPUTS))
-        if unknown or not {"q", "v"} <= set(algebra.inputs):
-            raise SpecError(f"the op takes token inputs {', '.join(OP_INPUTS)} (DESIGN section 6); "
-                            f"{algebra.name} declares {', '.join(algebra.inputs)}", path=algebra.name)
-        self.algebra = algebra
+    """One compiled spec as a torch op (made by ``hladsl.load``, one per spec text,
+    parameters and options)."""
+
+    def __init__(self, compilation: Compilation, backend: str = "auto", chunk_size: int = 64):
+        alg = compilation.algebra
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if len(alg.output.free) != 1:
+            raise SpecError(f"the op needs an output with one free index (its value dim); "
+                            f"{alg.output_name} has {len(alg.output.free)}", path=alg.name)
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r} (the Triton "
+                             f"kernels need a power of two >= {launch.MIN_CHUNK})")
+        self.compilation = compilation
+        self.algebra = alg
+        self.backend = backend
         self.chunk_size = chunk_size
-        self.backend = backend   # "auto": Triton on CUDA tensors, torch elsewhere; "torch": always torch
-        self.schedule = "auto"   # Triton: "two_pass", "fused" or "auto" (see triton_run.forward_triton)
-        self.state_names = tuple(s.name for s in algebra.streaming)
-        self._fitting_chunk: dict = {}   # (dims, dtype, gated, chunk asked) -> chunk that fits
+        self.schedule = "auto"            # Triton: "two_pass", "fused" or "auto" (runtime.launch)
+        self.inputs = tuple(alg.inputs)   # declaration order
+        self.queries = query_inputs(alg)
+        self.out_dim = output_dim(alg)
+        self.state_names = tuple(s.name for s in alg.streaming)
         from hladsl.runtime.custom_op import register
-        self.custom_op = register(self)   # the op as torch.compile sees it
+        self.custom_op = register(self)
 
     def __repr__(self) -> str:
-        return f"hladsl.load({self.algebra.name!r}) -> state {list(self.state_names)}"
+        return (f"hladsl.load({self.algebra.name!r}) -> inputs {list(self.inputs)}, "
+                f"state {list(self.state_names)}, backend {self.backend!r}")
 
-    # -- public --------------------------------------------------------------------
-    def __call__(self, q, k, v, g=None, scale=None, initial_state=None, output_final_state=False,
-                 cu_seqlens=None):
-        """q, k: [B, T, H, d]; v: [B, T, H, dv]; g: [B, T, H] log gates (<= 0) or None;
-        scale multiplies q (default d^-0.5). Returns (o [B, T, H, dv] in q's dtype,
-        final_state dict {summary: [N, H, *shape]} fp32 (fp64 for fp64 inputs), or None).
-        Symmetric summaries are stored packed. With cu_seqlens (B = 1) each
-        sequence runs alone and N is the number of sequences."""
-        if torch.compiler.is_compiling():   # one opaque custom-op call in the graph
-            from hladsl.runtime.custom_op import compiled_call
-            return compiled_call(self, q, k, v, g, scale, initial_state, output_final_state,
-                                 cu_seqlens)
-        return self.eager(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens)
+    # -- public ---------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        """``op(q, k, v, g=None, scale=None, initial_state=None, output_final_state=False,
+        cu_seqlens=None)`` for a spec declaring inputs q, k, v: token inputs [B, T, H, dim]
+        in declaration order (or by name), then the options (positionally too);
+        g: [B, T, H] log gates (<= 0) or None; scale multiplies the query inputs (default
+        dim^-0.5). Returns (o [B, T, H, dv] in the inputs' dtype, final state
+        {summary: [N, H, *shape]} fp32 (fp64 for fp64 inputs) or None); symmetric
+        summaries are packed. With cu_seqlens (B = 1) each sequence runs alone and N is
+        their number."""
+        tokens, opts = self.bind(args, kwargs, CALL_OPTIONS)
+        g, scale, initial_state, output_final_state, cu_seqlens = opts.values()
+        compiling = torch.compiler.is_compiling()
+        dims = check_inputs(self.algebra, tokens, g, scale, cu_seqlens, data_checks=not compiling)
+        first = tokens[self.inputs[0]]
+        n_seq = first.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+        init = []
+        if initial_state is not None:
+            check_state(self.algebra, initial_state, n_seq, first.shape[2], dims, first.device)
+            init = [initial_state[n] for n in self.state_names]
+        o, finals = self.custom_op([tokens[n] for n in self.inputs], g,
+                                   -1.0 if scale is None else float(scale), init, cu_seqlens,
+                                   self.schedule)
+        return o, (dict(zip(self.state_names, finals)) if output_final_state else None)
 
-    def eager(self, q, k, v, g=None, scale=None, initial_state=None, output_final_state=False,
-              cu_seqlens=None):
-        """The op without the torch.compile routing (same signature)."""
-        # the Triton kernels read bf16/fp16 tiles as they are (fp32 accumulation)
-        dims, tokens, compute = self._prepare(q, k, v, g, scale, initial_state, cu_seqlens,
-                                              keep_dtype=self._use_triton(q))
-        gates = None if g is None else g.to(compute)
-        if cu_seqlens is not None:
-            tokens, gates, index = _to_padded(tokens, gates, cu_seqlens)
-        init = self._packed_state(initial_state, tokens["q"], dims, compute)
-        o, final = self._forward(tokens, gates, init, dims, compute)
-        if cu_seqlens is not None:
-            o = o.reshape(-1, *o.shape[2:])[index].unsqueeze(0)
-        return o.to(q.dtype), (final if output_final_state else None)
+    def bind(self, args, kwargs, options: dict):
+        """(token inputs by declared name, options) from positional and keyword
+        arguments: tokens first in declaration order, then ``options`` in order."""
+        names = self.inputs + tuple(options)
+        if len(args) > len(names):
+            raise ValueError(f"{self.algebra.name} takes at most {len(names)} positional arguments "
+                             f"({', '.join(names)}), got {len(args)}")
+        given = dict(zip(names, args))
+        for name, x in kwargs.items():
+            if name not in names:
+                raise ValueError(f"unexpected argument '{name}': {self.algebra.name} takes token "
+                                 f"inputs {', '.join(self.inputs)} and {', '.join(options)}")
+            if name in given:
+                raise ValueError(f"argument '{name}' given twice")
+            given[name] = x
+        tokens = {n: given[n] for n in self.inputs if n in given}
+        missing = [n for n in self.inputs if n not in tokens]
+        if missing:
+            raise ValueError(f"missing token input(s) {', '.join(missing)} "
+                             f"({self.algebra.name} takes {', '.join(self.inputs)})")
+        return tokens, {n: given.get(n, default) for n, default in options.items()}
 
-    def step(self, q, k, v, g=None, scale=None, state=None, state_indices=None, backend=None):
-        """Decode: the serial update over q's T tokens (runtime.step.run_step). state
-        ({summary: [N, H, *shape]}, as op(...)'s final state) is updated in place;
-        a zero state is made when None. Returns (o in q's dtype, state)."""
-        from hladsl.runtime.step import run_step
-        # g's values (finite, <= 0) are not checked while a CUDA graph is being
-        # captured: reading them would sync with the host (run_step checks its shape)
-        capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
-        dims = check_inputs(self.algebra, q, k, v, None if capturing else g, scale, None)
-        n = q.shape[0] if state is None or state_indices is None else \
-            next(iter(state.values())).shape[0]
-        if state is not None:
-            check_state(self.algebra, state, n, q.shape[2], dims, q.device)
-        scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-        if state is None:
-            state = {name: q.new_zeros((n, q.shape[2]) + shape, dtype=compute)
-                     for name, shape in self.state_shapes(q.shape[-1], v.shape[-1]).items()}
-        if backend is None:
-            backend = "triton" if self._use_triton(q) else "torch"
-        tokens = {"q": q * scale, "k": k, "v": v}
-        o = run_step(self.algebra, {x: tokens[x] for x in self.algebra.inputs}, g, state,
-                     state_indices, backend)
-        return o.to(q.dtype), state
-
-    def state_shapes(self, d: int, dv: int) -> dict[str, tuple[int, ...]]:
-        dims = {self.algebra.inputs["q"]: d, self.algebra.inputs["v"]: dv}
+    def state_shapes(self, *sizes, **named_sizes) -> dict[str, tuple[int, ...]]:
+        """Storage shape of each state entry (after [N, H]) for dim sizes given in
+        the spec's ``dims`` order or by name."""
+        dims = dict(zip(self.algebra.dims, sizes)) | named_sizes
         return {s.name: packed_shape(s, dims) for s in self.algebra.streaming}
 
-    def serial(self, q, k, v, g=None, scale=None, initial_state=None):
-        """The derived serial recurrence, token by token (inference path / reference)."""
+    def step(self, *args, **kwargs):
+        """``op.step(q, k, v, g=None, scale=None, state=None, state_indices=None,
+        backend=None)``: decode, the serial update over the inputs' T tokens
+        (runtime.step.run_step). ``state`` ({summary: [N, H, *shape]}, as op(...)'s
+        final state) is updated in place, zeros when None. Returns (o in the
+        inputs' dtype, state)."""
+        from hladsl.runtime.step import run_step
+        tokens, opts = self.bind(args, kwargs, STEP_OPTIONS)
+        g, scale, state, state_indices, backend = opts.values()
+        first = tokens[self.inputs[0]]
+        # no checks of values while a CUDA graph is captured: they would sync
+        capturing = first.is_cuda and torch.cuda.is_current_stream_capturing()
+        dims = check_inputs(self.algebra, tokens, g, scale, None, data_checks=not capturing)
+        n = first.shape[0] if state is None or state_indices is None else \
+            next(iter(state.values())).shape[0]
+        if state is None:
+            state = {name: first.new_zeros((n, first.shape[2]) + shape, dtype=_compute_dtype(first))
+                     for name, shape in self.state_shapes(**dims).items()}
+        check_state(self.algebra, state, n, first.shape[2], dims, first.device)
+        backend = backend or ("triton" if self.use_triton(first) else "torch")
+        o = run_step(self.algebra, self._scaled(tokens, scale, first.dtype), g, state,
+                     state_indices, backend)
+        return o.to(first.dtype), state
+
+    def serial(self, *args, **kwargs):
+        """``op.serial(q, k, v, g=None, scale=None, initial_state=None)``: the derived
+        serial recurrence, token by token (a reference)."""
         alg = self.algebra
-        dims, tokens, compute = self._prepare(q, k, v, g, scale, initial_state, None)
-        state = self._unpacked_state(initial_state, tokens["q"], dims, compute)
+        tokens, opts = self.bind(args, kwargs, SERIAL_OPTIONS)
+        g, scale, initial_state = opts.values()
+        dims = check_inputs(alg, tokens, g, scale, None)
+        first = tokens[self.inputs[0]]
+        if initial_state is not None:
+            check_state(alg, initial_state, first.shape[0], first.shape[2], dims, first.device)
+        compute = _compute_dtype(first)
+        tokens = self._scaled(tokens, scale, compute)
+        state = {}
+        for s in alg.streaming:
+            if initial_state is None:
+                state[s.name] = first.new_zeros(first.shape[:1] + first.shape[2:3] +
+                                                tuple(dims[d] for d in s.dims), dtype=compute)
+            else:
+                state[s.name] = unpack(s, initial_state[s.name].to(compute), dims)
         polys = serial_polys(alg)
         outs = []
-        for t in range(q.shape[1]):
+        for t in range(first.shape[1]):
             tok = {name: x[:, t] for name, x in tokens.items()}
             state, num, den = step(alg, polys, state, tok, None if g is None else g[:, t].to(compute))
             outs.append(num if den is None else num / (den.unsqueeze(-1) + alg.eps))
         o = torch.stack(outs, dim=1)
-        return o.to(q.dtype), {n: pack(alg.summary(n), state[n], dims) for n in self.state_names}
+        return o.to(first.dtype), {n: pack(alg.summary(n), state[n], dims) for n in self.state_names}
 
-    # -- internals -------------------------------------------------------------------
-    def _prepare(self, q, k, v, g, scale, initial_state, cu_seqlens, keep_dtype=False):
-        """Validate; return (dims, scaled token tensors, compute dtype). Tokens are
-        in the compute dtype (fp32, fp64 for fp64 inputs) unless keep_dtype."""
-        dims = check_inputs(self.algebra, q, k, v, g, scale, cu_seqlens)
-        n_seq = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
-        if initial_state is not None:
-            check_state(self.algebra, initial_state, n_seq, q.shape[2], dims, q.device)
-        scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-        dtype = q.dtype if keep_dtype else compute
-        tokens = {"q": q.to(dtype) * scale, "k": k.to(dtype), "v": v.to(dtype)}
-        return dims, tokens, compute
+    # -- execution (called by the custom op) -------------------------------------------------
+    def use_triton(self, x: torch.Tensor) -> bool:
+        if self.backend == "triton":
+            return True
+        return self.backend == "auto" and x.device.type == "cuda"
 
-    def _packed_state(self, initial_state, like, dims, dtype):
-        """The initial state dict in storage layout (symmetric summaries packed)."""
-        n, h = like.shape[0], like.shape[2]
-        if initial_state is None:
-            return {s.name: like.new_zeros((n, h) + packed_shape(s, dims), dtype=dtype)
-                    for s in self.algebra.streaming}
-        return {s.name: initial_state[s.name].to(dtype) for s in self.algebra.streaming}
+    def forward_impl(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str):
+        """(o, [final state per summary]) without autograd."""
+        tokens = dict(zip(self.inputs, tokens))
+        first = tokens[self.inputs[0]]
+        if not self.use_triton(first):
+            return self._run_torch(tokens, g, scale, init, cu_seqlens)
+        dims = self._dims(tokens)
+        key = (tuple(sorted(dims.items())), first.dtype, g is not None)
 
-    def _unpacked_state(self, initial_state, like, dims, dtype):
-        n, h = like.shape[0], like.shape[2]
+        def run(chunk):
+            prep = _Prepared(self, tokens, g, scale, init, cu_seqlens, chunk, keep_dtype=True)
+            from hladsl.runtime.triton_forward import forward_triton
+            o_tiles, finals = forward_triton(prep.program, prep.tiles, prep.lam, prep.init,
+                                             self.algebra.eps, schedule=schedule)
+            return prep.finish(o_tiles, finals)
+        return launch.fitting_chunk(key, self._chunk(first), run)
+
+    def backward_impl(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str,
+                      grad_o, grad_states: list):
+        """Gradients of (tokens..., g, init...) given those of (o, final states)."""
+        keep = [n for n, x in enumerate(grad_states) if x is not None]
+        leaves = list(tokens) + ([g] if g is not None else []) + list(init)
+        n_tok = len(tokens)
+
+        def forward(*xs):
+            toks = dict(zip(self.inputs, xs[:n_tok]))
+            gg = xs[n_tok] if g is not None else None
+            o, finals = self._run_torch(toks, gg, scale, list(xs[n_tok + (g is not None):]),
+                                        cu_seqlens)
+            return (o,) + tuple(finals[n] for n in keep)
+
+        # the generated Triton backward lands with the backward program (ir.backward);
+        # until then both backends differentiate the torch chunk program
+        _, pullback = torch.func.vjp(forward, *leaves)
+        got = pullback((grad_o,) + tuple(grad_states[n] for n in keep))
+        return [torch.zeros_like(x) if d is None else d.contiguous() for x, d in zip(leaves, got)]
+
+    # -- internals -----------------------------------------------------------------------
+    def _run_torch(self, tokens, g, scale, init, cu_seqlens):
+        first = tokens[self.inputs[0]]
+        prep = _Prepared(self, tokens, g, scale, init, cu_seqlens, self._chunk(first),
+                         keep_dtype=False)
+        starts, finals = chunk_torch.state_pass(prep.program, prep.tiles, prep.lam, prep.init,
+                                                prep.compute)
+        num = chunk_torch.outputs(prep.program, "output", prep.tiles, prep.lam, starts, prep.compute)
+        if self.algebra.normalizer is not None:
+            den = chunk_torch.outputs(prep.program, "normalizer", prep.tiles, prep.lam, starts,
+                                      prep.compute)
+            num = num / (den.unsqueeze(-1) + self.algebra.eps)
+        return prep.finish(num, finals)
+
+    def _chunk(self, first) -> int:
+        T = first.shape[1]
+        return launch.chunk_for(T, self.chunk_size)
+
+    def _dims(self, tokens) -> dict[str, int]:
+        return {self.algebra.inputs[n]: x.shape[-1] for n, x in tokens.items()}
+
+    def _scaled(self, tokens, scale, dtype):
         out = {}
-        for s in self.algebra.streaming:
-            if initial_state is None:
-                shape = tuple(dims[d] for d in s.dims)
-                out[s.name] = like.new_zeros((n, h) + shape, dtype=dtype)
-            else:
-                out[s.name] = unpack(s, initial_state[s.name].to(dtype), dims)
+        for name, x in tokens.items():
+            x = x.to(dtype)
+            if name in self.queries:
+                x = x * (x.shape[-1] ** -0.5 if scale is None or scale < 0 else float(scale))
+            out[name] = x
         return out
 
-    def _forward(self, tokens, gates, init, dims, compute):
-        """init and the returned final states are in storage layout; the chunk
-        program holds a symmetric summary packed or unpacked (ir.symmetric).
-        Kernels that do not fit the GPU's shared memory at this chunk size (large
-        states at d = 128) are retried at half the chunk size, down to 16."""
-        T = tokens["q"].shape[1]
-        C = min(self.chunk_size, max(16, 1 << (T - 1).bit_length()))
-        if not self._use_triton(tokens["q"]):
-            return self._forward_chunked(C, tokens, gates, init, dims, compute)
-        import triton.runtime.errors
-        key = (tuple(sorted(dims.items())), tokens["q"].dtype, gates is not None, C)
-        C = self._fitting_chunk.get(key, C)
-        while True:
-            try:
-                out = self._forward_chunked(C, tokens, gates, init, dims, compute)
-            except triton.runtime.errors.OutOfResources:
-                if C <= 16:
-                    raise
-                C //= 2
-                continue
-            self._fitting_chunk[key] = C
-            return out
 
-    def _forward_chunked(self, C, tokens, gates, init, dims, compute):
-        alg = self.algebra
-        B, T, H, _ = tokens["q"].shape
-        n_chunks = max(1, -(-T // C))
-        pad = n_chunks * C - T
-        program = chunk_program(alg, C, tuple(sorted(dims.items())), gates is not None)
-        init = {name: x if program.is_packed(name) else unpack(alg.summary(name), x, dims)
-                for name, x in init.items()}
-        names = list(tokens)
-        state_names = list(init)
-
-        def run(use_triton, *flat):
-            toks = dict(zip(names, flat[:len(names)]))
-            if not use_triton:
-                toks = {name: x.to(compute) for name, x in toks.items()}
-            g = flat[len(names)] if gates is not None else None
-            states = dict(zip(state_names, flat[len(flat) - len(state_names):]))
-            tiles = {}
-            for name, x in toks.items():
-                x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
-                tiles[name] = x.reshape(B, n_chunks, C, H, -1).permute(0, 3, 1, 2, 4)
-            lam = None
-            if g is not None:
-                g = torch.nn.functional.pad(g, (0, 0, 0, pad))
-                lam = g.reshape(B, n_chunks, C, H).permute(0, 3, 1, 2).cumsum(-1)
-            if use_triton:
-                from hladsl.codegen.triton_run import forward_triton
-                num, final = forward_triton(program, tiles, lam, states, alg.eps,
-                                            schedule=self.schedule)
-            else:
-                starts, final = chunk_torch.state_pass(program, tiles, lam, states, compute)
-                num = chunk_torch.outputs(program, "output", tiles, lam, starts, compute)
-                if alg.normalizer is not None:
-                    den = chunk_torch.outputs(program, "normalizer", tiles, lam, starts, compute)
-                    num = num / (den.unsqueeze(-1) + alg.eps)
-            o = num.permute(0, 2, 3, 1, 4).reshape(B, n_chunks * C, H, -1)[:, :T]
-            return (o,) + tuple(final[n] for n in state_names)
-
-        flat = list(tokens.values()) + ([gates] if gates is not None else []) + list(init.values())
-        if self._use_triton(tokens["q"]):
-            outs = _TritonForward.apply(run, *flat)
-        else:
-            outs = run(False, *flat)
-        final = {name: x if program.is_packed(name) else pack(alg.summary(name), x, dims)
-                 for name, x in zip(state_names, outs[1:])}
-        return outs[0], final
-
-    def _use_triton(self, x) -> bool:
-        if self.backend == "torch" or not isinstance(x, torch.Tensor) or x.device.type != "cuda":
-            return False
-        return True
+def _compute_dtype(x) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-class _TritonForward(torch.autograd.Function):
-    """Forward: the generated Triton kernels. Backward: the VJP of the torch chunk
-    program, recomputed (the Triton backward is not generated yet)."""
+class _Prepared:
+    """The differentiable torch side of one call: scaled tokens as chunk tiles
+    [N, H, nC, C, dim], in-chunk cumulative gates [N, H, nC, C], the initial
+    state in the program's layout; ``finish`` maps the core's outputs back."""
 
-    @staticmethod
-    def forward(ctx, run, *flat):
-        ctx.run = run
-        ctx.save_for_backward(*flat)
-        with torch.no_grad():
-            outs = run(True, *flat)
-        return outs
+    def __init__(self, op: Op, tokens, g, scale, init, cu_seqlens, chunk: int, keep_dtype: bool):
+        alg = op.algebra
+        first = tokens[op.inputs[0]]
+        self.op, self.dtype = op, first.dtype
+        self.compute = compute = _compute_dtype(first)
+        self.dims = dims = op._dims(tokens)
+        tokens = op._scaled(tokens, None if scale < 0 else scale,
+                            first.dtype if keep_dtype else compute)
+        gates = None if g is None else g.to(compute)
+        self.index = None
+        if cu_seqlens is not None:
+            tokens, gates, self.index = _to_padded(tokens, gates, cu_seqlens)
+        first = tokens[op.inputs[0]]
+        B, T, H = first.shape[:3]
+        self.shape = (B, T, H)
+        self.program = program_for(op.compilation, chunk, tuple(sorted(dims.items())),
+                                   gates is not None)
+        n_chunks = max(1, -(-T // chunk))
+        pad = n_chunks * chunk - T
+        self.tiles = {}
+        for name, x in tokens.items():
+            x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
+            self.tiles[name] = x.reshape(B, n_chunks, chunk, H, -1).permute(0, 3, 1, 2, 4)
+        self.lam = None
+        if gates is not None:
+            gates = torch.nn.functional.pad(gates, (0, 0, 0, pad))
+            self.lam = gates.reshape(B, n_chunks, chunk, H).permute(0, 3, 1, 2).cumsum(-1)
+        self.init = {}
+        for n, s in enumerate(alg.streaming):
+            x = (init[n].to(compute) if init else
+                 first.new_zeros((B, H) + packed_shape(s, dims), dtype=compute))
+            self.init[s.name] = x if self.program.is_packed(s.name) else unpack(s, x, dims)
 
-    @staticmethod
-    def backward(ctx, *grads):
-        flat = [x.detach().requires_grad_(need) for x, need in
-                zip(ctx.saved_tensors, ctx.needs_input_grad[1:])]
-        wanted = [x for x in flat if x.requires_grad]
-        if not wanted:
-            return (None,) * (len(flat) + 1)
-        with torch.enable_grad():
-            outs = ctx.run(False, *flat)
-        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
-        got = torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
-                                  allow_unused=True)
-        it = iter(got)
-        return (None,) + tuple(next(it) if x.requires_grad else None for x in flat)
+    def finish(self, o_tiles, finals):
+        """o [B, T, H, dv] in the inputs' dtype and the final states in storage layout."""
+        alg, (B, T, H) = self.op.algebra, self.shape
+        o = o_tiles.permute(0, 2, 3, 1, 4).reshape(B, -1, H, o_tiles.shape[-1])[:, :T]
+        if self.index is not None:
+            o = o.reshape(-1, *o.shape[2:])[self.index].unsqueeze(0)
+        states = [finals[s.name] if self.program.is_packed(s.name)
+                  else pack(s, finals[s.name], self.dims) for s in alg.streaming]
+        return o.to(self.dtype), [x.to(self.compute) for x in states]
 
 
 def _to_padded(tokens, gates, cu_seqlens):
@@ -255,12 +313,10 @@ def _to_padded(tokens, gates, cu_seqlens):
     bounds = cu_seqlens.tolist()
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     t_max = max(max(lengths), 1)
-    device = tokens["q"].device
-    rows = []
-    for n, (a, length) in enumerate(zip(bounds, lengths)):
-        rows.append(torch.arange(length, device=device) + n * t_max)
+    device = next(iter(tokens.values())).device
+    rows = [torch.arange(length, device=device) + n * t_max for n, length in enumerate(lengths)]
     index = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long, device=device)
-    src = torch.cat([torch.arange(a, a + l, device=device) for a, l in zip(bounds, lengths)])
+    src = torch.cat([torch.arange(a, a + n, device=device) for a, n in zip(bounds, lengths)])
     out = {}
     for name, x in tokens.items():
         flat = x.new_zeros((len(lengths) * t_max,) + x.shape[2:])

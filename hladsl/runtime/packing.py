@@ -13,10 +13,6 @@ from hladsl.ir.algebra import Summary
 from hladsl.ir.symmetric import multiplicities
 
 
-def full_shape(s: Summary, dims: dict[str, int]) -> tuple[int, ...]:
-    return tuple(dims[d] for d in s.dims)
-
-
 def packed_shape(s: Summary, dims: dict[str, int]) -> tuple[int, ...]:
     shape, skip = [], set()
     for group in s.symmetric:

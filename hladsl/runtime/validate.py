@@ -18,26 +18,30 @@ def _tensor(name, x, ndim):
         raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
 
 
-def check_inputs(alg: Algebra, q, k, v, g, scale, cu_seqlens) -> dict[str, int]:
-    """Validate q, k, v, g, scale, cu_seqlens; return the dim sizes."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _tensor(name, x, 4)
-    B, T, H, _ = q.shape
-    for name, x in (("k", k), ("v", v)):
-        if x.shape[:3] != q.shape[:3]:
-            raise ValueError(f"{name} must have q's [B, T, H] = {tuple(q.shape[:3])}, got "
-                             f"{tuple(x.shape[:3])}")
-        if x.device != q.device:
-            raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
-        if x.dtype != q.dtype:
-            raise ValueError(f"{name} has dtype {x.dtype} but q has {q.dtype}")
+def check_inputs(alg: Algebra, tokens: dict, g, scale, cu_seqlens, data_checks: bool = True
+                 ) -> dict[str, int]:
+    """Validate the token inputs (by declared name), g, scale and cu_seqlens; return
+    the dim sizes. ``data_checks=False`` skips what reads tensor values (gate signs,
+    cu_seqlens contents): under torch.compile they would break the graph."""
+    names = list(tokens)
+    for name in names:
+        _tensor(name, tokens[name], 4)
+    first = tokens[names[0]]
+    B, T, H, _ = first.shape
+    for name in names[1:]:
+        x = tokens[name]
+        if x.shape[:3] != first.shape[:3]:
+            raise ValueError(f"{name} must have {names[0]}'s [B, T, H] = {tuple(first.shape[:3])}, "
+                             f"got {tuple(x.shape[:3])}")
+        if x.device != first.device:
+            raise ValueError(f"{name} is on {x.device} but {names[0]} is on {first.device}")
+        if x.dtype != first.dtype:
+            raise ValueError(f"{name} has dtype {x.dtype} but {names[0]} has {first.dtype}")
     dims: dict[str, int] = {}
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        dim = alg.inputs.get(name)
-        if dim is None:
-            continue
-        if dims.setdefault(dim, x.shape[-1]) != x.shape[-1]:
-            raise ValueError(f"{name} has last dimension {x.shape[-1]} but the spec gives it dim "
+    for name in names:
+        dim, size = alg.inputs[name], tokens[name].shape[-1]
+        if dims.setdefault(dim, size) != size:
+            raise ValueError(f"{name} has last dimension {size} but the spec gives it dim "
                              f"'{dim}' = {dims[dim]}")
     if g is not None:
         if not isinstance(g, torch.Tensor) or g.dim() != 3 or tuple(g.shape) != (B, T, H):
@@ -45,11 +49,11 @@ def check_inputs(alg: Algebra, q, k, v, g, scale, cu_seqlens) -> dict[str, int]:
                              f"{tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__}")
         if g.dtype not in FLOAT_TYPES:
             raise ValueError(f"g must be a floating tensor, got {g.dtype}")
-        if g.device != q.device:
-            raise ValueError(f"g is on {g.device} but q is on {q.device}")
-        if not bool(torch.isfinite(g).all()):
+        if g.device != first.device:
+            raise ValueError(f"g is on {g.device} but {names[0]} is on {first.device}")
+        if data_checks and not bool(torch.isfinite(g).all()):
             raise ValueError("g must be finite")
-        if bool((g > 0).any()):
+        if data_checks and bool((g > 0).any()):
             raise ValueError("g holds log decays and must be <= 0 (got a positive entry)")
     if scale is not None and not isinstance(scale, (int, float)):
         raise ValueError(f"scale must be a number, got {type(scale).__name__}")
@@ -61,6 +65,11 @@ def check_inputs(alg: Algebra, q, k, v, g, scale, cu_seqlens) -> dict[str, int]:
             raise ValueError(f"with cu_seqlens the batch size must be 1, got B = {B}")
         if cu_seqlens.numel() < 2:
             raise ValueError("cu_seqlens needs at least two entries [0, ..., T]")
+        if cu_seqlens.device != first.device:
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but {names[0]} is on "
+                             f"{first.device}")
+        if not data_checks:
+            return dims
         c = cu_seqlens.tolist()
         if c[0] != 0:
             raise ValueError(f"cu_seqlens must start at 0, got {c[0]}")

@@ -1,5 +1,6 @@
-"""Launching the generated chunk kernels: the Triton counterpart of
-``chunk_torch.state_pass`` + ``chunk_torch.outputs`` (same calling convention)."""
+"""Running the generated forward chunk kernels: the Triton counterpart of
+``chunk_torch.state_pass`` + ``chunk_torch.outputs`` (same calling convention).
+Launch choices come from ``runtime.launch``."""
 from __future__ import annotations
 
 import torch
@@ -7,33 +8,16 @@ import triton
 import triton.language as tl
 import triton.runtime.errors
 
-from hladsl.codegen.triton_gen import block_size, constexprs, kernels
+from hladsl.codegen.triton_gen import constexprs, kernels
 from hladsl.ir.chunk import ChunkProgram
+from hladsl.runtime import launch
+from hladsl.runtime.packing import combos, multiplicity
 
-_DOT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
-
-
-def _state_block(size: int, programs: int, device, narrow_ok: bool) -> int:
-    """Value-dim block of a state-pass program: halve the padded dim (not below
-    16, tl.dot's minimum) while that leaves fewer programs than two per SM.
-    Without ``narrow_ok`` the full width is kept: Triton 3.6's Hopper wgmma
-    lowering miscompiles some chains of dots (a matmul reading a matmul result)
-    on narrow bf16/fp16 tiles -- hla3's state pass at widths 16 and 32 gives NaN
-    or an illegal address (cf. triton-lang/triton issues 6124, 10486, 11366) --
-    while fp32 (tf32x3) and dot chains without such reads split correctly."""
-    width = block_size(size)
-    if not narrow_ok:
-        return width
-    sms = _sms(device)
-    while width > 16 and programs * triton.cdiv(size, width) < 2 * sms:
-        width //= 2
-    return width
 
 
 def _packed_tables(program: ChunkProgram, device) -> dict:
     """pk_<dim>_idx [p, D] int32 (the slots of every packed multi-index) and
     pk_<dim>_mult [D] fp32 (its multiplicity) for each packed dim."""
-    from hladsl.runtime.packing import combos, multiplicity
     sizes = dict(program.sizes)
     out = {}
     for pd in program.packed:
@@ -94,19 +78,17 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     device = first.device
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
-    common = dict(H=heads, n_chunks=n_chunks, DOT=_DOT.get(first.dtype, tl.float32), PREC=precision,
+    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.DOT.get(first.dtype, tl.float32), PREC=precision,
                   num_warps=num_warps, **constexprs(program))
     if num_stages is not None:
         common["num_stages"] = num_stages
     if packed_block is not None:
         common.update({f"B_{pd.name}": packed_block for pd in program.packed})
 
-    if schedule not in ("auto", "two_pass", "fused"):
-        raise ValueError(f"schedule must be 'auto', 'two_pass' or 'fused', got {schedule!r}")
+    fused = launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads)
     if schedule == "fused" and not ctx["fused"]:
         raise ValueError(f"{program.algebra.name} has no fused schedule (packed states)")
-    if schedule == "fused" or (schedule == "auto" and ctx["fused"] and device.type == "cuda"
-                               and n_seq * heads >= FUSED_MIN_PROGRAMS_PER_SM * _sms(device)):
+    if fused:
         try:
             return _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block,
                           num_stages is None, state_options)
@@ -129,26 +111,19 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
             width = common[f"B_{dim}"]
         else:
             programs = n_seq * heads * (grid[1] if len(grid) > 1 else 1)
-            width = state_block or _state_block(dict(program.sizes)[dim], programs, device,
-                                                _narrow_ok(first, ctx["state_chained_dots"]))
+            width = state_block or launch.state_block(dict(program.sizes)[dim], programs, device,
+                                                launch.narrow_ok(first, ctx["state_chained_dots"]))
         grid.append(triton.cdiv(common[f"D_{dim}"], width))
         block[f"B_{dim}"] = width
-    block.update(_dot_override(first, ctx["state_chained_dots"], block))
-    _launch(module.state_pass_kernel, tuple(grid),
+    block.update(launch.dot_override(first, ctx["state_chained_dots"], block))
+    launch.launch(module.state_pass_kernel, tuple(grid),
             {**state_args, **common, **block, **(state_options or {})}, num_stages is None)
 
     o, out = _output_buffer(program, ctx, first, eps)
     out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated), **packed, **out)
-    _launch(module.output_kernel, (n_chunks, n_seq * heads),
+    launch.launch(module.output_kernel, (n_chunks, n_seq * heads),
             {**out_args, **common, **(output_options or {})}, num_stages is None)
     return o, final
-
-
-FUSED_MIN_PROGRAMS_PER_SM = 2
-
-
-def _sms(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 def _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block, may_fall_back,
@@ -163,11 +138,11 @@ def _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_blo
     grid, block = (n_seq * heads,), {}
     if f["split"]:
         dv = dict(program.sizes)[f["split"]]
-        width = state_block or _state_block(dv, n_seq * heads, first.device,
-                                            _narrow_ok(first, f["chained_dots"]))
+        width = state_block or launch.state_block(dv, n_seq * heads, first.device,
+                                            launch.narrow_ok(first, f["chained_dots"]))
         grid, block = (n_seq * heads, triton.cdiv(dv, width)), {f"B_{f['split']}": width}
-    block.update(_dot_override(first, f["chained_dots"], block))
-    _launch(module.fused_kernel, grid, {**args, **common, **block, **(options or {})}, may_fall_back)
+    block.update(launch.dot_override(first, f["chained_dots"], block))
+    launch.launch(module.fused_kernel, grid, {**args, **common, **block, **(options or {})}, may_fall_back)
     return o, final
 
 
@@ -189,40 +164,3 @@ def _output_buffer(program, ctx, first, eps) -> tuple[torch.Tensor, dict]:
     return o, {"out_ptr": o, **({"eps": float(eps)} if ctx["normalize"] else {})}
 
 
-def _narrow_ok(first, chained_dots: bool) -> bool:
-    return first.dtype not in _DOT or not chained_dots
-
-
-def _dot_override(first, chained_dots: bool, block: dict) -> dict:
-    """Chains of bf16/fp16 dots at a narrow chunk or block run with fp32 tiles: the
-    Hopper miscompile of ``_state_block`` also strikes at C = 32 (hla3 at d = 128
-    needs C = 32 to fit shared memory, and its bf16 state pass then faults)."""
-    chunk = first.shape[3]
-    if chained_dots and first.dtype in _DOT and (chunk < 64 or any(w < 64 for w in block.values())):
-        return {"DOT": tl.float32}
-    return {}
-
-
-# Launch options tried in order when a kernel needs more shared memory than the
-# GPU has (large states at d = 128): the default software pipelining keeps
-# several chunks' token tiles in flight; one stage keeps one.
-FALLBACKS = ({}, {"num_stages": 1}, {"num_stages": 1, "num_warps": 8})
-_WORKING: dict = {}    # (kernel, constexprs) -> the first fallback that compiled
-
-
-def _launch(kernel, grid, args: dict, may_fall_back: bool) -> None:
-    if not may_fall_back:
-        kernel[grid](**args)
-        return
-    key = (id(kernel), tuple(sorted((k, str(v)) for k, v in args.items()
-                                    if not isinstance(v, torch.Tensor))))
-    start = _WORKING.get(key, 0)
-    for n in range(start, len(FALLBACKS)):
-        try:
-            kernel[grid](**{**args, **FALLBACKS[n]})
-        except triton.runtime.errors.OutOfResources:
-            if n == len(FALLBACKS) - 1:
-                raise
-            continue
-        _WORKING[key] = n
-        return

@@ -1,0 +1,127 @@
+"""The launch layer: every rule that picks how a generated kernel is launched
+(chunk size, block widths, warps, pipeline stages, schedule, dot dtype) and
+every fallback, each with its reason, in one place. The kernel runners
+(``triton_forward``, the backward and step runners) ask it; they hold no
+tuning knobs of their own.
+
+Rules:
+* chunk size: the op's chunk (64), shrunk to the sequence for short inputs
+  (power of two, >= 16: tl.dot's minimum), halved while a kernel does not fit
+  the GPU's shared memory (``fitting_chunk``); what fit is remembered per shape class.
+* launch options: the default software pipelining first; one stage, then eight
+  warps when shared memory runs out (``launch``, remembered per kernel).
+* state-pass block of the value dim: narrow enough to fill the GPU
+  (``state_block``), except where Hopper miscompiles narrow chained dots.
+* fp32 tiles for chains of bf16/fp16 dots at a narrow chunk or block (``dot_override``).
+* schedule: fused (one kernel) when there are enough (sequence, head) pairs to
+  fill the GPU without chunk parallelism, else two-pass (``use_fused``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+import triton.runtime.errors
+
+from hladsl.codegen.triton_gen import block_size
+
+DOT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+MIN_CHUNK = 16
+
+
+def chunk_for(T: int, chunk_size: int) -> int:
+    """The op's chunk size, shrunk to the smallest power of two >= T (>= 16)."""
+    return min(chunk_size, max(MIN_CHUNK, 1 << max(T - 1, 0).bit_length()))
+
+
+_FITTING: dict = {}    # shape class -> the chunk size whose kernels fit
+
+
+def fitting_chunk(key, chunk: int, run):
+    """``run(chunk)``, halving the chunk while the kernels need more shared memory
+    than the GPU has (large states at d = 128); the chunk that fit is remembered."""
+    chunk = _FITTING.get((key, chunk), chunk)
+    asked = chunk
+    while True:
+        try:
+            out = run(chunk)
+        except triton.runtime.errors.OutOfResources:
+            if chunk <= MIN_CHUNK:
+                raise
+            chunk //= 2
+            continue
+        _FITTING[(key, asked)] = chunk
+        return out
+
+
+def state_block(size: int, programs: int, device, narrow_ok: bool) -> int:
+    """Value-dim block of a state-pass program: halve the padded dim (not below
+    16, tl.dot's minimum) while that leaves fewer programs than two per SM.
+    Without ``narrow_ok`` the full width is kept: Triton 3.6's Hopper wgmma
+    lowering miscompiles some chains of dots (a matmul reading a matmul result)
+    on narrow bf16/fp16 tiles -- hla3's state pass at widths 16 and 32 gives NaN
+    or an illegal address (cf. triton-lang/triton issues 6124, 10486, 11366) --
+    while fp32 (tf32x3) and dot chains without such reads split correctly."""
+    width = block_size(size)
+    if not narrow_ok:
+        return width
+    n_sms = sms(device)
+    while width > 16 and programs * triton.cdiv(size, width) < 2 * n_sms:
+        width //= 2
+    return width
+
+
+FUSED_MIN_PROGRAMS_PER_SM = 2
+
+
+def sms(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+
+def use_fused(schedule: str, has_fused: bool, device, programs: int) -> bool:
+    if schedule not in ("auto", "two_pass", "fused"):
+        raise ValueError(f"schedule must be 'auto', 'two_pass' or 'fused', got {schedule!r}")
+    if schedule == "fused":
+        return True
+    return (schedule == "auto" and has_fused and device.type == "cuda"
+            and programs >= FUSED_MIN_PROGRAMS_PER_SM * sms(device))
+
+
+def narrow_ok(first, chained_dots: bool) -> bool:
+    return first.dtype not in DOT or not chained_dots
+
+
+def dot_override(first, chained_dots: bool, block: dict) -> dict:
+    """Chains of bf16/fp16 dots at a narrow chunk or block run with fp32 tiles: the
+    Hopper miscompile of ``_state_block`` also strikes at C = 32 (hla3 at d = 128
+    needs C = 32 to fit shared memory, and its bf16 state pass then faults)."""
+    chunk = first.shape[3]
+    if chained_dots and first.dtype in DOT and (chunk < 64 or any(w < 64 for w in block.values())):
+        return {"DOT": tl.float32}
+    return {}
+
+
+# Launch options tried in order when a kernel needs more shared memory than the
+# GPU has (large states at d = 128): the default software pipelining keeps
+# several chunks' token tiles in flight; one stage keeps one.
+FALLBACKS = ({}, {"num_stages": 1}, {"num_stages": 1, "num_warps": 8})
+_WORKING: dict = {}    # (kernel, constexprs) -> the first fallback that compiled
+
+
+def launch(kernel, grid, args: dict, may_fall_back: bool) -> None:
+    if not may_fall_back:
+        kernel[grid](**args)
+        return
+    key = (id(kernel), tuple(sorted((k, str(v)) for k, v in args.items()
+                                    if not isinstance(v, torch.Tensor))))
+    start = _WORKING.get(key, 0)
+    for n in range(start, len(FALLBACKS)):
+        try:
+            kernel[grid](**{**args, **FALLBACKS[n]})
+        except triton.runtime.errors.OutOfResources:
+            if n == len(FALLBACKS) - 1:
+                raise
+            continue
+        _WORKING[key] = n
+        return
