@@ -181,11 +181,11 @@ def compile_only(B, H, d, T=1, warps=None) -> list[dict]:
             n = p.name
             if n in consts or p.is_constexpr:
                 sig[n] = "constexpr"
-            elif n.endswith("_idx") or n == "rows_ptr":
+            elif n.endswith(("_idx", "rows_ptr")):
                 sig[n] = "*i32"
             elif n.startswith("in_"):
                 sig[n] = "*bf16"
-            elif n.endswith("_ptr") or n.endswith("_mult"):
+            elif n.endswith(("_ptr", "_mult")):
                 sig[n] = "*fp32"
             else:
                 sig[n] = "fp32" if n == "eps" else "i32"
@@ -199,7 +199,7 @@ def compile_only(B, H, d, T=1, warps=None) -> list[dict]:
         with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
             f.write(kernel.asm["cubin"])
         info = subprocess.run([cuobjdump, "--dump-resource-usage", f.name],
-                              capture_output=True, text=True).stdout
+                              capture_output=True, text=True, check=False).stdout
         os.unlink(f.name)
         usage = [line.strip() for line in info.splitlines() if "REG:" in line]
         rows.append(dict(spec=name + "".join(f" {k}={v}" for k, v in params.items()), warps=nw,

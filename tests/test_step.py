@@ -108,7 +108,7 @@ def test_triton_step_value_blocks(spec, params):
 def test_triton_step_long_input_in_launches(monkeypatch):
     """Kernels with packed dims take at most MAX_TOKENS tokens a launch; longer
     inputs run as consecutive launches on the updated state."""
-    import hladsl.runtime.step as step
+    from hladsl.runtime import step
     monkeypatch.setattr(step, "MAX_TOKENS", 2)
     _triton_check("power", {"p": 2}, True, True, pieces=(5,), d=4, dv=5)
 
@@ -215,3 +215,12 @@ def test_op_step_from_zero_state_and_dtype():
     o32, state32 = op.step(q.float(), k.float(), v.float(), g=g.float())
     assert o32.dtype == torch.float32 and all(x.dtype == torch.float32 for x in state32.values())
     assert _rel(ref, o32) < 1e-5
+
+
+def test_emit_triton_step(tmp_path):
+    """``hladsl compile SPEC --emit triton_step`` prints (or writes) the step kernel."""
+    from hladsl.emit import emit
+    text = emit("power", "triton_step", {"p": 3}, None)
+    assert "def step_kernel" in text and "U_t[i#1,i#2,i#3,e]" in text
+    assert "wrote" in emit("hla2", "triton_step", {}, str(tmp_path))
+    compile((tmp_path / "hla2_triton_step.py").read_text(), "hla2_triton_step.py", "exec")
