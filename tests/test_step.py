@@ -224,3 +224,39 @@ def test_emit_triton_step(tmp_path):
     assert "def step_kernel" in text and "U_t[i#1,i#2,i#3,e]" in text
     assert "wrote" in emit("hla2", "triton_step", {}, str(tmp_path))
     compile((tmp_path / "hla2_triton_step.py").read_text(), "hla2_triton_step.py", "exec")
+
+
+# not shipped: four token inputs, a packed row state (U) next to whole states (S, z),
+# an output reading both kinds (phase 1 and the packed-row loop add into one o)
+MIXED_SPEC = """
+mechanism mixed_power {
+  dims d, dv
+  input q[d], k[d], u[d], v[dv]
+  param normalize = false, eps = 1e-6
+  state U[i^2, e] = k[i^2] v[e]  symmetric(i^2)
+  state S[i, e] = u[i] v[e]
+  state z[i] = k[i]
+  output o[e] = q[i^2] U[i^2, e] + 0.5 q[i] S[i, e]
+  normalizer = q[i] z[i]
+}
+"""
+
+
+@pytest.mark.parametrize("normalize", [False, True], ids=["plain", "normalized"])
+def test_new_spec_mixed_rows_and_whole_states(tmp_path, normalize):
+    path = tmp_path / "mixed_power.hla"
+    path.write_text(MIXED_SPEC)
+    op = hladsl.load(str(path), normalize=normalize)
+    assert step_plan(op.algebra, {"d": 4, "dv": 5}).dims_of("U") == ("d_pow2", "dv")
+    gen = torch.Generator().manual_seed(0)
+    q, k, u = (torch.rand(2, 6, 3, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    v = torch.rand(2, 6, 3, 5, generator=gen, dtype=torch.float64)
+    g = -torch.rand(2, 6, 3, generator=gen, dtype=torch.float64) * 0.3
+    _, init = op(q, k, u, v, g, output_final_state=True)
+    ref, final = op(q, k, u, v, g, initial_state=init, output_final_state=True)
+    for backend in ("torch", "triton"):     # fp64 through the kernel too (ACC = fp64)
+        state = {name: x.clone() for name, x in init.items()}
+        o = torch.cat([op.step(q[:, a:b], k[:, a:b], u[:, a:b], v[:, a:b], g[:, a:b], state=state,
+                               backend=backend)[0] for a, b in ((0, 4), (4, 6))], dim=1)
+        assert _rel(ref, o) < 1e-10, backend
+        assert all(_rel(final[n], state[n]) < 1e-10 for n in final), backend
