@@ -126,9 +126,12 @@ def bench_fla(B, H, d, dv):
                                           output_final_state=True)
     row = dict(spec="fla fused_recurrent_simple_gla", B=B, H=H, d=d, dv=dv, moved_MB=moved / 1e6)
     try:
+        row["copy_ms"] = copy_ms(moved // 2)
+        row["copy_GBps"] = moved / row["copy_ms"] / 1e6
         row["step_ms"] = graph_ms(call)
         row["eager_ms"] = triton.testing.do_bench(call)
         row["step_GBps"] = moved / row["step_ms"] / 1e6
+        row["ratio"] = row["copy_ms"] / row["step_ms"]
     except Exception as exc:
         row["error"] = str(exc)[:200]
     return row
