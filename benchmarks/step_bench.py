@@ -32,6 +32,7 @@ from hladsl.runtime.step import run_step
 SPECS = [("linear", {}), ("hla2", {}), ("ahla", {}), ("hla3", {}), ("hla3_masked", {}),
          ("power", {"p": 2}), ("power", {"p": 3})]
 GRAPH_STEPS = 16
+DEVICE = "cuda"
 
 
 def graph_ms(fn, steps=GRAPH_STEPS) -> float:
@@ -50,17 +51,17 @@ def graph_ms(fn, steps=GRAPH_STEPS) -> float:
 
 
 def tokens(B, T, H, d, dv, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = (torch.randn(B, T, H, d, device="cuda", generator=gen) / math.sqrt(d)).bfloat16()
-    k = (torch.randn(B, T, H, d, device="cuda", generator=gen) / math.sqrt(d)).bfloat16()
-    v = torch.randn(B, T, H, dv, device="cuda", generator=gen).bfloat16()
-    g = torch.nn.functional.logsigmoid(4 + torch.randn(B, T, H, device="cuda", generator=gen))
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    q = (torch.randn(B, T, H, d, device=DEVICE, generator=gen) / math.sqrt(d)).bfloat16()
+    k = (torch.randn(B, T, H, d, device=DEVICE, generator=gen) / math.sqrt(d)).bfloat16()
+    v = torch.randn(B, T, H, dv, device=DEVICE, generator=gen).bfloat16()
+    g = torch.nn.functional.logsigmoid(4 + torch.randn(B, T, H, device=DEVICE, generator=gen))
     return q, k, v, g
 
 
 def copy_ms(nbytes: int) -> float:
     """A device-to-device copy of ``nbytes`` (read ``nbytes``, write ``nbytes``)."""
-    src = torch.empty(nbytes // 4, device="cuda")
+    src = torch.empty(nbytes // 4, device=DEVICE)
     dst = torch.empty_like(src)
     return graph_ms(lambda: dst.copy_(src))
 
@@ -80,7 +81,7 @@ def bench_spec(name, params, B, H, d, dv, sweep):
     op = hladsl.load(name, **params)
     q, k, v, g = tokens(B, 1, H, d, dv)
     toks = {"q": q, "k": k, "v": v}
-    state = {n: torch.zeros((B, H) + s, device="cuda") for n, s in op.state_shapes(d, dv).items()}
+    state = {n: torch.zeros((B, H) + s, device=DEVICE) for n, s in op.state_shapes(d, dv).items()}
     state_bytes = sum(x.numel() * x.element_size() for x in state.values())
     moved = 2 * state_bytes                                   # read once, written once
     plan = step_plan(op.algebra, {"d": d, "dv": dv})
@@ -118,7 +119,7 @@ def bench_fla(B, H, d, dv):
     except Exception as exc:
         return dict(spec="fla fused_recurrent_simple_gla", error=f"not importable: {exc}"[:200])
     q, k, v, g = tokens(B, 1, H, d, dv)
-    state = torch.zeros(B, H, d, dv, device="cuda")
+    state = torch.zeros(B, H, d, dv, device=DEVICE)
     moved = 2 * state.numel() * 4
 
     def call():
@@ -141,7 +142,7 @@ def latency_b1(name, H, d, dv):
     """One whole op.step (scale q, kernel, cast o) for B = 1, replayed from a CUDA graph."""
     op = hladsl.load(name)
     q, k, v, g = tokens(1, 1, H, d, dv)
-    state = {n: torch.zeros((1, H) + s, device="cuda") for n, s in op.state_shapes(d, dv).items()}
+    state = {n: torch.zeros((1, H) + s, device=DEVICE) for n, s in op.state_shapes(d, dv).items()}
     ms = graph_ms(lambda: op.step(q, k, v, g=g, state=state), steps=1)
     return dict(spec=name, B=1, H=H, d=d, dv=dv, graph_latency_us=ms * 1e3,
                 eager_latency_us=triton.testing.do_bench(
