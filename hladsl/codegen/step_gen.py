@@ -442,8 +442,9 @@ def _layout(plan: StepPlan, name: str) -> dict:
             else:
                 terms.append(f"{o} * str_{name}_{axis}")
             axis += 1
-    return {"off": " + ".join(terms), "ld": " & ".join(valid), "st": " & ".join(valid + keep), "axes": len(plan.algebra.summary(name).dims)
-            - sum(len(g) - 1 for g in s.symmetric), "dims": list(held), "index": ",".join(s.indices)}
+    axes = len(s.dims) - sum(len(g) - 1 for g in s.symmetric)     # storage axes after [N, H]
+    return {"off": " + ".join(terms), "ld": " & ".join(valid), "st": " & ".join(valid + keep),
+            "axes": axes, "dims": list(held), "index": ",".join(s.indices)}
 
 
 def _reads(terms) -> set[str]:
@@ -456,12 +457,34 @@ def kernel_context(plan: StepPlan, gated: bool) -> dict:
     _ident("mechanism", alg.name)
     for x, d in alg.inputs.items():
         _ident("input", x), _ident("dim", d)
+    for s in alg.streaming:
+        _ident("summary", s.name)
     for pd in plan.packed:
         _ident("packed dim", pd.name)
-    whole = [s.name for s in alg.streaming if not plan.row_dim(_ident("summary", s.name))]
-    row_groups = {pd.name: [s.name for s in alg.streaming if plan.row_dim(s.name) == pd.name]
-                  for pd in plan.packed}
-    outputs = {"num": plan.output, "den": plan.normalizer}
+    _check_phases(plan)
+    packed = [{"name": pd.name, "base": pd.base, "power": pd.power, "size": pd.size}
+              for pd in plan.packed]
+    return {
+        "name": alg.name,
+        "sizes": [[d, n] for d, n in plan.sizes],
+        "dims": list(alg.dims) + [pd["name"] for pd in packed],
+        "inputs": [{"name": x, "dim": d} for x, d in alg.inputs.items()],
+        "packed": packed,
+        "gated": gated,
+        "normalize": bool(plan.normalizer),
+        "states": [{"name": s.name, **_layout(plan, s.name)} for s in alg.streaming],
+        "regions": _regions(plan, gated),
+        "direct": not plan.packed,
+        "value_dim": plan.value_dim,
+        "split": splittable(plan),
+        "equations": serial_text(alg),
+    }
+
+
+def _check_phases(plan: StepPlan) -> None:
+    """Whole states and each packed dim's row states must update apart (a row
+    block walks the tokens on its own), and an output term may read one row
+    state only (its sum over the blocks is then a sum of block sums)."""
     for name, terms in plan.states:
         rd = plan.row_dim(name)
         bad = sorted(n for n in _reads(terms) if plan.row_dim(n) != rd)
@@ -474,21 +497,26 @@ def kernel_context(plan: StepPlan, gated: bool) -> dict:
             raise ValueError(f"the step kernel sums an output term over one row state at a time; "
                              f"{t.source} reads {sorted(_reads([t]))}")
 
-    def region_outputs(rd):
-        return {k: tuple(t for t in ts if {plan.row_dim(n) for n in _reads([t])} <= {rd}
-                         and (rd == "" or _reads([t])))
-                for k, ts in outputs.items()}
 
+def _regions(plan: StepPlan, gated: bool) -> list[dict]:
+    """The token-loop bodies: whole states first, then one per packed dim."""
+    alg = plan.algebra
+    equations = {s.name: line for s, line in zip(alg.streaming, serial_text(alg))}
+    groups = [("", [s.name for s in alg.streaming if not plan.row_dim(s.name)])]
+    groups += [(pd.name, [s.name for s in alg.streaming if plan.row_dim(s.name) == pd.name])
+               for pd in plan.packed]
     regions, temps = [], 0
-    for rd, names in [("", whole)] + list(row_groups.items()):
-        region = _Region(plan, gated, temps, rd)
-        if not names and not any(region_outputs(rd).values()):
+    for rd, names in groups:
+        outs = {key: tuple(t for t in terms if {plan.row_dim(n) for n in _reads([t])} <= {rd}
+                           and (rd == "" or _reads([t])))
+                for key, terms in (("num", plan.output), ("den", plan.normalizer))}
+        if not names and not any(outs.values()):
             continue
+        region = _Region(plan, gated, temps, rd)
         for name in names:
             region.block.lines.append("")
-            region.block.note(next(line for line in serial_text(alg) if line.startswith(f"{name}_t[")))
+            region.block.note(equations[name])
             region.terms(dict(plan.states)[name], f"nx_{name}", "st")
-        outs = region_outputs(rd)
         for key, terms in outs.items():
             if terms:
                 region.block.lines.append("")
@@ -501,24 +529,7 @@ def kernel_context(plan: StepPlan, gated: bool) -> dict:
                         "inputs": [{"name": x, "dim": d} for x, d in region.inputs.items()],
                         "rhos": sorted(region.rhos), "num": bool(outs["num"]),
                         "den": bool(outs["den"]), "weighted": region.weighted})
-    packed = [{"name": pd.name, "base": pd.base, "power": pd.power, "size": pd.size}
-              for pd in plan.packed]
-    states = [{"name": s.name, **_layout(plan, s.name)} for s in alg.streaming]
-    return {
-        "name": alg.name,
-        "sizes": [[d, n] for d, n in plan.sizes],
-        "dims": list(alg.dims) + [pd["name"] for pd in packed],
-        "inputs": [{"name": x, "dim": d} for x, d in alg.inputs.items()],
-        "packed": packed,
-        "gated": gated,
-        "normalize": bool(plan.normalizer),
-        "states": states,
-        "regions": regions,
-        "direct": not plan.packed,
-        "value_dim": plan.value_dim,
-        "split": splittable(plan),
-        "equations": serial_text(alg),
-    }
+    return regions
 
 
 def template_text() -> str:
