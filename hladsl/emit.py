@@ -194,6 +194,13 @@ def _triton_step(spec, params, out_dir):
     path.write_text(source)
     return f"wrote {path} (Triton decode step for {alg.name}: d = dv = 64, gated)\n"
 
+
+def _cp(spec, params, out_dir):
+    from hladsl.runtime.context_parallel import cp_plan_text
+    alg = _algebra(spec, params)
+    sizes = {d: DEFAULT_SIZES.get(d, 64) for d in alg.dims}
+    return cp_plan_text(alg, sizes, world_size=2, heads=16) + "\n"
+
 # after:PASS printers, one per pass of ir.pipeline.PASSES (a test checks the coverage)
 PASS_TEXT = {"lower": _ir_text, "check": _check_text, "serial": _serial_text,
              "combine": _combine_text, "vjp": _vjp_text, "chains": _chains_text,
@@ -201,7 +208,8 @@ PASS_TEXT = {"lower": _ir_text, "check": _check_text, "serial": _serial_text,
              "pack_symmetric": lambda c: _program_text(c.program)}
 
 EMITTERS = {"ast": _ast, "ir": _ir, "combine": _combine, "serial": _serial, "vjp": _vjp,
-            "chains": _chains, "chunk": _chunk, "triton": _triton, "triton_step": _triton_step,
+            "chains": _chains, "chunk": _chunk, "triton": _triton, "cp": _cp,
+            "triton_step": _triton_step,
             "torch": _source("torch", "torch chunk program"),
             "default": lambda spec, params, out_dir: _triton(spec, params, out_dir or ".")}
 EMIT_KINDS = [k for k in EMITTERS if k != "default"] + [f"after:{p}" for p in PASS_NAMES]

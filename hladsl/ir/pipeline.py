@@ -281,3 +281,11 @@ def chunk_program(alg: Algebra, chunk: int, dim_sizes: tuple[tuple[str, int], ..
 def _from_algebra(alg: Algebra) -> Compilation:
     c = Compilation(None, tuple(sorted(alg.params.items())), alg.source, algebra=alg)
     return run_passes(c, passes=tuple(p for p in PASSES if p.name in ("chains",)))
+
+
+def algebra_compilation(alg: Algebra) -> Compilation:
+    """The target-independent passes after ``lower`` on an algebra built elsewhere
+    (context parallelism's segment algebra carries extra summaries)."""
+    c = Compilation(None, tuple(sorted(alg.params.items())), alg.source, algebra=alg)
+    return run_passes(c, passes=tuple(p for p in PASSES if not p.target_specific
+                                      and p.name != "lower"))

@@ -19,7 +19,8 @@ _REGISTERED: dict[str, object] = {}
 
 def op_name(op) -> str:
     alg = op.algebra
-    blob = repr((alg.source, sorted(alg.params.items()), op.backend, op.chunk_size))
+    blob = repr((alg.source, sorted(alg.params.items()), op.backend, op.chunk_size,
+                 [s.name for s in alg.streaming]))
     return f"{alg.name}_{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 

@@ -22,7 +22,7 @@ from hladsl.runtime.validate import check_inputs, check_state
 
 BACKENDS = ("auto", "torch", "triton")
 CALL_OPTIONS = {"g": None, "scale": None, "initial_state": None, "output_final_state": False,
-                "cu_seqlens": None}
+                "cu_seqlens": None, "cp_group": None, "cp_strategy": "auto"}
 SERIAL_OPTIONS = {"g": None, "scale": None, "initial_state": None}
 STEP_OPTIONS = {"g": None, "scale": None, "state": None, "state_indices": None, "backend": None}
 
@@ -85,9 +85,16 @@ class Op:
         dim^-0.5). Returns (o [B, T, H, dv] in the inputs' dtype, final state
         {summary: [N, H, *shape]} fp32 (fp64 for fp64 inputs) or None); symmetric
         summaries are packed. With cu_seqlens (B = 1) each sequence runs alone and N is
-        their number."""
+        their number. ``cp_group`` (a torch.distributed group): this rank's contiguous
+        shard of the sequences, joined with the other ranks' by the derived combine
+        (``runtime.context_parallel``; ``cp_strategy`` "auto", "gather" or "relay");
+        ``output_final_state="broadcast"`` returns the final state on every rank."""
         tokens, opts = self.bind(args, kwargs, CALL_OPTIONS)
-        g, scale, initial_state, output_final_state, cu_seqlens = opts.values()
+        g, scale, initial_state, output_final_state, cu_seqlens, cp_group, cp_strategy = opts.values()
+        if cp_group is not None:   # one sequence sharded over the group's ranks
+            from hladsl.runtime.context_parallel import cp_call
+            return cp_call(self, tokens, g, scale, initial_state, output_final_state, cu_seqlens,
+                           cp_group, cp_strategy)
         compiling = torch.compiler.is_compiling()
         dims = check_inputs(self.algebra, tokens, g, scale, cu_seqlens, data_checks=not compiling)
         first = tokens[self.inputs[0]]
