@@ -183,6 +183,18 @@ def _source(backend: str, what: str):
 _triton = _source("triton", "Triton kernels, state pass + output")
 
 
+def _triton_step(spec, params, out_dir):
+    from hladsl.codegen.step_gen import step_source
+    alg = compile_spec(spec, until="lower", **params).algebra
+    source = step_source(alg, dict(_target().sizes), True)
+    if out_dir is None:
+        return source
+    path = Path(out_dir) / f"{alg.name}_triton_step.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return f"wrote {path} (Triton decode step for {alg.name}: d = dv = 64, gated)\n"
+
+
 def _cp(spec, params, out_dir):
     from hladsl.runtime.context_parallel import cp_plan_text
     alg = _algebra(spec, params)
@@ -197,6 +209,7 @@ PASS_TEXT = {"lower": _ir_text, "check": _check_text, "serial": _serial_text,
 
 EMITTERS = {"ast": _ast, "ir": _ir, "combine": _combine, "serial": _serial, "vjp": _vjp,
             "chains": _chains, "chunk": _chunk, "triton": _triton, "cp": _cp,
+            "triton_step": _triton_step,
             "torch": _source("torch", "torch chunk program"),
             "default": lambda spec, params, out_dir: _triton(spec, params, out_dir or ".")}
 EMIT_KINDS = [k for k in EMITTERS if k != "default"] + [f"after:{p}" for p in PASS_NAMES]

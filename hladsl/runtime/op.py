@@ -24,6 +24,7 @@ BACKENDS = ("auto", "torch", "triton")
 CALL_OPTIONS = {"g": None, "scale": None, "initial_state": None, "output_final_state": False,
                 "cu_seqlens": None, "cp_group": None, "cp_strategy": "auto"}
 SERIAL_OPTIONS = {"g": None, "scale": None, "initial_state": None}
+STEP_OPTIONS = {"g": None, "scale": None, "state": None, "state_indices": None, "backend": None}
 
 
 def output_dim(alg) -> str:
@@ -134,6 +135,30 @@ class Op:
         the spec's ``dims`` order or by name."""
         dims = dict(zip(self.algebra.dims, sizes)) | named_sizes
         return {s.name: packed_shape(s, dims) for s in self.algebra.streaming}
+
+    def step(self, *args, **kwargs):
+        """``op.step(q, k, v, g=None, scale=None, state=None, state_indices=None,
+        backend=None)``: decode, the serial update over the inputs' T tokens
+        (runtime.step.run_step). ``state`` ({summary: [N, H, *shape]}, as op(...)'s
+        final state) is updated in place, zeros when None. Returns (o in the
+        inputs' dtype, state)."""
+        from hladsl.runtime.step import run_step
+        tokens, opts = self.bind(args, kwargs, STEP_OPTIONS)
+        g, scale, state, state_indices, backend = opts.values()
+        first = tokens[self.inputs[0]]
+        # no checks of values while a CUDA graph is captured: they would sync
+        capturing = first.is_cuda and torch.cuda.is_current_stream_capturing()
+        dims = check_inputs(self.algebra, tokens, g, scale, None, data_checks=not capturing)
+        n = first.shape[0] if state is None or state_indices is None else \
+            next(iter(state.values())).shape[0]
+        if state is None:
+            state = {name: first.new_zeros((n, first.shape[2]) + shape, dtype=_compute_dtype(first))
+                     for name, shape in self.state_shapes(**dims).items()}
+        check_state(self.algebra, state, n, first.shape[2], dims, first.device)
+        backend = backend or ("triton" if self.use_triton(first) else "torch")
+        o = run_step(self.algebra, self._scaled(tokens, scale, first.dtype), g, state,
+                     state_indices, backend)
+        return o.to(first.dtype), state
 
     def serial(self, *args, **kwargs):
         """``op.serial(q, k, v, g=None, scale=None, initial_state=None)``: the derived
