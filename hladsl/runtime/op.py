@@ -17,7 +17,6 @@ from hladsl.errors import SpecError
 from hladsl.ir.pipeline import Compilation, program_for
 from hladsl.runtime import chunk_torch, launch
 from hladsl.runtime.packing import pack, packed_shape, unpack
-from hladsl.runtime.serial_torch import serial_polys, step
 from hladsl.runtime.validate import check_inputs, check_state
 
 BACKENDS = ("auto", "torch", "triton")
@@ -147,7 +146,8 @@ class Op:
         g, scale, state, state_indices, backend = opts.values()
         first = tokens[self.inputs[0]]
         # no checks of values while a CUDA graph is captured: they would sync
-        capturing = first.is_cuda and torch.cuda.is_current_stream_capturing()
+        capturing = (isinstance(first, torch.Tensor) and first.is_cuda
+                     and torch.cuda.is_current_stream_capturing())
         dims = check_inputs(self.algebra, tokens, g, scale, None, data_checks=not capturing)
         n = first.shape[0] if state is None or state_indices is None else \
             next(iter(state.values())).shape[0]
@@ -162,31 +162,15 @@ class Op:
 
     def serial(self, *args, **kwargs):
         """``op.serial(q, k, v, g=None, scale=None, initial_state=None)``: the derived
-        serial recurrence, token by token (a reference)."""
-        alg = self.algebra
+        serial recurrence over the whole sequence (``step`` on the torch backend,
+        from a copy of the initial state). Returns (o, final state)."""
         tokens, opts = self.bind(args, kwargs, SERIAL_OPTIONS)
         g, scale, initial_state = opts.values()
-        dims = check_inputs(alg, tokens, g, scale, None)
-        first = tokens[self.inputs[0]]
-        if initial_state is not None:
-            check_state(alg, initial_state, first.shape[0], first.shape[2], dims, first.device)
-        compute = _compute_dtype(first)
-        tokens = self._scaled(tokens, scale, compute)
-        state = {}
-        for s in alg.streaming:
-            if initial_state is None:
-                state[s.name] = first.new_zeros(first.shape[:1] + first.shape[2:3] +
-                                                tuple(dims[d] for d in s.dims), dtype=compute)
-            else:
-                state[s.name] = unpack(s, initial_state[s.name].to(compute), dims)
-        polys = serial_polys(alg)
-        outs = []
-        for t in range(first.shape[1]):
-            tok = {name: x[:, t] for name, x in tokens.items()}
-            state, num, den = step(alg, polys, state, tok, None if g is None else g[:, t].to(compute))
-            outs.append(num if den is None else num / (den.unsqueeze(-1) + alg.eps))
-        o = torch.stack(outs, dim=1)
-        return o.to(first.dtype), {n: pack(alg.summary(n), state[n], dims) for n in self.state_names}
+        state = initial_state
+        if isinstance(initial_state, dict):   # step updates in place: never the caller's tensors
+            state = {n: x.clone() if isinstance(x, torch.Tensor) else x
+                     for n, x in initial_state.items()}
+        return self.step(**tokens, g=g, scale=scale, state=state, backend="torch")
 
     # -- execution (called by the custom op) -------------------------------------------------
     def use_triton(self, x: torch.Tensor) -> bool:
