@@ -6,12 +6,12 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported anywhere
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-import hladsl  # noqa: E402
-from hladsl.ir.chunk import chunk_program  # noqa: E402
-from hladsl.runtime.backward_torch import backward_torch  # noqa: E402
+import hladsl
+from hladsl.ir.chunk import chunk_program
+from hladsl.runtime.backward_torch import backward_torch
 
 C, N_CHUNKS, N, H = 16, 3, 1, 2
 
@@ -100,6 +100,29 @@ def test_triton_backward_matches_torch(name, params, dims, gated, normalize, tmp
         assert _rel(d_lam, ref_lam) <= 1e-4
     else:
         assert d_lam is None
+
+
+@pytest.mark.parametrize("name,normalize", [("linear", True), ("hla2", False)])
+def test_reverse_pass_split_over_value_blocks(name, normalize):
+    """Where every transpose keeps the value dim free (linear) the reverse pass runs
+    one program per value block (d-states without it written by block 0); where one
+    sums over it (hla2: dS += dW Cᵀ) it does not split."""
+    from hladsl.codegen.triton_bwd import backward_kernels
+    from hladsl.runtime.triton_backward import backward_triton
+    alg = hladsl.compile_spec(name, normalize=normalize)
+    program = chunk_program(alg, C, (("d", 16), ("dv", 32)), True)
+    _, ctx = backward_kernels(program)
+    assert ctx["reverse_splits"] == (["dv"] if name == "linear" else [])
+    tiles, lam, init, grad_o, grad_final = _inputs(program, normalize, seed=5)
+    ref = backward_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps)
+    got = backward_triton(program, {k: v.float() for k, v in tiles.items()}, lam.float(),
+                          {k: v.float() for k, v in init.items()}, grad_o.float(),
+                          {k: v.float() for k, v in grad_final.items()}, alg.eps, reverse_block=16)
+    for x in tiles:
+        assert _rel(got[0][x], ref[0][x]) <= 1e-4, x
+    assert _rel(got[1], ref[1]) <= 1e-4
+    for s in init:
+        assert _rel(got[2][s], ref[2][s]) <= 1e-4, s
 
 
 def test_triton_backward_missing_final_grad_is_zero(tmp_path):

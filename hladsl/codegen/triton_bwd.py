@@ -21,8 +21,14 @@ import copy
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from hladsl.codegen.triton_gen import TEMPLATE_DIR, _Lowering, kernel_context
-from hladsl.ir.backward import (PARALLEL, REVERSE, BackwardProgram, GradTerm, Target,
-                                backward_program)
+from hladsl.ir.backward import (
+    PARALLEL,
+    REVERSE,
+    BackwardProgram,
+    GradTerm,
+    Target,
+    backward_program,
+)
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.ir.operands import Kind
 
@@ -161,7 +167,8 @@ def backward_context(program: ChunkProgram) -> dict:
     for s in fwd["states"]:
         s["read"] = s["name"] in read_reverse | read_parallel
 
-    # -- reverse state pass: d-states in registers, split over every packed dim --------------
+    # -- reverse state pass: d-states in registers, split over every packed dim and,
+    # where every transpose keeps it free, the output's value dim ----------------------------
     splits = sorted(packed)
     if len(splits) > 2:
         raise ValueError(f"the reverse pass splits over at most two packed dims, {program.algebra.name} "
@@ -171,6 +178,9 @@ def backward_context(program: ChunkProgram) -> dict:
             if not low.keeps_free(g, pd):
                 raise ValueError(f"{g.term.source}: its transpose sums over the packed dim {pd}, "
                                  f"which the reverse pass splits over")
+    if len(splits) < 2 and all(list(dims).count(low.o_dim) <= 1 for dims in low.state_dims.values()) \
+            and all(low.keeps_free(g, low.o_dim) for g in reverse):
+        splits.append(low.o_dim)
     low.region()
     rdefs: dict = {}
     to_derived = _group([g for g in reverse if g.target is Target.DERIVED], lambda g: g.name)
@@ -188,6 +198,7 @@ def backward_context(program: ChunkProgram) -> dict:
         low.block.assign(acc, f"tl.zeros(({low.target_shape(grads[0])},), dtype=tl.float32)")
         low.grads(grads, acc, rdefs)
     reverse_code = "\n".join(low.block.lines[start:]).strip("\n")
+    reverse_chained = low.block.chained
 
     # -- gradient pass: parallel over chunks, looping over the tiles of a packed dim ---------
     tiled = sorted({d for g in parallel for d in low.index_dims(g.term.operands).values() if d in packed})
@@ -204,7 +215,7 @@ def backward_context(program: ChunkProgram) -> dict:
                Target.LAM_END: "dlam_end"}[target]
         if acc not in accs:
             accs.append(acc)
-            init = "0.0" if target is Target.LAM_END else \
+            init = "tl.sum(tl.zeros((C,), dtype=tl.float32), axis=0)" if target is Target.LAM_END else \
                 f"tl.zeros(({low.target_shape(grads[0])},), dtype=tl.float32)"
             low.block.sections["pre"].insert(0, f"{acc} = {init}")
         low.grads(grads, acc, gdefs, frozenset(tiled))
@@ -237,6 +248,8 @@ def backward_context(program: ChunkProgram) -> dict:
         "reverse_derived": derived_code,
         "reverse_code": reverse_code,
         "reverse_written": sorted(to_carry),
+        "reverse_chained_dots": reverse_chained,
+        "grad_chained_dots": low.block.chained,
         "grad_reads": [info(n) for n in states if n in read_parallel],
         "grad_cts": [info(n) for n in states if n in ct_states],
         "grad_defs": _defs(gdefs),

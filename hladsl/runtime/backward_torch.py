@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from hladsl.ir.backward import PARALLEL, GradTerm, Target, backward_program, cotangent_name
+from hladsl.ir.backward import (
+    PARALLEL,
+    GradTerm,
+    Target,
+    backward_program,
+    cotangent_name,
+)
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.ir.evaluate import letters_for
 from hladsl.ir.operands import Kind, exhaustive
@@ -147,8 +153,8 @@ def backward_torch(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     d_init = dend
 
     # 4. token and Λ gradients, every chunk
-    for name in ends:
-        env.cotangents[cotangent_name("end", name)] = torch.stack(ends[name], dim=2)
+    for name, per_chunk in ends.items():
+        env.cotangents[cotangent_name("end", name)] = torch.stack(per_chunk, dim=2)
     d_tiles = {name: torch.zeros_like(x, dtype=dtype) for name, x in tiles.items()}
     d_lam = None if lam is None else torch.zeros_like(lam, dtype=dtype)
     for g in bwd.all_terms():
@@ -181,6 +187,12 @@ def _lam(g, value, env, d_lam_tiles, d_lam):
 
 def _lam_end(g, value, env, d_tiles, d_lam):
     d_lam[..., -1] += value
+
+
+def gate_grad(d_lam: torch.Tensor) -> torch.Tensor:
+    """dg from dΛ, Λ being the in-chunk cumulative sum of g: the reverse cumulative
+    sum of dΛ within each chunk (last axis)."""
+    return d_lam.flip(-1).cumsum(-1).flip(-1)
 
 
 _PARALLEL = {Target.TOKEN: _token, Target.POWER: _power, Target.LAM: _lam, Target.LAM_END: _lam_end}

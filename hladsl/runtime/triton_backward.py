@@ -3,28 +3,40 @@ Triton counterpart of ``backward_torch.backward_torch`` (same calling
 convention, the layouts of ``triton_run.forward_triton``)."""
 from __future__ import annotations
 
+from math import prod
+
 import torch
 import triton
 import triton.language as tl
 
 from hladsl.codegen.triton_bwd import backward_kernels
 from hladsl.codegen.triton_gen import constexprs
-from hladsl.codegen.triton_run import (_DOT, _dot_override, _launch, _narrow_ok, _packed_tables,
-                                       _state_block, _state_buffers, _token_args)
+from hladsl.codegen.triton_run import (
+    _DOT,
+    _dot_override,
+    _launch,
+    _narrow_ok,
+    _packed_tables,
+    _state_block,
+    _state_buffers,
+    _token_args,
+)
 from hladsl.ir.chunk import ChunkProgram
 
 
 def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                     init_states: dict[str, torch.Tensor], grad_o: torch.Tensor,
                     grad_final: dict[str, torch.Tensor] | None, eps: float,
-                    precision: str = "tf32x3", num_warps: int = 4):
+                    precision: str = "tf32x3", num_warps: int = 4, reverse_block: int | None = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16, may be strided views);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff ungated); init_states
     and grad_final: summary -> [N, H, *program.state_shape] (a missing or None
     grad_final entry is zero); grad_o: [N, H, nC, C, dv]. Returns (d_tiles {input:
     [N, H, nC, C, dim] fp32}, d_lam [N, H, nC, C] fp32 or None, d_init {summary:
     [N, H, *shape] fp32}). d_lam is the gradient w.r.t. lam (dg: its reverse
-    cumulative sum within each chunk)."""
+    cumulative sum within each chunk). precision / num_warps as for forward_triton;
+    reverse_block: the value-dim block of one reverse-pass program where the program
+    splits it (default: small enough to fill the GPU)."""
     module, ctx = backward_kernels(program)
     fwd = ctx["forward"]
     if program.gated != (lam is not None):
@@ -89,9 +101,18 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         rev[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
         rev[f"dends_{name}"] = dends[name] = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
     rev.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["reverse_reads"]})
-    rgrid = (n_seq * heads,) + tuple(triton.cdiv(common[f"D_{d}"], common[f"B_{d}"])
-                                     for d in ctx["reverse_splits"])
-    _launch(module.reverse_kernel, rgrid, {**tokens, **packed, **rev, **cot, **common}, True)
+    rgrid, rblock = [n_seq * heads], {}
+    for dim in ctx["reverse_splits"]:
+        if dim in {pd.name for pd in program.packed}:
+            width = common[f"B_{dim}"]
+        else:
+            width = reverse_block or _state_block(dict(program.sizes)[dim], n_seq * heads * prod(rgrid[1:]),
+                                                  device, _narrow_ok(first, ctx["reverse_chained_dots"]))
+        rgrid.append(triton.cdiv(common[f"D_{dim}"], width))
+        rblock[f"B_{dim}"] = width
+    rblock.update(_dot_override(first, ctx["reverse_chained_dots"], rblock))
+    _launch(module.reverse_kernel, tuple(rgrid), {**tokens, **packed, **rev, **cot, **common, **rblock},
+            True)
 
     # (c) token and Λ gradients, parallel over chunks
     d_tiles = {x["name"]: torch.empty((n_seq, heads, n_chunks, chunk, common[f"D_{x['dim']}"]),
@@ -103,5 +124,6 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             **{f"dx_{n}_ptr": x for n, x in d_tiles.items()}}
     if d_lam is not None:
         args["dlam_ptr"] = d_lam
-    _launch(module.grad_kernel, (n_chunks, n_seq * heads), {**args, **common}, True)
+    _launch(module.grad_kernel, (n_chunks, n_seq * heads),
+            {**args, **common, **_dot_override(first, ctx["grad_chained_dots"], {})}, True)
     return d_tiles, d_lam, d_init
