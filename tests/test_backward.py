@@ -2,6 +2,7 @@
 hladsl.runtime.backward_torch) against torch.autograd of the forward torch chunk
 path, float64: several chunks, a padded last chunk, a random initial state and
 random cotangents of the output and of the final state."""
+import os
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,57 @@ def test_backward_program_text_names_its_sources():
     assert targets == {Target.TOKEN, Target.CARRY, Target.DERIVED, Target.LAM, Target.LAM_END}
     ungated = backward_program(chunk_program(alg, 64, (("d", 64), ("dv", 64)), False))
     assert not any(g.target in (Target.LAM, Target.LAM_END) for g in ungated.all_terms())
+
+
+GPU_CASES = [("linear", {}), ("hla2", {}), ("ahla", {}), ("hla3", {}), ("hla3_masked", {}),
+             ("power", {"p": 2})]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="needs a GPU (the interpreter tests are tests/test_triton_backward.py)")
+@pytest.mark.parametrize("name,params", GPU_CASES, ids=[n for n, _ in GPU_CASES])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_gpu_backward_triton(name, params, normalize):
+    """On the GPU at d = 64, C = 64: fp32 tiles (tf32x3) against the float64 torch
+    backward to 1e-3 relative, bf16 tiles by RMS error ratio (DESIGN section 7)."""
+    from hladsl.runtime.triton_backward import backward_triton
+    alg = hladsl.compile_spec(name, normalize=normalize, **params)
+    program = chunk_program(alg, 64, (("d", 64), ("dv", 64)), True)
+    gen = torch.Generator().manual_seed(0)
+    n, h, n_chunks, chunk = 2, 4, 8, 64
+    tiles = {x: torch.randn(n, h, n_chunks, chunk, 64, generator=gen, dtype=torch.float64) * 0.3
+             for x in alg.inputs}
+    if normalize:
+        tiles = {x: t.abs() for x, t in tiles.items()}
+    tiles["q"] = tiles["q"] * 64 ** -0.5
+    lam = (-0.1 * torch.rand(n, h, n_chunks, chunk, generator=gen, dtype=torch.float64)).cumsum(-1)
+    init = {s: 0.1 * torch.randn(n, h, *program.state_shape(s), generator=gen,
+                                 dtype=torch.float64).abs() for s, _ in program.states}
+    grad_o = torch.randn(n, h, n_chunks, chunk, 64, generator=gen, dtype=torch.float64)
+    grad_final = {s: torch.randn(x.shape, generator=gen, dtype=torch.float64) for s, x in init.items()}
+
+    def on(d, dtype):
+        return {k: v.to("cuda", dtype) for k, v in d.items()}
+    for dtype in (torch.float32, torch.bfloat16):
+        # the reference sees the tiles as the kernels do (rounded to bf16): what is
+        # left is the kernels' own error
+        seen = {k: v.to(dtype).double() for k, v in tiles.items()}
+        ref = backward_torch(program, seen, lam, init, grad_o.to(dtype).double(), grad_final, alg.eps)
+        got = backward_triton(program, on(tiles, dtype), lam.float().cuda(), on(init, torch.float32),
+                              grad_o.to("cuda", dtype), on(grad_final, torch.float32), alg.eps)
+        if dtype == torch.float32:
+            def close(a, b):
+                return _rel(a.double().cpu(), b) <= 1e-3
+        else:
+            def close(a, b):
+                return _rms_ratio(a, b) <= 1e-2
+        for x in tiles:
+            assert close(got[0][x], ref[0][x]), (dtype, x)
+        assert close(got[1], ref[1]), (dtype, "lam")
+        for s in init:
+            assert close(got[2][s], ref[2][s]), (dtype, s)
+
+
+def _rms_ratio(out, ref):
+    out, ref = out.double().cpu(), ref.double()
+    return ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-300)).item()
