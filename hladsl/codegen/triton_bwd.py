@@ -20,6 +20,7 @@ import copy
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from hladsl.codegen.steps import Block, Tile
 from hladsl.codegen.triton_gen import TEMPLATE_DIR, _Lowering, kernel_context
 from hladsl.ir.backward import (
     PARALLEL,
@@ -33,6 +34,39 @@ from hladsl.ir.chunk import ChunkProgram
 from hladsl.ir.operands import Kind
 
 TEMPLATE = "chunk_bwd_kernels.py.jinja"
+
+
+class _TransposingBlock(Block):
+    """A ``Block`` that also reuses a contraction computed earlier with its operands
+    named or ordered differently (the gradient networks of one term meet the same
+    products as transposes: dnum vᵀ for dq, v dnumᵀ for dk)."""
+
+    def __init__(self, sizes=None):
+        super().__init__(sizes)
+        self._products: dict = {}   # canonical (operands, result) -> (var, indices, section)
+
+    def contract(self, a: Tile, b: Tile, out) -> Tile:
+        key, names = self._canonical(a, b, out)
+        hit = self._products.get(key)
+        if hit is not None and hit[2] in ("pre", self.section):
+            var, canon = hit[0], hit[1]
+            back = {c: i for i, c in names.items()}
+            self.note(f"[{','.join(out)}] = {a.label()} · {b.label()}   = {var}, computed above")
+            return self._ordered(Tile(var, tuple(back[c] for c in canon)), tuple(out))
+        r = super().contract(a, b, out)
+        self._products[key] = (r.var, tuple(names[i] for i in r.indices), self.section)
+        return r
+
+    @staticmethod
+    def _canonical(a: Tile, b: Tile, out):
+        first, second = sorted((a, b), key=lambda t: (t.var, t.indices))
+        names: dict[str, str] = {}
+        for i in first.indices + second.indices:
+            names.setdefault(i, f"i{len(names)}")
+        key = ((first.var, tuple(names[i] for i in first.indices)),
+               (second.var, tuple(names[i] for i in second.indices)),
+               frozenset(names[i] for i in out))
+        return key, names
 
 
 class _BwdLowering(_Lowering):
@@ -52,6 +86,10 @@ class _BwdLowering(_Lowering):
 
     def _cotangent_dims(self, o):
         return dict(zip(o.indices, self.ct_dims[o.name]))
+
+    def region(self) -> None:
+        super().region()
+        self.block = _TransposingBlock()
 
     def target_shape(self, g: GradTerm) -> str:
         """The register-tile shape of ``g``'s accumulator (constexpr extents)."""
