@@ -76,13 +76,19 @@ def _inputs(program, normalize, seed):
 @pytest.mark.parametrize("name,params,dims,gated,normalize", CASES,
                          ids=[f"{c[0]}{c[1] or ''}-d{c[2][0]}-{'gated' if c[3] else 'plain'}"
                               f"{'-normalized' if c[4] else ''}" for c in CASES])
-def test_triton_backward_matches_torch(name, params, dims, gated, normalize, tmp_path):
+@pytest.mark.parametrize("schedule", ["two_pass", "fused"])
+def test_triton_backward_matches_torch(name, params, dims, gated, normalize, schedule, tmp_path):
     from hladsl.runtime.triton_backward import backward_triton
     if name == "probe":
         (tmp_path / "backward_probe.hla").write_text(PROBE)
         name = str(tmp_path / "backward_probe.hla")
     alg = hladsl.compile_spec(name, normalize=normalize, **params)
     program = chunk_program(alg, C, (("d", dims[0]), ("dv", dims[1])), gated)
+    if schedule == "fused" and program.packed:
+        from hladsl.runtime.triton_backward import backward_triton as run
+        with pytest.raises(ValueError, match="no fused backward"):
+            run(program, {}, None, {}, torch.zeros(0), None, alg.eps, schedule="fused")
+        return
     tiles, lam, init, grad_o, grad_final = _inputs(program, normalize, seed=sum(dims) + gated)
     ref_tiles, ref_lam, ref_init = backward_torch(program, tiles, lam, init, grad_o, grad_final,
                                                   alg.eps)
@@ -90,7 +96,8 @@ def test_triton_backward_matches_torch(name, params, dims, gated, normalize, tmp
     def f32(d):
         return {k: v.float() for k, v in d.items()}
     d_tiles, d_lam, d_init = backward_triton(program, f32(tiles), None if lam is None else lam.float(),
-                                             f32(init), grad_o.float(), f32(grad_final), alg.eps)
+                                             f32(init), grad_o.float(), f32(grad_final), alg.eps,
+                                             schedule=schedule)
     for x in tiles:
         assert d_tiles[x].dtype == torch.float32 and d_tiles[x].shape == ref_tiles[x].shape
         assert _rel(d_tiles[x], ref_tiles[x]) <= 1e-4, x

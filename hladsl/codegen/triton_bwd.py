@@ -8,6 +8,9 @@ state-pass kernel (recomputes the chunk-start states), and
                     d(end state) of every chunk and d initial state
   grad_kernel       grid (nC, N*H): one chunk each; the token and Λ gradients of
                     every term, looping over tiles of a packed dim
+  fused_bwd_kernel  (programs without packed states) grid (N*H): the reverse pass
+                    and, in the same walk, each chunk's token and Λ gradients from
+                    the d-states in registers: no per-chunk d-states in HBM
 
 Each gradient network lowers like a forward term (``_Lowering``, ``steps``);
 cotangent tiles are ``ct_num``, ``ct_den``, ``ct_end_<state>`` (d of a chunk-end
@@ -221,21 +224,7 @@ def backward_context(program: ChunkProgram) -> dict:
         splits.append(low.o_dim)
     low.region()
     rdefs: dict = {}
-    to_derived = _group([g for g in reverse if g.target is Target.DERIVED], lambda g: g.name)
-    for d in program.derived:
-        if d.name in to_derived:
-            acc = f"ct_dr_{d.name}"
-            low.block.assign(acc, f"tl.zeros(({low.target_shape(to_derived[d.name][0])},), dtype=tl.float32)")
-            low.grads(to_derived[d.name], acc, rdefs)
-    derived_code = low.block.text()
-    start = len(low.block.lines)
-    to_carry = _group([g for g in reverse if g.target is Target.CARRY], lambda g: g.name)
-    for name, grads in to_carry.items():
-        acc = f"ds_{name}"
-        low.block.lines.append("")
-        low.block.assign(acc, f"tl.zeros(({low.target_shape(grads[0])},), dtype=tl.float32)")
-        low.grads(grads, acc, rdefs)
-    reverse_code = "\n".join(low.block.lines[start:]).strip("\n")
+    derived_code, reverse_code, written = _reverse_code(low, reverse, rdefs)
     reverse_chained = low.block.chained
 
     # -- gradient pass: parallel over chunks, looping over the tiles of a packed dim ---------
@@ -246,18 +235,28 @@ def backward_context(program: ChunkProgram) -> dict:
     low.region()
     gdefs: dict = {}
     grad_derived = low.derived() if uses_derived else ""
-    accs = []
-    by_target = _group(parallel, lambda g: (g.target, g.name))
-    for (target, name), grads in by_target.items():
-        acc = {Target.TOKEN: f"dx_{name}", Target.POWER: f"dx_{name}", Target.LAM: "dlam",
-               Target.LAM_END: "dlam_end"}[target]
-        if acc not in accs:
-            accs.append(acc)
-            init = "tl.sum(tl.zeros((C,), dtype=tl.float32), axis=0)" if target is Target.LAM_END else \
-                f"tl.zeros(({low.target_shape(grads[0])},), dtype=tl.float32)"
-            low.block.sections["pre"].insert(0, f"{acc} = {init}")
-        low.grads(grads, acc, gdefs, frozenset(tiled))
+    accs, inits = _grad_code(low, parallel, gdefs, frozenset(tiled))
+    low.block.sections["pre"][:0] = inits
     grad_pre, grad_loop = low.block.text("pre"), low.block.text("loop")
+    grad_chained = low.block.chained
+
+    # -- the fused schedule (no packed states): one program per (sequence, head) walks the
+    # chunks last to first, each chunk's token gradients from the d-states in registers ----
+    fused = None
+    if not packed:
+        low.region()
+        fdefs: dict = {}
+        lines = low.block.lines
+        f_derived = low.derived() if uses_derived else ""
+        mark = len(lines)
+        _reverse_code(low, reverse, fdefs)
+        f_reverse = "\n".join(lines[mark:]).strip("\n")
+        mark = len(lines)
+        _, f_inits = _grad_code(low, parallel, fdefs, frozenset())
+        f_grad = "\n".join(f_inits + lines[mark:])
+        fused = {"defs": _defs(fdefs), "derived": f_derived, "reverse": f_reverse,
+                 "grad": f_grad, "chained_dots": low.block.chained,
+                 "reads": sorted(read_reverse | read_parallel)}
 
     ct_states = {o.name[4:] for g in parallel for o in g.term.operands
                  if o.kind is Kind.COTANGENT and o.name.startswith("end_")}
@@ -285,9 +284,9 @@ def backward_context(program: ChunkProgram) -> dict:
         "reverse_defs": _defs(rdefs),
         "reverse_derived": derived_code,
         "reverse_code": reverse_code,
-        "reverse_written": sorted(to_carry),
+        "reverse_written": written,
         "reverse_chained_dots": reverse_chained,
-        "grad_chained_dots": low.block.chained,
+        "grad_chained_dots": grad_chained,
         "grad_reads": [info(n) for n in states if n in read_parallel],
         "grad_cts": [info(n) for n in states if n in ct_states],
         "grad_defs": _defs(gdefs),
@@ -297,7 +296,48 @@ def backward_context(program: ChunkProgram) -> dict:
         "grad_targets": [x["name"] for x in all_inputs if f"dx_{x['name']}" in accs],
         "grad_lam": "dlam" in accs,
         "grad_lam_end": "dlam_end" in accs,
+        "fused": None if fused is None else {**fused, "reads": [info(n) for n in fused["reads"]]},
     }
+
+
+def _reverse_code(low: _BwdLowering, reverse, defs) -> tuple[str, str, list[str]]:
+    """(code of the derived carries' gradients ct_dr_*, code of the chunk-start
+    d-states ds_*, the states it writes), appended to the current block."""
+    block = low.block
+    first = len(block.lines)
+    to_derived = _group([g for g in reverse if g.target is Target.DERIVED], lambda g: g.name)
+    for d in low.p.derived:
+        if d.name in to_derived:
+            acc = f"ct_dr_{d.name}"
+            block.assign(acc, f"tl.zeros(({low.target_shape(to_derived[d.name][0])},), dtype=tl.float32)")
+            low.grads(to_derived[d.name], acc, defs)
+    derived = "\n".join(block.lines[first:]).strip("\n")
+    start = len(block.lines)
+    to_carry = _group([g for g in reverse if g.target is Target.CARRY], lambda g: g.name)
+    for name, grads in to_carry.items():
+        acc = f"ds_{name}"
+        block.lines.append("")
+        block.assign(acc, f"tl.zeros(({low.target_shape(grads[0])},), dtype=tl.float32)")
+        low.grads(grads, acc, defs)
+    return derived, "\n".join(block.lines[start:]).strip("\n"), sorted(to_carry)
+
+
+_ACC = {Target.TOKEN: "dx_{}", Target.POWER: "dx_{}", Target.LAM: "dlam", Target.LAM_END: "dlam_end"}
+
+
+def _grad_code(low: _BwdLowering, parallel, defs, tiled) -> tuple[list[str], list[str]]:
+    """Appends the token and Λ gradient code to the current block; returns the
+    accumulators and the lines that zero them (for the caller to place)."""
+    accs, inits = [], []
+    for (target, name), grads in _group(parallel, lambda g: (g.target, g.name)).items():
+        acc = _ACC[target].format(name)
+        if acc not in accs:
+            accs.append(acc)
+            init = "tl.sum(tl.zeros((C,), dtype=tl.float32), axis=0)" if target is Target.LAM_END else \
+                f"tl.zeros(({low.target_shape(grads[0])},), dtype=tl.float32)"
+            inits.append(f"{acc} = {init}")
+        low.grads(grads, acc, defs, tiled)
+    return accs, inits
 
 
 def _defs(defs: dict) -> list[dict]:

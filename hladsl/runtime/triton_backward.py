@@ -13,10 +13,12 @@ from hladsl.codegen.triton_bwd import backward_kernels
 from hladsl.codegen.triton_gen import constexprs
 from hladsl.codegen.triton_run import (
     _DOT,
+    FUSED_MIN_PROGRAMS_PER_SM,
     _dot_override,
     _launch,
     _narrow_ok,
     _packed_tables,
+    _sms,
     _state_block,
     _state_buffers,
     _token_args,
@@ -27,7 +29,8 @@ from hladsl.ir.chunk import ChunkProgram
 def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                     init_states: dict[str, torch.Tensor], grad_o: torch.Tensor,
                     grad_final: dict[str, torch.Tensor] | None, eps: float,
-                    precision: str = "tf32x3", num_warps: int = 4, reverse_block: int | None = None):
+                    precision: str = "tf32x3", num_warps: int = 4, reverse_block: int | None = None,
+                    schedule: str = "auto"):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16, may be strided views);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff ungated); init_states
     and grad_final: summary -> [N, H, *program.state_shape] (a missing or None
@@ -36,9 +39,17 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     [N, H, *shape] fp32}). d_lam is the gradient w.r.t. lam (dg: its reverse
     cumulative sum within each chunk). precision / num_warps as for forward_triton;
     reverse_block: the value-dim block of one reverse-pass program where the program
-    splits it (default: small enough to fill the GPU)."""
+    splits it (default: small enough to fill the GPU). schedule: "two_pass" (reverse
+    pass writing per-chunk d-states, then a gradient kernel parallel over chunks),
+    "fused" (one kernel per (sequence, head) walking the chunks backwards; programs
+    without packed states) or "auto" (fused on a GPU when there are enough
+    (sequence, head) pairs to fill it, as forward_triton decides)."""
     module, ctx = backward_kernels(program)
     fwd = ctx["forward"]
+    if schedule not in ("auto", "two_pass", "fused"):
+        raise ValueError(f"schedule must be 'auto', 'two_pass' or 'fused', got {schedule!r}")
+    if schedule == "fused" and not ctx["fused"]:
+        raise ValueError(f"{program.algebra.name} has no fused backward (packed states)")
     if program.gated != (lam is not None):
         raise ValueError("lam must be given exactly when the chunk program is gated")
     first = next(iter(tiles.values()))
@@ -90,6 +101,11 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         _launch(module.cotangent_kernel, (n_chunks, n_seq * heads), {**args, **common}, True)
         cot = {"dnum_ptr": dnum, "dden_ptr": dden}
 
+    if schedule == "fused" or (schedule == "auto" and ctx["fused"] and device.type == "cuda"
+                               and n_seq * heads >= FUSED_MIN_PROGRAMS_PER_SM * _sms(device)):
+        return _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final,
+                      common, first, lam)
+
     # (b) reverse state pass: d(end state) of every chunk, d initial state
     d_init, dends, rev = {}, {}, {}
     for s in ctx["reverse_states"]:
@@ -115,15 +131,40 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             True)
 
     # (c) token and Λ gradients, parallel over chunks
-    d_tiles = {x["name"]: torch.empty((n_seq, heads, n_chunks, chunk, common[f"D_{x['dim']}"]),
-                                      device=device, dtype=torch.float32) for x in ctx["inputs"]}
-    d_lam = None if lam is None else torch.empty_like(lam)
-    args = {**tokens, **packed, **cot,
+    d_tiles, d_lam, out = _grad_buffers(ctx, first, common, lam)
+    args = {**tokens, **packed, **cot, **out,
             **{f"starts_{s['name']}": starts[s["name"]] for s in ctx["grad_reads"]},
-            **{f"dends_{s['name']}": dends[s["name"]] for s in ctx["grad_cts"]},
-            **{f"dx_{n}_ptr": x for n, x in d_tiles.items()}}
-    if d_lam is not None:
-        args["dlam_ptr"] = d_lam
+            **{f"dends_{s['name']}": dends[s["name"]] for s in ctx["grad_cts"]}}
     _launch(module.grad_kernel, (n_chunks, n_seq * heads),
             {**args, **common, **_dot_override(first, ctx["grad_chained_dots"], {})}, True)
+    return d_tiles, d_lam, d_init
+
+
+def _grad_buffers(ctx, first, common, lam) -> tuple[dict, torch.Tensor | None, dict]:
+    n_seq, heads, n_chunks, chunk = first.shape[:4]
+    d_tiles = {x["name"]: torch.empty((n_seq, heads, n_chunks, chunk, common[f"D_{x['dim']}"]),
+                                      device=first.device, dtype=torch.float32) for x in ctx["inputs"]}
+    d_lam = None if lam is None else torch.empty_like(lam)
+    args = {f"dx_{n}_ptr": x for n, x in d_tiles.items()}
+    if d_lam is not None:
+        args["dlam_ptr"] = d_lam
+    return d_tiles, d_lam, args
+
+
+def _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final, common, first,
+           lam):
+    n_seq, heads = first.shape[:2]
+    args, d_init = {}, {}
+    for s in ctx["reverse_states"]:
+        name = s["name"]
+        init = state_args[f"init_{name}"]
+        given = (grad_final or {}).get(name)
+        args[f"dfinal_{name}"] = (torch.zeros_like(init) if given is None else
+                                  given.to(device=init.device, dtype=torch.float32).contiguous())
+        args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
+    args.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["fused"]["reads"]})
+    d_tiles, d_lam, out = _grad_buffers(ctx, first, common, lam)
+    _launch(module.fused_bwd_kernel, (n_seq * heads,),
+            {**tokens, **packed, **args, **cot, **out, **common,
+             **_dot_override(first, ctx["fused"]["chained_dots"], {})}, True)
     return d_tiles, d_lam, d_init
