@@ -194,3 +194,75 @@ def test_gpu_backward_triton(name, params, normalize):
 def _rms_ratio(out, ref):
     out, ref = out.double().cpu(), ref.double()
     return ((out - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt().clamp_min(1e-300)).item()
+
+
+@pytest.mark.parametrize("name", ["hla2", "power"])
+def test_op_level_gradients_through_the_tiling(name):
+    """The wiring the op needs, end to end in float64: tokens [B, T, H, d] padded and
+    tiled as Op._forward_chunked does, backward_torch, d tiles untiled, dΛ -> dg by
+    gate_grad; equal to autograd through the op's torch path (T not a multiple of C)."""
+    from hladsl.runtime.backward_torch import gate_grad
+    from hladsl.runtime.packing import pack, unpack
+    op = hladsl.load(name, normalize=True)
+    op.chunk_size = 16
+    B, T, Hh, d, dv, scale = 2, 37, 2, 4, 3, 0.5
+    gen = torch.Generator().manual_seed(11)
+    q, k = (torch.randn(B, T, Hh, d, generator=gen, dtype=torch.float64).abs() for _ in range(2))
+    v = torch.randn(B, T, Hh, dv, generator=gen, dtype=torch.float64).abs()
+    g = -0.3 * torch.rand(B, T, Hh, generator=gen, dtype=torch.float64)
+    shapes = op.state_shapes(d, dv)
+    init = {s: 0.2 * torch.rand(B, Hh, *shapes[s], generator=gen, dtype=torch.float64) for s in shapes}
+    grad_o = torch.randn(B, T, Hh, dv, generator=gen, dtype=torch.float64)
+    grad_final = {s: torch.randn(B, Hh, *shapes[s], generator=gen, dtype=torch.float64) for s in shapes}
+
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    init_leaves = {s: x.clone().requires_grad_() for s, x in init.items()}
+    o, final = op(*leaves[:3], g=leaves[3], scale=scale, initial_state=init_leaves,
+                  output_final_state=True)
+    loss = (o * grad_o).sum() + sum((final[s] * grad_final[s]).sum() for s in final)
+    ref = torch.autograd.grad(loss, leaves + list(init_leaves.values()))
+
+    # the op's layout: pad T to chunks, [B, T, H, x] -> [B, H, nC, C, x]; lam = in-chunk cumsum
+    alg, C = op.algebra, 16
+    n_chunks = -(-T // C)
+    pad = n_chunks * C - T
+    dims = {"d": d, "dv": dv}
+    program = chunk_program(alg, C, tuple(sorted(dims.items())), True)
+
+    def tile(x):
+        x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
+        return x.reshape(B, n_chunks, C, Hh, -1).permute(0, 3, 1, 2, 4)
+
+    def untile(x):
+        return x.permute(0, 2, 3, 1, 4).reshape(B, n_chunks * C, Hh, -1)[:, :T]
+    tiles = {"q": tile(q * scale), "k": tile(k), "v": tile(v)}
+    lam = torch.nn.functional.pad(g, (0, 0, 0, pad)).reshape(B, n_chunks, C, Hh).permute(0, 3, 1, 2)
+    lam = lam.cumsum(-1)
+    summaries = {s.name: s for s in alg.streaming}
+
+    # the op unpacks an initial state the program holds unpacked and packs its final
+    # state: the cotangent of a packed final goes through pack's transpose, the
+    # initial state's gradient through unpack's transpose (both by autograd here)
+    def held(name, x):
+        return x if program.is_packed(name) else unpack(summaries[name], x, dims)
+
+    def final_cotangent(name, ct):
+        if program.is_packed(name):
+            return ct
+        full = unpack(summaries[name], init[name], dims).requires_grad_()
+        return torch.autograd.grad(pack(summaries[name], full, dims), full, ct)[0]
+
+    def init_gradient(name, grad):
+        if program.is_packed(name):
+            return grad
+        packed = init[name].clone().requires_grad_()
+        return torch.autograd.grad(unpack(summaries[name], packed, dims), packed, grad)[0]
+    d_tiles, d_lam, d_init = backward_torch(
+        program, tiles, lam, {s: held(s, x) for s, x in init.items()}, tile(grad_o),
+        {s: final_cotangent(s, x) for s, x in grad_final.items()}, alg.eps)
+    dg = gate_grad(d_lam).permute(0, 2, 3, 1).reshape(B, n_chunks * C, Hh)[:, :T]
+    got = [untile(d_tiles["q"]) * scale, untile(d_tiles["k"]), untile(d_tiles["v"]), dg]
+    got += [init_gradient(s, x) for s, x in d_init.items()]
+    names = ["q", "k", "v", "g"] + list(d_init)
+    for what, a, b in zip(names, got, ref):
+        assert _rel(a, b) <= 1e-9, what
