@@ -29,12 +29,12 @@ forward term), ``dr_<derived>`` of a derived carry.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from functools import lru_cache
 
 from hladsl.ir.chunk import ChunkProgram, TermProgram
-from hladsl.ir.contract import plan
+from hladsl.ir.contract import Plan, Step, plan
 from hladsl.ir.operands import Kind, Operand, exhaustive
 
 
@@ -217,24 +217,50 @@ _LAM_WEIGHTS = exhaustive({Kind.MASK: _mask_weights, Kind.DECAY: _decay_weights,
 
 
 def _lam_grads(p, term: TermProgram, ct: Operand, sizes) -> list[GradTerm]:
-    """dΛ of one term: Σ over its masks and decays of ± W · (everything, contracted to
-    the time index), netted per time index; the end-anchored part as one scalar."""
+    """dΛ of one term: Σ over its masks and decays of ± W · N_T, netted per time index
+    T, where N_T is the whole network (cotangent included) contracted to T; the
+    end-anchored part W_end · Σ_T N_T as one scalar."""
     at: dict[str, int] = defaultdict(int)
     end = [term.carry_weight]
     for o in term.operands:
         _LAM_WEIGHTS[o.kind](o, at, end)
-    everything = (ct,) + term.operands
     out = []
     for t, w in at.items():
         if w:
             src = f"∂/∂Λ_{t} (weight {w:+d}) of {term.coef:+g} · {term.source}"
-            net = _network(p, everything, (t,), term.coef * w, term.carry_weight, src, sizes)
+            net = _whole(p, term, ct, t, (t,), term.coef * w, src, sizes)
             out.append(_grad(Target.LAM, "", None, net, (t,), sizes))
     if end[0]:
         src = f"∂/∂Λ_end (weight {end[0]:+d}) of {term.coef:+g} · {term.source}"
-        net = _network(p, everything, (), term.coef * end[0], term.carry_weight, src, sizes)
+        times = [o.indices[0] for o in term.operands if o.kind in _ROW_DOT]
+        net = _whole(p, term, ct, times[0] if times else None, (), term.coef * end[0], src, sizes)
         out.append(_grad(Target.LAM_END, "", None, net, (), sizes))
     return out
+
+
+_ROW_DOT = (Kind.TOKEN, Kind.POWER)
+
+
+def _whole(p, term: TermProgram, ct: Operand, t: str | None, output, coef, src, sizes) -> TermProgram:
+    """The whole network of ``term`` and its cotangent contracted to ``output`` (T or
+    nothing). When a token (or power) operand x sits at time T, N_T is Σ_i x[T,i] ·
+    (x's gradient network)[T,i]: the network is planned as exactly that gradient
+    network plus one row dot, so the kernels reuse the gradient they compute anyway."""
+    k = next((k for k, o in enumerate(term.operands) if o.kind in _ROW_DOT and o.indices[0] == t),
+             None)
+    if k is None:
+        return _network(p, (ct,) + term.operands, output, coef, term.carry_weight, src, sizes)
+    x = term.operands[k]
+    others = (ct,) + term.operands[:k] + term.operands[k + 1:]
+    grad = _network(p, others, x.indices, coef, term.carry_weight, src, sizes)
+    n = len(others)
+
+    def shifted(i):     # the operand x joins as input n: step results move up by one
+        return i if i < n else i + 1
+    steps = tuple(replace(s, left=shifted(s.left), right=shifted(s.right)) for s in grad.plan.steps)
+    row = Step(shifted(grad.plan.result), n, (t,), sizes[t] * sizes[x.indices[1]])
+    pl = Plan(steps + (row,), grad.plan.flops + row.flops, n + 1 + len(steps))
+    return TermProgram(float(coef), others + (x,), tuple(output), pl, term.carry_weight, src)
 
 
 def _term_grads(p: ChunkProgram, term: TermProgram, ct_name: str) -> tuple[GradTerm, ...]:
