@@ -15,9 +15,10 @@ network with a fresh contraction plan, labelled with what it differentiates:
   DERIVED  d of a derived carry W; ``derived`` sends it on to the carries
            through the monomials of W's poly (the same transpose rule)
   LAM      dΛ at a time index T: masks M[b,a] = [a rel b] exp(W(Λ_b − Λ_a))
-           and decays exp(W(Λ_end − Λ_a)), exp(W Λ_t) give ± W · (the network
-           with every operand kept, contracted to T); one term per time index
-           with the weights netted
+           and decays exp(W(Λ_end − Λ_a)), exp(W Λ_t) give ± W · N_T, N_T the
+           network with every operand kept, contracted to T; one term per time
+           index with the weights netted. N_T is planned as a token's gradient
+           network at T plus a row dot with that token (shared in the kernels)
   LAM_END  dΛ_end (= dΛ at the chunk's last position): end decays and a state
            term's carry scale exp(carry_weight · Λ_end), network summed to a scalar
 
