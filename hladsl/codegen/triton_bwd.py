@@ -235,9 +235,10 @@ def backward_context(program: ChunkProgram) -> dict:
     low.region()
     gdefs: dict = {}
     grad_derived = low.derived() if uses_derived else ""
+    pre = low.block.sections["pre"]
+    mark = len(pre)
     accs, inits = _grad_code(low, parallel, gdefs, frozenset(tiled))
-    low.block.sections["pre"][:0] = inits
-    grad_pre, grad_loop = low.block.text("pre"), low.block.text("loop")
+    grad_pre, grad_loop = "\n".join(inits + pre[mark:]), low.block.text("loop")
     grad_chained = low.block.chained
 
     # -- the fused schedule (no packed states): one program per (sequence, head) walks the

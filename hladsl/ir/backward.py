@@ -98,6 +98,11 @@ class BackwardProgram:
         for _, ts in self.derived + self.states:
             yield from ts
 
+    def flops(self) -> dict[str, int]:
+        """MACs per chunk of the planned networks, before the kernels share subexpressions."""
+        return {"reverse": sum(g.term.plan.flops for g in self.all_terms() if g.target in REVERSE),
+                "gradient": sum(g.term.plan.flops for g in self.all_terms() if g.target in PARALLEL)}
+
 
 REVERSE = (Target.CARRY, Target.DERIVED)                         # feed the reverse state pass
 PARALLEL = (Target.TOKEN, Target.POWER, Target.LAM, Target.LAM_END)   # the gradient pass
@@ -338,6 +343,9 @@ def backward_text(bwd: BackwardProgram) -> str:
                 block(f"derived carry {name} -> carries (cotangent d{name}):", ts, targets)
         for name, ts in bwd.states:
             block(f"from the state terms of {name} (cotangent dend_{name}):", ts, targets)
+    flops = bwd.flops()
+    lines.append(f"# per chunk and head: {flops['reverse']} reverse-pass MACs, {flops['gradient']} "
+                 f"gradient MACs (before shared subexpressions)")
     return "\n".join(lines) + "\n"
 
 
