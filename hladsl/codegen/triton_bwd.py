@@ -238,7 +238,7 @@ def backward_context(program: ChunkProgram) -> dict:
     pre = low.block.sections["pre"]
     mark = len(pre)
     accs, inits = _grad_code(low, parallel, gdefs, frozenset(tiled))
-    grad_pre, grad_loop = "\n".join(inits + pre[mark:]), low.block.text("loop")
+    grad_pre, grad_loop = "\n".join(inits + pre[mark:]), low.block.text("loop").strip("\n")
     grad_chained = low.block.chained
 
     # -- the fused schedule (no packed states): one program per (sequence, head) walks the
