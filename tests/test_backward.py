@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hladsl
-from hladsl.ir.backward import Target, backward_program, backward_text
+from hladsl.ir.backward import Target, backward_program, backward_text, output_size
 from hladsl.ir.chunk import chunk_program
 from hladsl.runtime import chunk_torch
 from hladsl.runtime.backward_torch import backward_torch, power_chain_rule
@@ -62,7 +62,7 @@ def _inputs(program, gated, seed):
         lam = g.cumsum(-1)
     init = {n: 0.3 * torch.randn(N, H, *program.state_shape(n), generator=gen, dtype=torch.float64)
             for n, _ in program.states}
-    dv = sizes[alg.inputs["v"]]
+    dv = output_size(program)
     grad_o = torch.randn(N, H, N_CHUNKS, C, dv, generator=gen, dtype=torch.float64) * valid
     grad_final = {n: torch.randn(N, H, *program.state_shape(n), generator=gen, dtype=torch.float64)
                   for n, _ in program.states}
@@ -266,3 +266,24 @@ def test_op_level_gradients_through_the_tiling(name):
     names = ["q", "k", "v", "g"] + list(d_init)
     for what, a, b in zip(names, got, ref):
         assert _rel(a, b) <= 1e-9, what
+
+
+def test_bad_tensors_name_the_argument():
+    alg = hladsl.compile_spec("hla2")
+    program = chunk_program(alg, C, SIZES, True)
+    tiles, lam, init, grad_o, grad_final = _inputs(program, True, seed=0)
+    cases = [
+        ({"tiles": {k: v for k, v in tiles.items() if k != "k"}}, "tiles: missing input"),
+        ({"tiles": {**tiles, "v": tiles["v"][..., :2]}}, r"tiles\['v'\]"),
+        ({"lam": None}, "lam must be given"),
+        ({"lam": lam[..., :3]}, "lam: expected"),
+        ({"grad_o": grad_o[..., :2]}, "grad_o: expected"),
+        ({"init_states": {k: v for k, v in init.items() if k != "G"}}, r"init_states\['G'\]: .*missing"),
+        ({"grad_final": {**grad_final, "S": grad_final["S"][..., :2]}}, r"grad_final\['S'\]"),
+    ]
+    good = {"tiles": tiles, "lam": lam, "init_states": init, "grad_o": grad_o, "grad_final": grad_final}
+    for change, message in cases:
+        args = {**good, **change}
+        with pytest.raises(ValueError, match=message):
+            backward_torch(program, args["tiles"], args["lam"], args["init_states"], args["grad_o"],
+                           args["grad_final"], alg.eps)

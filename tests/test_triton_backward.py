@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import hladsl
+from hladsl.ir.backward import output_size
 from hladsl.ir.chunk import chunk_program
 from hladsl.runtime.backward_torch import backward_torch
 
@@ -67,7 +68,7 @@ def _inputs(program, normalize, seed):
             for s, _ in program.states}
     if normalize:
         init = {s: x.abs() for s, x in init.items()}
-    grad_o = torch.randn(N, H, N_CHUNKS, C, sizes[program.algebra.inputs["v"]], generator=gen,
+    grad_o = torch.randn(N, H, N_CHUNKS, C, output_size(program), generator=gen,
                          dtype=torch.float64)
     grad_final = {s: torch.randn(x.shape, generator=gen, dtype=torch.float64) for s, x in init.items()}
     return tiles, lam, init, grad_o, grad_final

@@ -144,6 +144,15 @@ _SIZES = exhaustive({Kind.TOKEN: _token_sizes, Kind.POWER: _power_sizes, Kind.CA
                      Kind.COTANGENT: _no_sizes}, "the backward transform (index sizes)")
 
 
+def output_size(p: ChunkProgram) -> int:
+    """The extent of the output's free (value) index."""
+    (index,) = p.algebra.output.free
+    sizes = {}
+    for o in p.output[0].operands:
+        sizes.update(_SIZES[o.kind](p, o))
+    return sizes[index]
+
+
 def _poly_sizes(p: ChunkProgram, poly) -> dict:
     sizes = dict(p.sizes)
     out = {}

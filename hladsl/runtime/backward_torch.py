@@ -22,6 +22,7 @@ from hladsl.ir.backward import (
     Target,
     backward_program,
     cotangent_name,
+    output_size,
 )
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.ir.evaluate import letters_for
@@ -99,6 +100,37 @@ def power_chain_rule(x: torch.Tensor, dspow: torch.Tensor, p: int, weighted: boo
     return dx
 
 
+def check_backward_args(program: ChunkProgram, tiles, lam, init_states, grad_o, grad_final) -> None:
+    """ValueError naming the argument whose tensor does not fit ``program``."""
+    alg, sizes = program.algebra, dict(program.sizes)
+    missing = sorted(set(alg.inputs) - set(tiles))
+    if missing:
+        raise ValueError(f"tiles: missing input(s) {', '.join(missing)}")
+    first = tiles[next(iter(alg.inputs))]
+    if first.dim() != 5 or first.shape[3] != program.chunk:
+        raise ValueError(f"tiles: expected [N, H, nC, C = {program.chunk}, dim], got {list(first.shape)}")
+    lead = tuple(first.shape[:4])
+    for x, dim in alg.inputs.items():
+        if tuple(tiles[x].shape) != lead + (sizes[dim],):
+            raise ValueError(f"tiles[{x!r}]: expected {list(lead + (sizes[dim],))}, got {list(tiles[x].shape)}")
+    if program.gated != (lam is not None):
+        raise ValueError("lam must be given exactly when the chunk program is gated")
+    if lam is not None and tuple(lam.shape) != lead:
+        raise ValueError(f"lam: expected {list(lead)}, got {list(lam.shape)}")
+    dv = output_size(program)
+    if tuple(grad_o.shape) != lead + (dv,):
+        raise ValueError(f"grad_o: expected {list(lead + (dv,))}, got {list(grad_o.shape)}")
+    for what, states in (("init_states", init_states), ("grad_final", grad_final or {})):
+        for name, _ in program.states:
+            x = states.get(name)
+            if x is None and what == "grad_final":
+                continue
+            want = lead[:2] + program.state_shape(name)
+            if x is None or tuple(x.shape) != want:
+                got = "missing" if x is None else list(x.shape)
+                raise ValueError(f"{what}[{name!r}]: expected {list(want)}, got {got}")
+
+
 def backward_torch(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                    init_states: dict[str, torch.Tensor], grad_o: torch.Tensor,
                    grad_final: dict[str, torch.Tensor] | None, eps: float):
@@ -107,6 +139,7 @@ def backward_torch(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     grad_final entry is zero); grad_o: [N, H, nC, C, dv]. Computes in the tiles'
     dtype. Returns (d_tiles {input: [N, H, nC, C, dim]}, d_lam [N, H, nC, C] or
     None, d_init {summary: [N, H, *shape]})."""
+    check_backward_args(program, tiles, lam, init_states, grad_o, grad_final)
     bwd = backward_program(program)
     dtype = grad_o.dtype
     module = chunk_torch.torch_module(program)

@@ -24,6 +24,7 @@ from hladsl.codegen.triton_run import (
     _token_args,
 )
 from hladsl.ir.chunk import ChunkProgram
+from hladsl.runtime.backward_torch import check_backward_args
 
 
 def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
@@ -50,16 +51,9 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         raise ValueError(f"schedule must be 'auto', 'two_pass' or 'fused', got {schedule!r}")
     if schedule == "fused" and not ctx["fused"]:
         raise ValueError(f"{program.algebra.name} has no fused backward (packed states)")
-    if program.gated != (lam is not None):
-        raise ValueError("lam must be given exactly when the chunk program is gated")
-    first = next(iter(tiles.values()))
-    n_seq, heads, n_chunks, chunk = first.shape[:4]
-    if chunk != program.chunk:
-        raise ValueError(f"tiles have chunk size {chunk}, the program {program.chunk}")
-    dv = dict(program.sizes)[ctx["o_dim"]]
-    if tuple(grad_o.shape) != (n_seq, heads, n_chunks, chunk, dv):
-        raise ValueError(f"grad_o must be [N, H, nC, C, dv] = {[n_seq, heads, n_chunks, chunk, dv]}, "
-                         f"got {list(grad_o.shape)}")
+    check_backward_args(program, tiles, lam, init_states, grad_o, grad_final)
+    first = tiles[next(iter(program.algebra.inputs))]
+    n_seq, heads, n_chunks = first.shape[:3]
     device = first.device
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
