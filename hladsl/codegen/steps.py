@@ -27,7 +27,7 @@ import unicodedata
 from dataclasses import dataclass
 
 _TEMP = re.compile(r"\bt\d+\b")
-_STATE = re.compile(r"\b(st|dr|nx)_\w+")
+_STATE = re.compile(r"\b(st|dr|nx|ct_end|ct_dr)_\w+")   # states and their gradients stay fp32
 
 
 def comment(text: str) -> str:

@@ -308,7 +308,8 @@ _INDEX_DIMS = exhaustive({
     Kind.CARRY: _Lowering._carry_dims, Kind.DERIVED: _Lowering._derived_dims,
     Kind.MASK: lambda self, o: _Lowering._time_dims(o),
     Kind.DECAY: lambda self, o: _Lowering._time_dims(o),
-    Kind.COTANGENT: _Lowering._cotangent_dims}, "the Triton lowering (index dims)")
+    Kind.COTANGENT: lambda self, o: self._cotangent_dims(o)},   # the backward lowering overrides it
+    "the Triton lowering (index dims)")
 
 _OPERAND_TILE = exhaustive({
     Kind.TOKEN: lambda self, o, defs: _Lowering._token_tile(o, defs),

@@ -1,0 +1,378 @@
+"""Triton source for the backward program (hladsl.ir.backward): the forward
+state-pass kernel (recomputes the chunk-start states), and
+
+  cotangent_kernel  (normalized programs) grid (nC, N*H): recomputes num and den,
+                    writes dnum = do / (den + eps) and dden = -Σ_e do num / (den + eps)²
+  reverse_kernel    grid (N*H, blocks of each packed dim): walks the chunks last
+                    to first with every d-state an fp32 register tile; writes
+                    d(end state) of every chunk and d initial state
+  grad_kernel       grid (nC, N*H): one chunk each; the token and Λ gradients of
+                    every term, looping over tiles of a packed dim
+  fused_bwd_kernel  (programs without packed states) grid (N*H): the reverse pass
+                    and, in the same walk, each chunk's token and Λ gradients from
+                    the d-states in registers: no per-chunk d-states in HBM
+
+Each gradient network lowers like a forward term (``_Lowering``, ``steps``);
+cotangent tiles are ``ct_num``, ``ct_den``, ``ct_end_<state>`` (d of a chunk-end
+state) and ``ct_dr_<derived>``. A packed power's gradient dspow[T, α] goes back
+to its token tile through one-hot [B_α, B_dim] matrices (``_dot``), per slot.
+"""
+from __future__ import annotations
+
+import copy
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from hladsl.codegen.steps import Block, Tile
+from hladsl.codegen.triton_gen import TEMPLATE_DIR, _Lowering, kernel_context
+from hladsl.ir.backward import (
+    PARALLEL,
+    REVERSE,
+    BackwardProgram,
+    GradTerm,
+    Target,
+    backward_program,
+)
+from hladsl.ir.chunk import ChunkProgram
+from hladsl.ir.operands import Kind
+
+TEMPLATE = "chunk_bwd_kernels.py.jinja"
+
+
+class _TransposingBlock(Block):
+    """A ``Block`` that also reuses a contraction computed earlier with its operands
+    named or ordered differently (the gradient networks of one term meet the same
+    products as transposes: dnum vᵀ for dq, v dnumᵀ for dk)."""
+
+    def __init__(self, sizes=None):
+        super().__init__(sizes)
+        self._products: dict = {}   # canonical (operands, result) -> (var, indices, section)
+
+    def contract(self, a: Tile, b: Tile, out) -> Tile:
+        key, names = self._canonical(a, b, out)
+        hit = self._products.get(key)
+        if hit is not None and hit[2] in ("pre", self.section):
+            var, canon = hit[0], hit[1]
+            back = {c: i for i, c in names.items()}
+            self.note(f"[{','.join(out)}] = {a.label()} · {b.label()}   = {var}, computed above")
+            return self._ordered(Tile(var, tuple(back[c] for c in canon)), tuple(out))
+        r = super().contract(a, b, out)
+        self._products[key] = (r.var, tuple(names[i] for i in r.indices), self.section)
+        return r
+
+    @staticmethod
+    def _canonical(a: Tile, b: Tile, out):
+        first, second = sorted((a, b), key=lambda t: (t.var, t.indices))
+        names: dict[str, str] = {}
+        for i in first.indices + second.indices:
+            names.setdefault(i, f"i{len(names)}")
+        key = ((first.var, tuple(names[i] for i in first.indices)),
+               (second.var, tuple(names[i] for i in second.indices)),
+               frozenset(names[i] for i in out))
+        return key, names
+
+
+class _BwdLowering(_Lowering):
+    """The forward lowering plus cotangent operands and gradient targets."""
+
+    def __init__(self, bwd: BackwardProgram):
+        super().__init__(bwd.forward)
+        p = bwd.forward
+        self.bwd = bwd
+        (o_index,) = p.algebra.output.free
+        self.o_dim = self.index_dims(p.output[0].operands)[o_index]
+        self.ct_dims = {"num": (None, self.o_dim), "den": (None,)}
+        for name, dims in self.state_dims.items():
+            self.ct_dims[f"end_{name}"] = tuple(dims)
+        for d in p.derived:
+            self.ct_dims[f"dr_{d.name}"] = tuple(self.derived_dims[d.name][i] for i in d.poly.free)
+
+    def _cotangent_dims(self, o):
+        return dict(zip(o.indices, self.ct_dims[o.name]))
+
+    def region(self) -> None:
+        super().region()
+        self.block = _TransposingBlock()
+
+    def target_shape(self, g: GradTerm) -> str:
+        """The register-tile shape of ``g``'s accumulator (constexpr extents)."""
+        dims = self.target_dims(g)
+        return ", ".join("C" if d is None else f"B_{d}" for d in dims)
+
+    def target_dims(self, g: GradTerm) -> tuple:
+        if g.target in (Target.TOKEN, Target.POWER):
+            return (None, self.input_dim[g.name])
+        if g.target is Target.CARRY:
+            return tuple(self.state_dims[g.name])
+        if g.target is Target.DERIVED:
+            return self.ct_dims[f"dr_{g.name}"]
+        return (None,) if g.target is Target.LAM else ()
+
+    # -- one gradient network ---------------------------------------------------------------
+    def grads(self, grads, acc: str, defs: dict, tiled: frozenset = frozenset()) -> None:
+        """Code adding every network of ``grads`` (one target) into ``acc``; a network
+        touching a ``tiled`` dim runs in the loop over its tiles, the rest before it."""
+        block = self.block
+        for g in grads:
+            t = g.term
+            dims = self.index_dims(t.operands)
+            block.section = "loop" if any(d in tiled for d in dims.values()) else "pre"
+            block.lines.append("")
+            block.note(g.text())
+            block.note(f"    <- {t.source}")
+            sizes = self.sizes(t.operands)
+            dim_of = dict(zip(g.indices, self.target_dims(g)))
+            sizes.update((i, "C" if dim_of[i] is None else f"B_{dim_of[i]}") for i, _ in g.broadcast)
+            block.sizes = sizes
+            tiles = [self.operand(o, defs) for o in t.operands]
+            for s in t.plan.steps:
+                tiles.append(block.contract(tiles[s.left], tiles[s.right], s.indices))
+            value = block.reduce(tiles[t.plan.result], t.output).var
+            if t.carry_weight:   # the forward term's carry scale exp(W Λ_end)
+                value = f"{value} * tl.exp({int(t.carry_weight)} * lam_end)"
+            if g.broadcast:
+                value = self._broadcast(g, value, sizes)
+            if g.target is Target.POWER:
+                value = self._power_chain(g, block.define(value))
+            mag = abs(float(t.coef))
+            value = value if mag == 1.0 else f"{mag!r} * ({value})"
+            block.lines.append(f"{acc} {'-' if t.coef < 0 else '+'}= {value}")
+        block.section = "pre"
+
+    @staticmethod
+    def _broadcast(g: GradTerm, value: str, sizes: dict) -> str:
+        """``value`` over the network's indices, constant along the ``broadcast`` ones."""
+        have = set(g.term.output)
+        shape = ", ".join(sizes[i] for i in g.indices)
+        if not have:
+            return f"tl.zeros(({shape},), dtype=tl.float32) + {value}"
+        slots = ", ".join(":" if i in have else "None" for i in g.indices)
+        return f"tl.zeros(({shape},), dtype=tl.float32) + ({value})[{slots}]"
+
+    def _power_chain(self, g: GradTerm, dspow: str) -> str:
+        """dx[T, i] = Σ_α dspow[T, α] (m(α)) Σ_r [α_r = i] Π_{s≠r} x[T, α_s] for this
+        tile of α: per slot r, a [C, B_α] product times a one-hot [B_α, B_i] matrix."""
+        block, o = self.block, g.wrt
+        pd, x = o.packed, o.name
+        base = self.input_dim[x]
+        valid = f"offs_{pd} < D_{pd}"
+        cols, vals = [], []
+        for r in range(int(o.power)):
+            cols.append(block.define(f"tl.load(pk_{pd}_idx + {r} * D_{pd} + offs_{pd}, mask={valid}, other=0)",
+                                     f"slot {r + 1} of each packed index of {pd}"))
+            vals.append(block.define(
+                f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + {cols[-1]}[None, :], "
+                f"mask=({valid})[None, :], other=0.0).to(tl.float32)"))
+        if o.weighted:
+            dspow = block.define(f"{dspow} * tl.load(pk_{pd}_mult + offs_{pd}, mask={valid}, other=0.0)[None, :]",
+                                 "times m(α)")
+        parts = []
+        for r in range(int(o.power)):
+            prod = " * ".join([dspow] + [vals[s] for s in range(int(o.power)) if s != r])
+            onehot = block.define(f"tl.where(({cols[r]}[:, None] == offs_{base}[None, :]) & ({valid})[:, None], 1.0, 0.0)",
+                                  f"one-hot [α, {base}] of slot {r + 1}")
+            parts.append(f"_dot({prod}, {onehot}, tl.float32, PREC)")
+        block.note(f"d{x}[T,i] += Σ_α d{o.text()} Σ_r [α_r = i] Π_(s≠r) {x}[T,α_s]")
+        return " + ".join(parts)
+
+    def keeps_free(self, g: GradTerm, dim: str) -> bool:
+        dims = self.index_dims(g.term.operands)
+        return {i for i, d in dims.items() if d == dim} <= set(g.term.output)
+
+
+def _group(grads, key) -> dict:
+    out: dict = {}
+    for g in grads:
+        out.setdefault(key(g), []).append(g)
+    return out
+
+
+def _carried(grads) -> set[str]:
+    return {o.name for g in grads for o in g.term.operands if o.kind is Kind.CARRY}
+
+
+def backward_context(program: ChunkProgram) -> dict:
+    """Everything the backward template needs (plain data; with the forward context
+    under ``forward``, its states' ``read`` set to what the backward reads)."""
+    bwd = backward_program(program)
+    low = _BwdLowering(bwd)
+    fwd = copy.deepcopy(kernel_context(program))
+    packed = set(low.packed)
+    every = list(bwd.all_terms())
+    reverse = [g for g in every if g.target in REVERSE]
+    parallel = [g for g in every if g.target in PARALLEL]
+    uses_derived = any(o.kind is Kind.DERIVED for g in parallel for o in g.term.operands)
+    derived_states = {f.name for d in program.derived for m in d.poly.terms for f in m.factors}
+    read_reverse = _carried(reverse)
+    read_parallel = _carried(parallel) | (derived_states if uses_derived else set())
+    for s in fwd["states"]:
+        s["read"] = s["name"] in read_reverse | read_parallel
+
+    # -- reverse state pass: d-states in registers, split over every packed dim and,
+    # where every transpose keeps it free, the output's value dim ----------------------------
+    splits = sorted(packed)
+    if len(splits) > 2:
+        raise ValueError(f"the reverse pass splits over at most two packed dims, {program.algebra.name} "
+                         f"has {splits}")
+    for g in reverse:
+        for pd in splits:
+            if not low.keeps_free(g, pd):
+                raise ValueError(f"{g.term.source}: its transpose sums over the packed dim {pd}, "
+                                 f"which the reverse pass splits over")
+    if len(splits) < 2 and all(list(dims).count(low.o_dim) <= 1 for dims in low.state_dims.values()) \
+            and all(low.keeps_free(g, low.o_dim) for g in reverse):
+        splits.append(low.o_dim)
+    low.region()
+    rdefs: dict = {}
+    derived_code, reverse_code, written = _reverse_code(low, reverse, rdefs)
+    reverse_chained = low.block.chained
+
+    # -- gradient pass: parallel over chunks, looping over the tiles of a packed dim ---------
+    tiled = sorted({d for g in parallel for d in low.index_dims(g.term.operands).values() if d in packed})
+    if len(tiled) > 1:
+        raise ValueError(f"the gradient kernel loops over one packed dim; {program.algebra.name} "
+                         f"needs {tiled}")
+    low.region()
+    gdefs: dict = {}
+    grad_derived = low.derived() if uses_derived else ""
+    pre = low.block.sections["pre"]
+    mark = len(pre)
+    accs, inits = _grad_code(low, parallel, gdefs, frozenset(tiled))
+    grad_pre, grad_loop = "\n".join(inits + pre[mark:]), low.block.text("loop").strip("\n")
+    grad_chained = low.block.chained
+
+    # -- the fused schedule (no packed states): one program per (sequence, head) walks the
+    # chunks last to first, each chunk's token gradients from the d-states in registers ----
+    fused = None
+    if not packed:
+        low.region()
+        fdefs: dict = {}
+        lines = low.block.lines
+        f_derived = low.derived() if uses_derived else ""
+        mark = len(lines)
+        _reverse_code(low, reverse, fdefs)
+        f_reverse = "\n".join(lines[mark:]).strip("\n")
+        mark = len(lines)
+        _, f_inits = _grad_code(low, parallel, fdefs, frozenset())
+        f_grad = "\n".join(f_inits + lines[mark:])
+        fused = {"defs": _defs(fdefs), "derived": f_derived, "reverse": f_reverse,
+                 "grad": f_grad, "chained_dots": low.block.chained,
+                 "reads": sorted(read_reverse | read_parallel)}
+
+    ct_states = {o.name[4:] for g in parallel for o in g.term.operands
+                 if o.kind is Kind.COTANGENT and o.name.startswith("end_")}
+    loop_dim = tiled[0] if tiled else None
+
+    def info(name, **extra):
+        s = next(s for s in fwd["states"] if s["name"] == name)
+        return {**s, "gtiled": loop_dim in s["dims"], **extra}
+
+    def own(name):   # the reverse pass writes a d-state from block 0 of each split it lacks
+        s = info(name)
+        owner = " & ".join(f"(pid_{d} == 0)" for d in splits if d not in s["dims"])
+        return f"tl.where({owner}, msk_{name}, False)" if owner else f"msk_{name}"
+
+    all_inputs = [{"name": x, "dim": low.input_dim[x]} for x in low.input_dim]
+    states = [s["name"] for s in fwd["states"]]
+    return {
+        "forward": fwd,
+        "name": program.algebra.name,
+        "o_dim": low.o_dim,
+        "inputs": all_inputs,
+        "reverse_splits": splits,
+        "reverse_states": [info(n, own=own(n)) for n in states],
+        "reverse_reads": [info(n) for n in states if n in read_reverse],
+        "reverse_defs": _defs(rdefs),
+        "reverse_derived": derived_code,
+        "reverse_code": reverse_code,
+        "reverse_written": written,
+        "reverse_chained_dots": reverse_chained,
+        "grad_chained_dots": grad_chained,
+        "grad_reads": [info(n) for n in states if n in read_parallel],
+        "grad_cts": [info(n) for n in states if n in ct_states],
+        "grad_defs": _defs(gdefs),
+        "grad_derived": grad_derived,
+        "grad_pre": grad_pre,
+        "grad_loop": {"dim": loop_dim, "code": grad_loop} if tiled else None,
+        "grad_targets": [x["name"] for x in all_inputs if f"dx_{x['name']}" in accs],
+        "grad_lam": "dlam" in accs,
+        "grad_lam_end": "dlam_end" in accs,
+        "fused": None if fused is None else {**fused, "reads": [info(n) for n in fused["reads"]]},
+    }
+
+
+def _reverse_code(low: _BwdLowering, reverse, defs) -> tuple[str, str, list[str]]:
+    """(code of the derived carries' gradients ct_dr_*, code of the chunk-start
+    d-states ds_*, the states it writes), appended to the current block."""
+    block = low.block
+    first = len(block.lines)
+    to_derived = _group([g for g in reverse if g.target is Target.DERIVED], lambda g: g.name)
+    for d in low.p.derived:
+        if d.name in to_derived:
+            acc = f"ct_dr_{d.name}"
+            block.assign(acc, f"tl.zeros(({low.target_shape(to_derived[d.name][0])},), dtype=tl.float32)")
+            low.grads(to_derived[d.name], acc, defs)
+    derived = "\n".join(block.lines[first:]).strip("\n")
+    start = len(block.lines)
+    to_carry = _group([g for g in reverse if g.target is Target.CARRY], lambda g: g.name)
+    for name, grads in to_carry.items():
+        acc = f"ds_{name}"
+        block.lines.append("")
+        block.assign(acc, f"tl.zeros(({low.target_shape(grads[0])},), dtype=tl.float32)")
+        low.grads(grads, acc, defs)
+    return derived, "\n".join(block.lines[start:]).strip("\n"), sorted(to_carry)
+
+
+_ACC = {Target.TOKEN: "dx_{}", Target.POWER: "dx_{}", Target.LAM: "dlam", Target.LAM_END: "dlam_end"}
+
+
+def _grad_code(low: _BwdLowering, parallel, defs, tiled) -> tuple[list[str], list[str]]:
+    """Appends the token and Λ gradient code to the current block; returns the
+    accumulators and the lines that zero them (for the caller to place)."""
+    accs, inits = [], []
+    for (target, name), grads in _group(parallel, lambda g: (g.target, g.name)).items():
+        acc = _ACC[target].format(name)
+        if acc not in accs:
+            accs.append(acc)
+            init = "tl.sum(tl.zeros((C,), dtype=tl.float32), axis=0)" if target is Target.LAM_END else \
+                f"tl.zeros(({low.target_shape(grads[0])},), dtype=tl.float32)"
+            inits.append(f"{acc} = {init}")
+        low.grads(grads, acc, defs, tiled)
+    return accs, inits
+
+
+def _defs(defs: dict) -> list[dict]:
+    return [{"var": var, "text": text, "expr": expr} for var, (text, expr) in defs.items()]
+
+
+def template_text() -> str:
+    return (TEMPLATE_DIR / TEMPLATE).read_text() + (TEMPLATE_DIR / "chunk_kernels.py.jinja").read_text()
+
+
+def render(context: dict, version: str) -> str:
+    env = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), undefined=StrictUndefined,
+                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    return env.get_template(TEMPLATE).render(version=version, bwd=context, **context["forward"])
+
+
+def triton_bwd_source(program: ChunkProgram) -> str:
+    """The Python/Triton module of ``program``'s backward (what ``--emit triton_bwd`` prints)."""
+    import hladsl
+    return render(backward_context(program), hladsl.__version__)
+
+
+_MODULES: dict[int, tuple] = {}
+
+
+def backward_kernels(program: ChunkProgram):
+    """(module, context) for ``program``'s backward, rendered once and disk-cached."""
+    hit = _MODULES.get(id(program))
+    if hit is None or hit[0] is not program:
+        import hladsl
+        from hladsl.codegen.cache import cache_key, load_module
+        context = backward_context(program)
+        key = cache_key(context, template_text())
+        module = load_module(f"{context['name']}_bwd", key, lambda: render(context, hladsl.__version__))
+        hit = _MODULES[id(program)] = (program, module, context)
+    return hit[1], hit[2]
+

@@ -1,0 +1,164 @@
+"""Launching the generated backward kernels (hladsl.codegen.triton_bwd): the
+Triton counterpart of ``backward_torch.backward_torch`` (same calling
+convention, the layouts of ``triton_run.forward_triton``)."""
+from __future__ import annotations
+
+from math import prod
+
+import torch
+import triton
+import triton.language as tl
+
+from hladsl.codegen.triton_bwd import backward_kernels
+from hladsl.codegen.triton_gen import constexprs
+from hladsl.codegen.triton_run import (
+    _DOT,
+    FUSED_MIN_PROGRAMS_PER_SM,
+    _dot_override,
+    _launch,
+    _narrow_ok,
+    _packed_tables,
+    _sms,
+    _state_block,
+    _state_buffers,
+    _token_args,
+)
+from hladsl.ir.chunk import ChunkProgram
+from hladsl.runtime.backward_torch import check_backward_args
+
+
+def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
+                    init_states: dict[str, torch.Tensor], grad_o: torch.Tensor,
+                    grad_final: dict[str, torch.Tensor] | None, eps: float,
+                    precision: str = "tf32x3", num_warps: int = 4, reverse_block: int | None = None,
+                    schedule: str = "auto"):
+    """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16, may be strided views);
+    lam: [N, H, nC, C] in-chunk cumulative log gates (None iff ungated); init_states
+    and grad_final: summary -> [N, H, *program.state_shape] (a missing or None
+    grad_final entry is zero); grad_o: [N, H, nC, C, dv]. Returns (d_tiles {input:
+    [N, H, nC, C, dim] fp32}, d_lam [N, H, nC, C] fp32 or None, d_init {summary:
+    [N, H, *shape] fp32}). d_lam is the gradient w.r.t. lam (dg: its reverse
+    cumulative sum within each chunk). precision / num_warps as for forward_triton;
+    reverse_block: the value-dim block of one reverse-pass program where the program
+    splits it (default: small enough to fill the GPU). schedule: "two_pass" (reverse
+    pass writing per-chunk d-states, then a gradient kernel parallel over chunks),
+    "fused" (one kernel per (sequence, head) walking the chunks backwards; programs
+    without packed states) or "auto" (fused on a GPU when there are enough
+    (sequence, head) pairs to fill it, as forward_triton decides)."""
+    module, ctx = backward_kernels(program)
+    fwd = ctx["forward"]
+    if schedule not in ("auto", "two_pass", "fused"):
+        raise ValueError(f"schedule must be 'auto', 'two_pass' or 'fused', got {schedule!r}")
+    if schedule == "fused" and not ctx["fused"]:
+        raise ValueError(f"{program.algebra.name} has no fused backward (packed states)")
+    check_backward_args(program, tiles, lam, init_states, grad_o, grad_final)
+    first = tiles[next(iter(program.algebra.inputs))]
+    n_seq, heads, n_chunks = first.shape[:3]
+    device = first.device
+    if lam is not None:
+        lam = lam.to(device=device, dtype=torch.float32).contiguous()
+    common = dict(H=heads, n_chunks=n_chunks, DOT=_DOT.get(first.dtype, tl.float32), PREC=precision,
+                  num_warps=num_warps, **constexprs(program))
+    packed = _packed_tables(program, device)
+    tokens = _token_args(ctx["inputs"], tiles, lam, program.gated)
+
+    # (a) the chunk-start states, by the forward state-pass kernel
+    state_args, _final = _state_buffers(fwd, init_states, device)
+    starts = {}
+    for s in fwd["states"]:
+        if s["read"]:
+            init = state_args[f"init_{s['name']}"]
+            starts[s["name"]] = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
+            state_args[f"starts_{s['name']}"] = starts[s["name"]]
+    state_args.update(_token_args(fwd["state_inputs"], tiles, lam, program.gated), **packed)
+    grid, block = [n_seq * heads], {}
+    for dim in fwd["splits"]:
+        if dim in {pd.name for pd in program.packed}:
+            width = common[f"B_{dim}"]
+        else:
+            width = _state_block(dict(program.sizes)[dim], n_seq * heads * (grid[1] if len(grid) > 1 else 1),
+                                 device, _narrow_ok(first, fwd["state_chained_dots"]))
+        grid.append(triton.cdiv(common[f"D_{dim}"], width))
+        block[f"B_{dim}"] = width
+    block.update(_dot_override(first, fwd["state_chained_dots"], block))
+    _launch(module.state_pass_kernel, tuple(grid), {**state_args, **common, **block}, True)
+
+    # the cotangents of num (and den)
+    grad_o = grad_o.to(device=device, dtype=torch.float32).contiguous()
+    cot = {"dnum_ptr": grad_o}
+    if program.normalizer:
+        dnum = torch.empty_like(grad_o)
+        dden = grad_o.new_empty(grad_o.shape[:-1])
+        args = {**_token_args(fwd["output_inputs"], tiles, lam, program.gated), **packed,
+                **{f"starts_{n}": x for n, x in starts.items()},
+                "do_ptr": grad_o, "dnum_ptr": dnum, "dden_ptr": dden, "eps": float(eps)}
+        _launch(module.cotangent_kernel, (n_chunks, n_seq * heads), {**args, **common}, True)
+        cot = {"dnum_ptr": dnum, "dden_ptr": dden}
+
+    if schedule == "fused" or (schedule == "auto" and ctx["fused"] and device.type == "cuda"
+                               and n_seq * heads >= FUSED_MIN_PROGRAMS_PER_SM * _sms(device)):
+        return _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final,
+                      common, first, lam)
+
+    # (b) reverse state pass: d(end state) of every chunk, d initial state
+    d_init, dends, rev = {}, {}, {}
+    for s in ctx["reverse_states"]:
+        name = s["name"]
+        init = state_args[f"init_{name}"]
+        given = (grad_final or {}).get(name)
+        rev[f"dfinal_{name}"] = (torch.zeros_like(init) if given is None else
+                                 given.to(device=device, dtype=torch.float32).contiguous())
+        rev[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
+        rev[f"dends_{name}"] = dends[name] = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
+    rev.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["reverse_reads"]})
+    rgrid, rblock = [n_seq * heads], {}
+    for dim in ctx["reverse_splits"]:
+        if dim in {pd.name for pd in program.packed}:
+            width = common[f"B_{dim}"]
+        else:
+            width = reverse_block or _state_block(dict(program.sizes)[dim], n_seq * heads * prod(rgrid[1:]),
+                                                  device, _narrow_ok(first, ctx["reverse_chained_dots"]))
+        rgrid.append(triton.cdiv(common[f"D_{dim}"], width))
+        rblock[f"B_{dim}"] = width
+    rblock.update(_dot_override(first, ctx["reverse_chained_dots"], rblock))
+    _launch(module.reverse_kernel, tuple(rgrid), {**tokens, **packed, **rev, **cot, **common, **rblock},
+            True)
+
+    # (c) token and Λ gradients, parallel over chunks
+    d_tiles, d_lam, out = _grad_buffers(ctx, first, common, lam)
+    args = {**tokens, **packed, **cot, **out,
+            **{f"starts_{s['name']}": starts[s["name"]] for s in ctx["grad_reads"]},
+            **{f"dends_{s['name']}": dends[s["name"]] for s in ctx["grad_cts"]}}
+    _launch(module.grad_kernel, (n_chunks, n_seq * heads),
+            {**args, **common, **_dot_override(first, ctx["grad_chained_dots"], {})}, True)
+    return d_tiles, d_lam, d_init
+
+
+def _grad_buffers(ctx, first, common, lam) -> tuple[dict, torch.Tensor | None, dict]:
+    n_seq, heads, n_chunks, chunk = first.shape[:4]
+    d_tiles = {x["name"]: torch.empty((n_seq, heads, n_chunks, chunk, common[f"D_{x['dim']}"]),
+                                      device=first.device, dtype=torch.float32) for x in ctx["inputs"]}
+    d_lam = None if lam is None else torch.empty_like(lam)
+    args = {f"dx_{n}_ptr": x for n, x in d_tiles.items()}
+    if d_lam is not None:
+        args["dlam_ptr"] = d_lam
+    return d_tiles, d_lam, args
+
+
+def _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final, common, first,
+           lam):
+    n_seq, heads = first.shape[:2]
+    args, d_init = {}, {}
+    for s in ctx["reverse_states"]:
+        name = s["name"]
+        init = state_args[f"init_{name}"]
+        given = (grad_final or {}).get(name)
+        args[f"dfinal_{name}"] = (torch.zeros_like(init) if given is None else
+                                  given.to(device=init.device, dtype=torch.float32).contiguous())
+        args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
+    args.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["fused"]["reads"]})
+    d_tiles, d_lam, out = _grad_buffers(ctx, first, common, lam)
+    _launch(module.fused_bwd_kernel, (n_seq * heads,),
+            {**tokens, **packed, **args, **cot, **out, **common,
+             **_dot_override(first, ctx["fused"]["chained_dots"], {})}, True)
+    return d_tiles, d_lam, d_init
