@@ -9,6 +9,7 @@ from hladsl.api import compile_spec
 from hladsl.errors import AlgebraError, SpecError
 from hladsl.frontend.printer import to_text
 from hladsl.frontend.specs import load_ast
+from hladsl.ir.backward import backward_text
 from hladsl.ir.checks import serial_flops
 from hladsl.ir.lower import bind_params
 from hladsl.ir.pipeline import PASS_NAMES, Compilation, Target, compile_spec as run_pipeline
@@ -195,6 +196,15 @@ def _triton_step(spec, params, out_dir):
     return f"wrote {path} (Triton decode step for {alg.name}: d = dv = 64, gated)\n"
 
 
+def _chunk_bwd(spec, params, out_dir):
+    return backward_text(compile_spec(spec, target=_target(), **params).backward)
+
+
+def _triton_bwd(spec, params, out_dir):
+    from hladsl.codegen.triton_bwd import triton_bwd_source
+    return triton_bwd_source(compile_spec(spec, target=_target(), **params).program)
+
+
 def _cp(spec, params, out_dir):
     from hladsl.runtime.context_parallel import cp_plan_text
     alg = _algebra(spec, params)
@@ -205,10 +215,12 @@ def _cp(spec, params, out_dir):
 PASS_TEXT = {"lower": _ir_text, "check": _check_text, "serial": _serial_text,
              "combine": _combine_text, "vjp": _vjp_text, "chains": _chains_text,
              "chunk": lambda c: _program_text(c.chunk),
-             "pack_symmetric": lambda c: _program_text(c.program)}
+             "pack_symmetric": lambda c: _program_text(c.program),
+             "backward": lambda c: backward_text(c.backward)}
 
 EMITTERS = {"ast": _ast, "ir": _ir, "combine": _combine, "serial": _serial, "vjp": _vjp,
             "chains": _chains, "chunk": _chunk, "triton": _triton, "cp": _cp,
+            "chunk_bwd": _chunk_bwd, "triton_bwd": _triton_bwd,
             "triton_step": _triton_step,
             "torch": _source("torch", "torch chunk program"),
             "default": lambda spec, params, out_dir: _triton(spec, params, out_dir or ".")}

@@ -15,7 +15,7 @@ import hladsl
 from hladsl.emit import PASS_TEXT, emit
 from hladsl.frontend.specs import shipped_names
 from hladsl.ir.operands import Kind, exhaustive
-from hladsl.ir.pipeline import PASS_NAMES, PASSES
+from hladsl.ir.pipeline import PASS_NAMES
 
 PACKAGE = Path(hladsl.__file__).resolve().parent
 

@@ -10,7 +10,7 @@ import torch
 
 import hladsl
 from hladsl.ir.backward import Target, backward_program, backward_text, output_size
-from hladsl.ir.chunk import chunk_program
+from hladsl.ir.pipeline import chunk_program
 from hladsl.runtime import chunk_torch
 from hladsl.runtime.backward_torch import backward_torch, power_chain_rule
 

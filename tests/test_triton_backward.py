@@ -11,7 +11,7 @@ import torch
 
 import hladsl
 from hladsl.ir.backward import output_size
-from hladsl.ir.chunk import chunk_program
+from hladsl.ir.pipeline import chunk_program
 from hladsl.runtime.backward_torch import backward_torch
 
 C, N_CHUNKS, N, H = 16, 3, 1, 2

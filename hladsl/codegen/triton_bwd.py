@@ -35,6 +35,7 @@ from hladsl.ir.backward import (
 )
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.ir.operands import Kind
+from hladsl.version import __version__
 
 TEMPLATE = "chunk_bwd_kernels.py.jinja"
 
@@ -357,8 +358,7 @@ def render(context: dict, version: str) -> str:
 
 def triton_bwd_source(program: ChunkProgram) -> str:
     """The Python/Triton module of ``program``'s backward (what ``--emit triton_bwd`` prints)."""
-    import hladsl
-    return render(backward_context(program), hladsl.__version__)
+    return render(backward_context(program), __version__)
 
 
 _MODULES: dict[int, tuple] = {}
@@ -368,11 +368,10 @@ def backward_kernels(program: ChunkProgram):
     """(module, context) for ``program``'s backward, rendered once and disk-cached."""
     hit = _MODULES.get(id(program))
     if hit is None or hit[0] is not program:
-        import hladsl
         from hladsl.codegen.cache import cache_key, load_module
         context = backward_context(program)
         key = cache_key(context, template_text())
-        module = load_module(f"{context['name']}_bwd", key, lambda: render(context, hladsl.__version__))
+        module = load_module(f"{context['name']}_bwd", key, lambda: render(context, __version__))
         hit = _MODULES[id(program)] = (program, module, context)
     return hit[1], hit[2]
 

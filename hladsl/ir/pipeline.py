@@ -16,6 +16,8 @@ runtime runs them once per shape class through ``program_for``.
     chains           output and state-pass terms in chain normal form
     chunk            the chunk program: contraction plans on [C, ·] tiles
     pack_symmetric   symmetric states held packed where every use allows it
+    backward         the VJP of the chunk program: gradient tensor networks per
+                     operand and the reverse state pass (ir.backward)
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Callable
 
 from hladsl.frontend import ast
 from hladsl.ir.algebra import Algebra
+from hladsl.ir.backward import BackwardProgram, backward_program
 from hladsl.ir.chains import output_chains, summary_chains
 from hladsl.ir.checks import verify as check_algebra
 from hladsl.ir.chunk import ChunkProgram, Chains, build_chunk_program
@@ -63,6 +66,7 @@ class Compilation:
     chains: Chains | None = None
     chunk: ChunkProgram | None = None                          # every state unpacked
     program: ChunkProgram | None = None                        # the program kernels run
+    backward: BackwardProgram | None = None                    # its VJP
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,10 @@ def _chunk(c: Compilation) -> Compilation:
 
 def _pack(c: Compilation) -> Compilation:
     return replace(c, program=pack_symmetric(c.chunk))
+
+
+def _backward(c: Compilation) -> Compilation:
+    return replace(c, backward=backward_program(c.program))
 
 
 # -- verifiers ------------------------------------------------------------------------
@@ -223,6 +231,21 @@ def _verify_pack(c: Compilation) -> None:
                  f"{name}: a packed layout folds each symmetric group into one packed dim")
 
 
+def _verify_backward(c: Compilation) -> None:
+    b = c.backward
+    _require(b.forward is c.program, "the backward differentiates the program kernels run")
+    for g in b.all_terms():
+        ops = g.term.operands
+        _require(sum(o.kind is Kind.COTANGENT for o in ops) == 1,
+                 f"{g.term.source}: one cotangent per gradient network")
+        _require(set(g.term.output) <= {i for o in ops for i in o.indices},
+                 f"{g.term.source}: the gradient's indices come from its network")
+    read = {o.name for t in c.program.output + c.program.normalizer
+            for o in t.operands if o.kind is Kind.CARRY}
+    got = {g.name for g in b.all_terms() if g.target.value == "carry"}
+    _require(read <= got, "every carried state the outputs read gets a gradient")
+
+
 PASSES: tuple[Pass, ...] = (
     Pass("lower", _lower, _verify_algebra),
     Pass("check", _check, _verify_check),
@@ -232,6 +255,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("chains", _chains, _verify_chains),
     Pass("chunk", _chunk, _verify_chunk, target_specific=True),
     Pass("pack_symmetric", _pack, _verify_pack, target_specific=True),
+    Pass("backward", _backward, _verify_backward, target_specific=True),
 )
 PASS_NAMES = tuple(p.name for p in PASSES)
 
@@ -268,7 +292,8 @@ def program_for(c: Compilation, chunk: int, dim_sizes: tuple[tuple[str, int], ..
                 gated: bool) -> ChunkProgram:
     """The chunk program kernels run for one shape class (cached per compilation)."""
     done = replace(c, target=Target(chunk, dim_sizes, gated))
-    return run_passes(done, passes=tuple(p for p in PASSES if p.target_specific)).program
+    return run_passes(done, until="pack_symmetric",
+                      passes=tuple(p for p in PASSES if p.target_specific)).program
 
 
 def chunk_program(alg: Algebra, chunk: int, dim_sizes: tuple[tuple[str, int], ...],

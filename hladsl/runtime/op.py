@@ -11,6 +11,8 @@ or the generated Triton kernels, and a differentiable finish (unpad, cast).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from hladsl.errors import SpecError
@@ -175,6 +177,10 @@ class Op:
     # -- execution (called by the custom op) -------------------------------------------------
     def use_triton(self, x: torch.Tensor) -> bool:
         if self.backend == "triton":
+            if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+                raise ValueError("backend='triton' runs generated kernels; on CPU tensors that "
+                                 "needs the Triton interpreter (set TRITON_INTERPRET=1 before "
+                                 "the first kernel is built), or use backend='torch'")
             return True
         return self.backend == "auto" and x.device.type == "cuda"
 
@@ -209,10 +215,58 @@ class Op:
                                         cu_seqlens)
             return (o,) + tuple(finals[n] for n in keep)
 
-        # the generated Triton backward lands with the backward program (ir.backward);
-        # until then both backends differentiate the torch chunk program
+        if self.use_triton(tokens[0]):
+            return self._backward_triton(tokens, g, scale, init, cu_seqlens, schedule, grad_o,
+                                         grad_states)
         _, pullback = torch.func.vjp(forward, *leaves)
         got = pullback((grad_o,) + tuple(grad_states[n] for n in keep))
+        return [torch.zeros_like(x) if d is None else d.contiguous() for x, d in zip(leaves, got)]
+
+    def _backward_triton(self, tokens, g, scale, init, cu_seqlens, schedule, grad_o, grad_states):
+        """The generated backward kernels between the VJPs of the (linear, cheap) torch
+        preparation and finish: every product runs inside a kernel."""
+        from hladsl.runtime.triton_backward import backward_triton
+        n_tok, gated = len(tokens), g is not None
+        leaves = list(tokens) + ([g] if gated else []) + list(init)
+        first = tokens[0]
+        key = ("backward", tuple(sorted(self._dims(dict(zip(self.inputs, tokens))).items())),
+               first.dtype, gated)
+
+        def run(chunk):
+            held = {}
+
+            def prepare(*xs):
+                toks = dict(zip(self.inputs, xs[:n_tok]))
+                prep = held["prep"] = _Prepared(self, toks, xs[n_tok] if gated else None, scale,
+                                                list(xs[n_tok + gated:]), cu_seqlens, chunk,
+                                                keep_dtype=True)
+                return (tuple(prep.tiles[n] for n in self.inputs), (prep.lam,) if gated else (),
+                        tuple(prep.init[s] for s in self.state_names))
+
+            (tiles, lams, starts), pull_prepare = torch.func.vjp(prepare, *leaves)
+            lam = lams[0] if gated else None
+            prep = held["prep"]
+            o_like = first.new_zeros(tiles[0].shape[:4] + (prep.dims[self.out_dim],),
+                                     dtype=torch.float32)
+
+            def finish(o_tiles, *finals):
+                o, states = prep.finish(o_tiles, dict(zip(self.state_names, finals)))
+                return (o,) + tuple(states)
+            _, pull_finish = torch.func.vjp(finish, o_like, *[x.float() for x in starts])
+            lead = tiles[0].shape[:2]
+            shapes = self.state_shapes(**prep.dims)
+            d_states = tuple(o_like.new_zeros(lead + shapes[n]) if d is None else d
+                             for n, d in zip(self.state_names, grad_states))
+            d_o_tiles, *d_finals = pull_finish((grad_o,) + d_states)
+            d_tiles, d_lam, d_init = backward_triton(
+                prep.program, dict(zip(self.inputs, tiles)), lam,
+                dict(zip(self.state_names, starts)), d_o_tiles,
+                dict(zip(self.state_names, d_finals)), self.algebra.eps, schedule=schedule)
+            cot = (tuple(d_tiles[n].to(t.dtype) for n, t in zip(self.inputs, tiles)),
+                   (d_lam,) if gated else (),
+                   tuple(d_init[s].to(x.dtype) for s, x in zip(self.state_names, starts)))
+            return pull_prepare(cot)
+        got = launch.fitting_chunk(key, self._chunk(first), run)
         return [torch.zeros_like(x) if d is None else d.contiguous() for x, d in zip(leaves, got)]
 
     # -- internals -----------------------------------------------------------------------

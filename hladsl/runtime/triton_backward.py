@@ -1,6 +1,6 @@
 """Launching the generated backward kernels (hladsl.codegen.triton_bwd): the
 Triton counterpart of ``backward_torch.backward_torch`` (same calling
-convention, the layouts of ``triton_run.forward_triton``)."""
+convention, the layouts of ``triton_forward.forward_triton``)."""
 from __future__ import annotations
 
 from math import prod
@@ -11,18 +11,8 @@ import triton.language as tl
 
 from hladsl.codegen.triton_bwd import backward_kernels
 from hladsl.codegen.triton_gen import constexprs
-from hladsl.codegen.triton_run import (
-    _DOT,
-    FUSED_MIN_PROGRAMS_PER_SM,
-    _dot_override,
-    _launch,
-    _narrow_ok,
-    _packed_tables,
-    _sms,
-    _state_block,
-    _state_buffers,
-    _token_args,
-)
+from hladsl.runtime import launch
+from hladsl.runtime.triton_forward import _packed_tables, _state_buffers, _token_args
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime.backward_torch import check_backward_args
 
@@ -47,8 +37,6 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     (sequence, head) pairs to fill it, as forward_triton decides)."""
     module, ctx = backward_kernels(program)
     fwd = ctx["forward"]
-    if schedule not in ("auto", "two_pass", "fused"):
-        raise ValueError(f"schedule must be 'auto', 'two_pass' or 'fused', got {schedule!r}")
     if schedule == "fused" and not ctx["fused"]:
         raise ValueError(f"{program.algebra.name} has no fused backward (packed states)")
     check_backward_args(program, tiles, lam, init_states, grad_o, grad_final)
@@ -57,7 +45,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     device = first.device
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
-    common = dict(H=heads, n_chunks=n_chunks, DOT=_DOT.get(first.dtype, tl.float32), PREC=precision,
+    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.DOT.get(first.dtype, tl.float32), PREC=precision,
                   num_warps=num_warps, **constexprs(program))
     packed = _packed_tables(program, device)
     tokens = _token_args(ctx["inputs"], tiles, lam, program.gated)
@@ -76,12 +64,12 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         if dim in {pd.name for pd in program.packed}:
             width = common[f"B_{dim}"]
         else:
-            width = _state_block(dict(program.sizes)[dim], n_seq * heads * (grid[1] if len(grid) > 1 else 1),
-                                 device, _narrow_ok(first, fwd["state_chained_dots"]))
+            width = launch.state_block(dict(program.sizes)[dim], n_seq * heads * (grid[1] if len(grid) > 1 else 1),
+                                 device, launch.narrow_ok(first, fwd["state_chained_dots"]))
         grid.append(triton.cdiv(common[f"D_{dim}"], width))
         block[f"B_{dim}"] = width
-    block.update(_dot_override(first, fwd["state_chained_dots"], block))
-    _launch(module.state_pass_kernel, tuple(grid), {**state_args, **common, **block}, True)
+    block.update(launch.dot_override(first, fwd["state_chained_dots"], block))
+    launch.launch(module.state_pass_kernel, tuple(grid), {**state_args, **common, **block}, True)
 
     # the cotangents of num (and den)
     grad_o = grad_o.to(device=device, dtype=torch.float32).contiguous()
@@ -92,11 +80,10 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         args = {**_token_args(fwd["output_inputs"], tiles, lam, program.gated), **packed,
                 **{f"starts_{n}": x for n, x in starts.items()},
                 "do_ptr": grad_o, "dnum_ptr": dnum, "dden_ptr": dden, "eps": float(eps)}
-        _launch(module.cotangent_kernel, (n_chunks, n_seq * heads), {**args, **common}, True)
+        launch.launch(module.cotangent_kernel, (n_chunks, n_seq * heads), {**args, **common}, True)
         cot = {"dnum_ptr": dnum, "dden_ptr": dden}
 
-    if schedule == "fused" or (schedule == "auto" and ctx["fused"] and device.type == "cuda"
-                               and n_seq * heads >= FUSED_MIN_PROGRAMS_PER_SM * _sms(device)):
+    if launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads):
         return _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final,
                       common, first, lam)
 
@@ -116,12 +103,12 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         if dim in {pd.name for pd in program.packed}:
             width = common[f"B_{dim}"]
         else:
-            width = reverse_block or _state_block(dict(program.sizes)[dim], n_seq * heads * prod(rgrid[1:]),
-                                                  device, _narrow_ok(first, ctx["reverse_chained_dots"]))
+            width = reverse_block or launch.state_block(dict(program.sizes)[dim], n_seq * heads * prod(rgrid[1:]),
+                                                  device, launch.narrow_ok(first, ctx["reverse_chained_dots"]))
         rgrid.append(triton.cdiv(common[f"D_{dim}"], width))
         rblock[f"B_{dim}"] = width
-    rblock.update(_dot_override(first, ctx["reverse_chained_dots"], rblock))
-    _launch(module.reverse_kernel, tuple(rgrid), {**tokens, **packed, **rev, **cot, **common, **rblock},
+    rblock.update(launch.dot_override(first, ctx["reverse_chained_dots"], rblock))
+    launch.launch(module.reverse_kernel, tuple(rgrid), {**tokens, **packed, **rev, **cot, **common, **rblock},
             True)
 
     # (c) token and Λ gradients, parallel over chunks
@@ -129,8 +116,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     args = {**tokens, **packed, **cot, **out,
             **{f"starts_{s['name']}": starts[s["name"]] for s in ctx["grad_reads"]},
             **{f"dends_{s['name']}": dends[s["name"]] for s in ctx["grad_cts"]}}
-    _launch(module.grad_kernel, (n_chunks, n_seq * heads),
-            {**args, **common, **_dot_override(first, ctx["grad_chained_dots"], {})}, True)
+    launch.launch(module.grad_kernel, (n_chunks, n_seq * heads),
+            {**args, **common, **launch.dot_override(first, ctx["grad_chained_dots"], {})}, True)
     return d_tiles, d_lam, d_init
 
 
@@ -158,7 +145,7 @@ def _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_f
         args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
     args.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["fused"]["reads"]})
     d_tiles, d_lam, out = _grad_buffers(ctx, first, common, lam)
-    _launch(module.fused_bwd_kernel, (n_seq * heads,),
+    launch.launch(module.fused_bwd_kernel, (n_seq * heads,),
             {**tokens, **packed, **args, **cot, **out, **common,
-             **_dot_override(first, ctx["fused"]["chained_dots"], {})}, True)
+             **launch.dot_override(first, ctx["fused"]["chained_dots"], {})}, True)
     return d_tiles, d_lam, d_init
