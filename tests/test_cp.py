@@ -10,7 +10,6 @@ reference and compares what every rank sends it.
 """
 from __future__ import annotations
 
-import os
 import socket
 import traceback
 
