@@ -28,6 +28,7 @@ import time
 import torch
 
 import hladsl
+from hladsl.errors import SpecError
 
 BASELINES = ("fla", "sdpa", "retention")
 MODES = ("fwd", "fwd+bwd", "step")
@@ -113,10 +114,10 @@ def _with_backward(fn):
 
 def spec_case(name, params, schedule):
     op = hladsl.load(name, **params)
-    op.schedule = schedule
 
-    def build(mode, shape):
+    def build(mode, shape):   # timed right after it is built: the schedule holds meanwhile
         B, T, H, d, dtype, device, gated, step_batch = shape
+        op.schedule = schedule
         if mode == "step":
             q, k, v, g = _inputs(step_batch, 1, H, d, dtype, device, gated)
             state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
@@ -232,7 +233,7 @@ def run(args) -> int:
                 if len(args.schedule) > 1:
                     label += f" [{schedule}]"
                 candidates.append((label, spec_case(name, params, schedule)))
-    except ValueError as exc:
+    except (ValueError, SpecError) as exc:
         print(f"hladsl bench: {exc}", file=sys.stderr)
         return 1
     shapes = [(mode, T, d) for mode in args.modes for d in cfg["d"] for T in cfg["T"]]

@@ -73,4 +73,6 @@ def test_bench_cpu_writes_table_json_and_png(tmp_path, capsys):
 def test_bench_rejects_bad_spec_parameters(capsys):
     assert main(["bench", "--device", "cpu", "--specs", "power:p", "--json", "", "--plot", ""]) == 1
     assert "key=value" in capsys.readouterr().err
+    assert main(["bench", "--device", "cpu", "--specs", "nosuchspec", "--json", "", "--plot", ""]) == 1
+    assert "nosuchspec" in capsys.readouterr().err
     assert parse_spec("power:p=3,normalize=true") == ("power", {"p": 3, "normalize": True})
