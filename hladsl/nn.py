@@ -241,11 +241,13 @@ class Mixer(nn.Module):
         return attention_mask[:, -T:].to(device=x.device, dtype=x.dtype)
 
     def _log_gate(self, x):
+        """Log gates [B, T, H] <= 0, at least fp32 (the op sums them over a chunk)."""
         B, T, _ = x.shape
+        precise = torch.promote_types(x.dtype, torch.float32)
         if self.gate == "scalar":
-            return F.logsigmoid(self.decay_logit).to(x.dtype).expand(B, T, self.num_heads)
+            return F.logsigmoid(self.decay_logit.to(precise)).expand(B, T, self.num_heads)
         if self.gate == "data":
-            return F.logsigmoid(self.g_proj(x)) / GATE_LOGIT_NORMALIZER
+            return F.logsigmoid(self.g_proj(x).to(precise)) / GATE_LOGIT_NORMALIZER
         return None
 
     def _conv(self, proj, entry, cu_seqlens):
