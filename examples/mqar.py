@@ -148,7 +148,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.quick:
         cfg = dict(n_pairs=8, n_keys=32, n_values=32, hidden=64, heads=2, batch=32, steps=300,
-                   lr=3e-3, eval_batches=8, log_every=100, head_dims=[8, 16], budget_s=240)
+                   lr=1e-2, eval_batches=8, log_every=100, head_dims=[8, 16],
+                   budget_s=600)   # a safety cap: about 3 minutes on an idle laptop CPU
     else:
         cfg = dict(n_pairs=32, n_keys=128, n_values=128, hidden=128, heads=2, batch=64,
                    steps=2000, lr=2e-3, eval_batches=16, log_every=250, head_dims=[16, 32, 64],
