@@ -175,3 +175,28 @@ def test_bad_arguments_raise_value_errors():
         m(torch.randn(2, 5, 16), cache=Cache())
     with pytest.raises(ValueError, match="attention_mask"):
         m(torch.randn(2, 5, 16), attention_mask=torch.ones(2, 3))
+
+
+def _example(name):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generate_example_cached_equals_full_recomputation(capsys):
+    assert _example("generate").main(["--steps", "2", "--new-tokens", "3"]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_mqar_example_runs_and_writes_its_plot(tmp_path):
+    results = _example("mqar").main(["--quick", "--specs", "linear", "power", "--head-dims", "4",
+                                     "--steps", "3", "--device", "cpu",
+                                     "--out", str(tmp_path / "m")])
+    assert [r["spec"] for r in results] == ["linear", "power"]
+    assert all(0 <= r["accuracy"] <= 1 and r["state_bytes"] > 0 for r in results)
+    assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "m.json").exists()
