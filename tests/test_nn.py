@@ -141,6 +141,22 @@ def test_varlen_equals_separate_sequences_and_decodes_as_a_batch(spec):
             assert rel_err(step[n], alone[0, -1:]) < 1e-10
 
 
+def test_cache_reorder_selects_sequences():
+    """Beam search: reorder([1, 1, 0]) continues sequence 1 twice and sequence 0 once."""
+    m = mixer("hla2", "data", 4)
+    x = torch.randn(2, 7, HIDDEN, dtype=F64)
+    nxt = torch.randn(3, 1, HIDDEN, dtype=F64)
+    index = torch.tensor([1, 1, 0])
+    with torch.no_grad():
+        cache = Cache()
+        m(x, cache=cache)
+        cache.reorder(index)
+        got = m(nxt, cache=cache)
+        want = m(torch.cat([x[index], nxt], 1))[:, -1:]
+    assert rel_err(got, want) < 1e-10
+    assert cache[3].offsets.tolist() == [8, 8, 8]
+
+
 def test_convolution_equals_grouped_conv1d():
     m = mixer("linear", None, 4)
     proj = torch.randn(2, 9, m.conv_weight.shape[0], dtype=F64)
