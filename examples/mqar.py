@@ -84,7 +84,8 @@ def train_one(spec, head_dim, cfg, device, deadline):
     torch.manual_seed(0)
     vocab = 1 + cfg["n_keys"] + cfg["n_values"]
     model = Model(spec, vocab, cfg["hidden"], cfg["heads"], head_dim, conv_size=4,
-                  feature_map=cfg["feature_map"], gate=None).to(device)
+                  feature_map=cfg["feature_map"], normalize=cfg["normalize"] or None,
+                  gate=None).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.1)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg["lr"], total_steps=cfg["steps"],
                                                 pct_start=0.1)
@@ -141,8 +142,10 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--budget-s", type=float, default=None,
                         help="total training time, split evenly between the runs")
-    parser.add_argument("--feature-map", default="l2",
-                        help="q/k feature map (l2 keeps higher-order products bounded)")
+    parser.add_argument("--feature-map", default=None,
+                        help="q/k feature map (default l2, which keeps higher-order products "
+                             "bounded; elu+1 with --normalize)")
+    parser.add_argument("--normalize", action="store_true", help="the specs' normalised forms")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default="mqar", help="prefix of the .json and .png written")
     args = parser.parse_args(argv)
@@ -154,7 +157,8 @@ def main(argv=None):
         cfg = dict(n_pairs=32, n_keys=128, n_values=128, hidden=128, heads=2, batch=64,
                    steps=2000, lr=2e-3, eval_batches=16, log_every=250, head_dims=[16, 32, 64],
                    budget_s=390)   # + compile and evaluation: about 7 minutes on an H100
-    cfg["feature_map"] = args.feature_map
+    cfg["normalize"] = args.normalize
+    cfg["feature_map"] = args.feature_map or ("elu+1" if args.normalize else "l2")
     for key in ("head_dims", "steps", "budget_s"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)

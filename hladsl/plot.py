@@ -159,9 +159,13 @@ def _builtin_plot(path, panels, title):
         for t in _ticks(ylo, yhi, logy):
             c.line(x0, py(t), x0 + pw, py(t), grey)
             c.text(x0 - 6 - text_width(_label(t)), py(t) - 5, _label(t))
+        free = x0 - margin   # labels left of this would overlap the previous one
         for t in sorted(set(xs)) if logx else _ticks(xlo, xhi, False):
             c.line(px(t), y0, px(t), y0 + ph, grey)
-            c.text(px(t) - text_width(_label(t)) // 2, y0 + ph + 8, _label(t))
+            left = px(t) - text_width(_label(t)) // 2
+            if left >= free:
+                c.text(left, y0 + ph + 8, _label(t))
+                free = left + text_width(_label(t)) + 8
         for a, b, d, e in ((x0, y0, x0 + pw, y0), (x0, y0 + ph, x0 + pw, y0 + ph),
                            (x0, y0, x0, y0 + ph), (x0 + pw, y0, x0 + pw, y0 + ph)):
             c.line(a, b, d, e, (0, 0, 0))
