@@ -107,8 +107,13 @@ def main(argv=None):
     torch.manual_seed(0)
     torch.set_num_threads(1)   # tiny shapes: intra-op threads only add overhead
     chars = sorted(set(TEXT))
-    encode = lambda s: torch.tensor([chars.index(c) for c in s])   # noqa: E731
-    decode = lambda t: "".join(chars[i] for i in t.tolist())       # noqa: E731
+
+    def encode(s):
+        return torch.tensor([chars.index(c) for c in s])
+
+    def decode(t):
+        return "".join(chars[i] for i in t.tolist())
+
     model = TinyLM(args.layers, len(chars))
     print(f"TinyLM: layers {args.layers}, {sum(p.numel() for p in model.parameters())} parameters")
     start = time.time()
@@ -121,7 +126,7 @@ def main(argv=None):
         print(f"  {decode(p)!r} -> {decode(s[len(p):])!r}")
 
     model = model.double()   # the check: exact arithmetic up to float64 rounding
-    seqs64, worst = generate(model, prompts, 12, check=True)
+    _, worst = generate(model, prompts, 12, check=True)
     ok = worst < 1e-9
     print(f"cached generation vs full recomputation (float64, 12 steps, left-padded batch): "
           f"max |logit diff| = {worst:.2e} -> {'OK' if ok else 'MISMATCH'}")

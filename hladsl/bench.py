@@ -125,7 +125,8 @@ def spec_case(name, params, schedule):
                      for n, s in op.state_shapes(d, d).items()}
             return lambda: op.step(q, k, v, g=g, state=state)
         q, k, v, g = _inputs(B, T, H, d, dtype, device, gated, grad=mode == "fwd+bwd")
-        fn = lambda: op(q, k, v, g=g)   # noqa: E731
+        def fn():
+            return op(q, k, v, g=g)
         return _with_backward(fn) if mode == "fwd+bwd" else fn
     return build
 
@@ -140,7 +141,8 @@ def sdpa_case(mode, shape):
         return lambda: sdpa(q, k, v)
     q, k, v, _ = _inputs(B, T, H, d, dtype, device, False)
     q, k, v = (x.transpose(1, 2).contiguous().requires_grad_(mode == "fwd+bwd") for x in (q, k, v))
-    fn = lambda: sdpa(q, k, v, is_causal=True)   # noqa: E731
+    def fn():
+        return sdpa(q, k, v, is_causal=True)
     return _with_backward(fn) if mode == "fwd+bwd" else fn
 
 
@@ -158,7 +160,8 @@ def fla_case(mode, shape):
         return lambda: fused_recurrent_simple_gla(q, k, v, g=g, scale=d ** -0.5,
                                                   initial_state=state, output_final_state=True)
     q, k, v, g = _inputs(B, T, H, d, dtype, device, gated, grad=mode == "fwd+bwd")
-    fn = lambda: chunk_simple_gla(q, k, v, g=g, scale=d ** -0.5)   # noqa: E731
+    def fn():
+        return chunk_simple_gla(q, k, v, g=g, scale=d ** -0.5)
     return _with_backward(fn) if mode == "fwd+bwd" else fn
 
 
@@ -174,7 +177,8 @@ def retention_case(mode, shape):
         raise Unavailable(f"retention not installed ({exc})") from None
     q, k, v, _ = _inputs(B, T, H, d, dtype, device, False, grad=mode == "fwd+bwd")
     log_g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device=device))
-    fn = lambda: power_retention(q, k, v, log_g, deg=2, chunk_size=1024)   # noqa: E731
+    def fn():
+        return power_retention(q, k, v, log_g, deg=2, chunk_size=1024)
     return _with_backward(fn) if mode == "fwd+bwd" else fn
 
 
@@ -204,7 +208,9 @@ def time_ms(fn, device, quick, mode) -> float:
 def _defaults(args, device):
     cuda = device == "cuda"
     quick = args.quick
-    pick = (lambda a, b, c, e: (a if quick else b) if cuda else (c if quick else e))
+    def pick(a, b, c, e):
+        return (a if quick else b) if cuda else (c if quick else e)
+
     return dict(
         T=args.T or pick([1024, 4096], [4096, 16384], [64, 128], [256, 1024]),
         d=args.d or pick([64], [64], [16], [32]),

@@ -149,11 +149,11 @@ def _builtin_plot(path, panels, title):
         if xlo == xhi:
             xlo, xhi = (xlo / 2, xhi * 2) if logx else (xlo - 1, xhi + 1)
 
-        def px(v):
-            return round(x0 + (tx(v) - tx(xlo)) / ((tx(xhi) - tx(xlo)) or 1) * pw)
+        def px(v, x0=x0, tx=tx, lo=xlo, hi=xhi):
+            return round(x0 + (tx(v) - tx(lo)) / ((tx(hi) - tx(lo)) or 1) * pw)
 
-        def py(v):
-            return round(y0 + ph - (ty(v) - ty(ylo)) / ((ty(yhi) - ty(ylo)) or 1) * ph)
+        def py(v, y0=y0, ty=ty, lo=ylo, hi=yhi):
+            return round(y0 + ph - (ty(v) - ty(lo)) / ((ty(hi) - ty(lo)) or 1) * ph)
 
         grey = (200, 200, 200)
         for t in _ticks(ylo, yhi, logy):

@@ -23,7 +23,8 @@ def _single_thread():
 
 def read_png(path):
     """(width, height, RGB rows) of an 8-bit RGB PNG with filter 0 rows (as written)."""
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, chunks = 8, {}
     while pos < len(data):
