@@ -12,8 +12,10 @@ torch SDPA causal (always), retention ``power_retention`` p = 2 (CUDA, gated as 
 always is, no decode step). Ratios are to the first baseline that ran at each shape.
 CUDA times are ``triton.testing.do_bench`` medians; CPU times the median of a
 simple timer loop. Writes a table (stdout), JSON and a PNG plot; progress goes to
-stderr. What only ``benchmarks/gpu.py`` does: its ``check`` (bf16 kernels against
-the fp32 torch program, an accuracy test rather than a timing).
+stderr. ``benchmarks/gpu.py bench`` is ``hladsl bench``; its ``schedules`` is
+``hladsl bench --schedule two_pass fused``; only its ``check`` (bf16 kernels against
+the fp32 torch program, forward and gradients) stays there: an accuracy test, not a
+timing.
 """
 from __future__ import annotations
 
@@ -125,8 +127,10 @@ def spec_case(name, params, schedule):
                      for n, s in op.state_shapes(d, d).items()}
             return lambda: op.step(q, k, v, g=g, state=state)
         q, k, v, g = _inputs(B, T, H, d, dtype, device, gated, grad=mode == "fwd+bwd")
+
         def fn():
             return op(q, k, v, g=g)
+
         return _with_backward(fn) if mode == "fwd+bwd" else fn
     return build
 
@@ -141,8 +145,10 @@ def sdpa_case(mode, shape):
         return lambda: sdpa(q, k, v)
     q, k, v, _ = _inputs(B, T, H, d, dtype, device, False)
     q, k, v = (x.transpose(1, 2).contiguous().requires_grad_(mode == "fwd+bwd") for x in (q, k, v))
+
     def fn():
         return sdpa(q, k, v, is_causal=True)
+
     return _with_backward(fn) if mode == "fwd+bwd" else fn
 
 
@@ -160,8 +166,10 @@ def fla_case(mode, shape):
         return lambda: fused_recurrent_simple_gla(q, k, v, g=g, scale=d ** -0.5,
                                                   initial_state=state, output_final_state=True)
     q, k, v, g = _inputs(B, T, H, d, dtype, device, gated, grad=mode == "fwd+bwd")
+
     def fn():
         return chunk_simple_gla(q, k, v, g=g, scale=d ** -0.5)
+
     return _with_backward(fn) if mode == "fwd+bwd" else fn
 
 
@@ -177,8 +185,10 @@ def retention_case(mode, shape):
         raise Unavailable(f"retention not installed ({exc})") from None
     q, k, v, _ = _inputs(B, T, H, d, dtype, device, False, grad=mode == "fwd+bwd")
     log_g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device=device))
+
     def fn():
         return power_retention(q, k, v, log_g, deg=2, chunk_size=1024)
+
     return _with_backward(fn) if mode == "fwd+bwd" else fn
 
 
