@@ -169,12 +169,17 @@ def main(argv=None):
     per_run = cfg["budget_s"] / len(runs)
     print(f"MQAR: {cfg['n_pairs']} pairs, T = {3 * cfg['n_pairs']}, {len(runs)} runs, "
           f"<= {per_run:.0f} s of training each, device {args.device}", flush=True)
-    results = []
+    results, failed = [], []
     for n, (spec, head_dim) in enumerate(runs, 1):
         print(f"[{n}/{len(runs)}] {spec} head_dim={head_dim}", flush=True)
         start = time.time()
-        model, steps, acc = train_one(spec, head_dim, cfg, args.device, start + per_run)
-        state = sum(b.mixer.state_bytes() for b in model.blocks[:1])   # one layer, all heads
+        try:
+            model, steps, acc = train_one(spec, head_dim, cfg, args.device, start + per_run)
+        except Exception as exc:   # report and go on: one failure must not hide the rest
+            print(f"    failed: {type(exc).__name__}: {exc}", flush=True)
+            failed.append(dict(spec=spec, head_dim=head_dim, error=f"{type(exc).__name__}: {exc}"))
+            continue
+        state = model.blocks[0].mixer.state_bytes()   # one layer, all heads, fp32
         results.append(dict(spec=spec, head_dim=head_dim, state_bytes=state, accuracy=acc,
                             steps=steps, seconds=round(time.time() - start, 1)))
         print(f"    accuracy {acc:.3f}  state {state} bytes/layer  {steps} steps  "
@@ -182,8 +187,11 @@ def main(argv=None):
     print(f"\n{'spec':12s} {'head_dim':>8s} {'state bytes':>12s} {'accuracy':>9s}")
     for r in results:
         print(f"{r['spec']:12s} {r['head_dim']:>8d} {r['state_bytes']:>12d} {r['accuracy']:>9.3f}")
+    for r in failed:
+        print(f"{r['spec']:12s} {r['head_dim']:>8d} failed: {r['error'][:200]}")
     with open(f"{args.out}.json", "w") as f:
-        json.dump(dict(config=cfg, device=args.device, results=results), f, indent=1)
+        json.dump(dict(config=cfg, device=args.device, results=results, failed=failed), f,
+                  indent=1)
     series = {}
     for r in results:
         series.setdefault(r["spec"], []).append((r["state_bytes"], r["accuracy"]))
