@@ -279,9 +279,10 @@ class Mixer(nn.Module):
         return out
 
     def _output(self, o, x):
-        if self.output_norm:
-            rms = o.float().pow(2).mean(-1, keepdim=True).add(NORM_EPS).rsqrt()
-            o = (o.float() * rms).to(o.dtype) * self.norm_weight.to(o.dtype)
+        if self.output_norm:   # in at least fp32 (bf16 outputs), fp64 kept
+            wide = o.to(torch.promote_types(o.dtype, torch.float32))
+            rms = wide.pow(2).mean(-1, keepdim=True).add(NORM_EPS).rsqrt()
+            o = (wide * rms).to(o.dtype) * self.norm_weight.to(o.dtype)
         if self.output_norm == "gated":
             gate = self.out_gate_proj(x).reshape(o.shape)
             o = o * F.silu(gate)
