@@ -127,9 +127,13 @@ def test_decode_from_an_empty_cache(spec):
     assert rel_err(got, full) < 1e-10
 
 
+@pytest.mark.parametrize("variant", [dict(gate="data", conv_size=4, output_norm="gated",
+                                          normalize=True),            # elu+1 by default
+                                     dict(gate="scalar", conv_size=2, feature_map="l2")],
+                         ids=["normalised-data-gate", "scalar-gate-l2"])
 @pytest.mark.parametrize("spec", SPECS)
-def test_left_padding_equals_unpadded(spec):
-    m = mixer(spec, "data", 4, "gated", normalize=True)   # normalised: elu+1 by default
+def test_left_padding_equals_unpadded(spec, variant):
+    m = mixer(spec, **variant)
     lengths, T = (11, 7), 11
     seqs = [torch.randn(1, n, HIDDEN, dtype=F64) for n in lengths]
     x = torch.randn(2, T, HIDDEN, dtype=F64) * 5          # padding holds garbage
