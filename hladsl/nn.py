@@ -12,7 +12,11 @@ projections from the hidden state, an optional short causal depthwise convolutio
 (SiLU after it), feature maps on q and k, the op, a per-head RMSNorm on the output
 (optionally gated by SiLU of a projection), and an output projection.
 
-Feature maps (``feature_map=``; applied to q and k after the convolution):
+Any spec works: the layer projects one tensor per token input the spec declares
+(q, k, v for the shipped specs; ``<name>_proj``), each [B, T, H, head_dim].
+
+Feature maps (``feature_map=``; applied after the convolution to the inputs that are
+not on the output's value dim: q and k for the shipped specs):
   "identity"  the projections as they are. Fine for unnormalised first-order specs
               (linear) and for power with even p (its scores (q.k)^p are >= 0).
   "elu+1"     elu(x) + 1 > 0: every score q.k is positive, so the normaliser of a
@@ -148,14 +152,19 @@ class Mixer(nn.Module):
         self.op = hladsl.load(spec, **spec_params)
         self.spec = spec
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
-        self.key_dim = self.value_dim = num_heads * head_dim
+        self.value_dim = num_heads * head_dim
+        # one projection per token input the spec declares (q, k, v for the shipped
+        # ones), in declaration order; the feature map applies to the inputs that
+        # are not on the output's (value) dim, i.e. the query/key side
+        alg = self.op.algebra
+        self.token_inputs = tuple(self.op.inputs)
+        self.mapped_inputs = tuple(n for n in self.token_inputs if alg.inputs[n] != self.op.out_dim)
         self.gate, self.feature_map, self.output_norm = gate, feature_map, output_norm
         self.conv_size, self.layer_idx = conv_size, layer_idx
 
-        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
-        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
-        channels = 2 * self.key_dim + self.value_dim
+        for name in self.token_inputs:   # q_proj, k_proj, v_proj (spec names are identifiers)
+            setattr(self, f"{name}_proj", nn.Linear(hidden_size, self.value_dim, bias=False))
+        channels = len(self.token_inputs) * self.value_dim
         if conv_size is not None:   # depthwise, as nn.Conv1d(groups=channels) initialises it
             bound = 1.0 / math.sqrt(conv_size)
             self.conv_weight = nn.Parameter(torch.empty(channels, conv_size).uniform_(-bound, bound))
@@ -178,7 +187,7 @@ class Mixer(nn.Module):
 
     def state_bytes(self, dtype=torch.float32) -> int:
         """Bytes of the op's recurrent state per sequence (all heads)."""
-        shapes = self.op.state_shapes(self.head_dim, self.head_dim)
+        shapes = self.op.state_shapes(**{d: self.head_dim for d in self.op.algebra.dims})
         per_head = sum(math.prod(s) for s in shapes.values())
         return per_head * self.num_heads * torch.empty((), dtype=dtype).element_size()
 
@@ -199,28 +208,28 @@ class Mixer(nn.Module):
                 raise ValueError("a Mixer used with a cache needs layer_idx (its key in the cache)")
             entry = cache[self.layer_idx]
 
-        proj = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        proj = torch.cat([getattr(self, f"{n}_proj")(x) for n in self.token_inputs], dim=-1)
         if mask is not None:
             proj = proj * mask.unsqueeze(-1)
         if self.conv_size is not None:
             proj = F.silu(self._conv(proj, entry, cu_seqlens))
-        q, k, v = proj.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        H = self.num_heads
-        fmap = FEATURE_MAPS[self.feature_map]
-        q = fmap(q.reshape(B, T, H, self.head_dim))
-        k = fmap(k.reshape(B, T, H, self.head_dim))
-        v = v.reshape(B, T, H, self.head_dim)
+        H, fmap = self.num_heads, FEATURE_MAPS[self.feature_map]
+        tokens = {}
+        for name, part in zip(self.token_inputs, proj.split(self.value_dim, dim=-1)):
+            part = part.reshape(B, T, H, self.head_dim)
+            tokens[name] = fmap(part) if name in self.mapped_inputs else part
         g = self._log_gate(x)
         if mask is not None:   # padded tokens: zero delta, no decay (module docstring)
             m = mask.unsqueeze(-1)
-            q, k, v = q * m.unsqueeze(-1), k * m.unsqueeze(-1), v * m.unsqueeze(-1)
+            tokens = {name: t * m.unsqueeze(-1) for name, t in tokens.items()}
             g = None if g is None else g * m
 
+        args = [tokens[n] for n in self.token_inputs]
         state = entry.state if entry is not None else None
         if state is not None and T <= DECODE_MAX_TOKENS and cu_seqlens is None:
-            o, _ = self.op.step(q, k, v, g=g, state=state)   # updates entry.state in place
+            o, _ = self.op.step(*args, g=g, state=state)   # updates entry.state in place
         else:
-            o, final = self.op(q, k, v, g=g, initial_state=state,
+            o, final = self.op(*args, g=g, initial_state=state,
                                output_final_state=entry is not None, cu_seqlens=cu_seqlens)
             if entry is not None:
                 entry.state = final

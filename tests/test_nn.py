@@ -189,6 +189,40 @@ def test_cache_reorder_selects_sequences():
     assert cache[3].offsets.tolist() == [8, 8, 8]
 
 
+CUSTOM_SPEC = """
+mechanism renamed {
+  dims d, dv
+  input a[d], b[d], c[dv]
+  param normalize = false, eps = 1e-6
+  state S[i, e] = b[i] c[e]
+  state z[i] = b[i]
+  output o[e] = a[i] S[i, e]
+  normalizer = a[i] z[i]
+}
+"""
+
+
+def test_a_new_spec_file_needs_no_python(tmp_path):
+    """A spec with other input names: projections follow its declarations, the
+    feature map its query/key side, and it equals the shipped linear layer."""
+    path = tmp_path / "renamed.hla"
+    path.write_text(CUSTOM_SPEC)
+    torch.manual_seed(0)
+    custom = Mixer(str(path), HIDDEN, HEADS, gate="data", conv_size=4, normalize=True,
+                   layer_idx=0).double()
+    assert custom.token_inputs == ("a", "b", "c") and custom.mapped_inputs == ("a", "b")
+    torch.manual_seed(0)
+    linear = Mixer("linear", HIDDEN, HEADS, gate="data", conv_size=4, normalize=True).double()
+    x = torch.randn(2, 11, HIDDEN, dtype=F64)
+    with torch.no_grad():
+        full = custom(x)
+        assert rel_err(full, linear(x)) < 1e-12
+        cache = Cache()
+        got = torch.cat([custom(x[:, :6], cache=cache)]
+                        + [custom(x[:, t:t + 1], cache=cache) for t in range(6, 11)], 1)
+    assert rel_err(got, full) < 1e-10
+
+
 def test_convolution_equals_grouped_conv1d():
     m = mixer("linear", None, 4)
     proj = torch.randn(2, 9, m.conv_weight.shape[0], dtype=F64)
