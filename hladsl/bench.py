@@ -98,12 +98,15 @@ def _inputs(B, T, H, d, dtype, device, gated, grad=False, seed=0):
     q = torch.randn(B, T, H, d, device=device, generator=gen).to(dtype)
     k = (torch.randn(B, T, H, d, device=device, generator=gen) / math.sqrt(d)).to(dtype)
     v = torch.randn(B, T, H, d, device=device, generator=gen).to(dtype)
-    g = None
-    if gated:
-        g = torch.nn.functional.logsigmoid(4 + torch.randn(B, T, H, device=device, generator=gen))
+    g = _log_gates(B, T, H, device) if gated else None
     if grad:
         q, k, v = (x.requires_grad_() for x in (q, k, v))
     return q, k, v, g
+
+
+def _log_gates(B, T, H, device):
+    gen = torch.Generator(device=device).manual_seed(1)
+    return torch.nn.functional.logsigmoid(4 + torch.randn(B, T, H, device=device, generator=gen))
 
 
 def _with_backward(fn):
@@ -117,19 +120,34 @@ def _with_backward(fn):
 def spec_case(name, params, schedule):
     op = hladsl.load(name, **params)
 
+    def tokens(B, T, H, d, dtype, device, grad):
+        """One [B, T, H, d] tensor per declared token input (every dim of size d);
+        inputs off the value dim are scaled by d^-0.5, as keys usually are."""
+        gen = torch.Generator(device=device).manual_seed(0)
+        out = []
+        for n in op.inputs:
+            x = torch.randn(B, T, H, d, device=device, generator=gen)
+            if op.algebra.inputs[n] != op.out_dim and n not in op.queries:
+                x = x / math.sqrt(d)
+            out.append(x.to(dtype).requires_grad_(grad))
+        return out
+
     def build(mode, shape):   # timed right after it is built: the schedule holds meanwhile
         B, T, H, d, dtype, device, gated, step_batch = shape
         op.schedule = schedule
+        rows = step_batch if mode == "step" else B
+        g = _log_gates(rows, 1 if mode == "step" else T, H, device) if gated else None
         if mode == "step":
-            q, k, v, g = _inputs(step_batch, 1, H, d, dtype, device, gated)
+            args = tokens(step_batch, 1, H, d, dtype, device, False)
             state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+            sizes = {dim: d for dim in op.algebra.dims}
             state = {n: torch.zeros((step_batch, H) + s, dtype=state_dtype, device=device)
-                     for n, s in op.state_shapes(d, d).items()}
-            return lambda: op.step(q, k, v, g=g, state=state)
-        q, k, v, g = _inputs(B, T, H, d, dtype, device, gated, grad=mode == "fwd+bwd")
+                     for n, s in op.state_shapes(**sizes).items()}
+            return lambda: op.step(*args, g=g, state=state)
+        args = tokens(B, T, H, d, dtype, device, mode == "fwd+bwd")
 
         def fn():
-            return op(q, k, v, g=g)
+            return op(*args, g=g)
 
         return _with_backward(fn) if mode == "fwd+bwd" else fn
     return build
