@@ -299,8 +299,7 @@ def run(args) -> int:
     print(format_table(rows, device, cfg))
     config = dict(device=_device_name(device), dtype=str(cfg["dtype"]).replace("torch.", ""),
                   B=cfg["B"], H=cfg["H"], step_batch=cfg["step_batch"], gated=args.gated,
-                  quick=args.quick, torch=torch.__version__, hladsl=hladsl.__version__,
-                  python=platform.python_version(),
+                  quick=args.quick, versions=_versions(), python=platform.python_version(),
                   timer="triton.testing.do_bench median" if device == "cuda" else
                         "median of a timer loop")
     if args.json:
@@ -321,6 +320,18 @@ def _first_call(fn, mode, device):
         fn()
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def _versions():
+    """Installed versions of what was (or could have been) timed."""
+    from importlib import metadata
+    out = {"hladsl": hladsl.__version__, "torch": torch.__version__}
+    for dist in ("triton", "fla-core", "flash-linear-attention", "retention"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
 
 
 def _shipped():

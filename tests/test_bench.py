@@ -53,6 +53,7 @@ def test_bench_cpu_writes_table_json_and_png(tmp_path, capsys):
 
     result = json.loads(out_json.read_text())
     assert result["config"]["device"].startswith("cpu")
+    assert result["config"]["versions"]["torch"] == torch.__version__
     rows = result["rows"]
     timed = [r for r in rows if "ms" in r]
     # sdpa and the two specs at 2 lengths x 3 modes; fla / retention skipped on the CPU
