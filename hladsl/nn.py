@@ -26,7 +26,7 @@ not on the output's value dim: q and k for the shipped specs):
               features (its normaliser is then only eps).
   "l2"        unit vectors per head: |q.k| <= 1, so the products of several scores in
               higher-order specs (hla2, ahla, hla3, hla3_masked, power p >= 3) stay
-              bounded; the usual choice for unnormalised higher-order specs.
+              bounded; a good default for unnormalised higher-order specs.
   "softmax"   softmax over the head dim: positive and on the simplex (both of the
               above: positive normalisers and scores in [0, 1]).
 
