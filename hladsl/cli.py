@@ -48,12 +48,18 @@ def _build_parser() -> argparse.ArgumentParser:
                                        "grading, VJP")
     chk.add_argument("spec")
     chk.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
+    from hladsl import bench
+    bench.add_arguments(sub.add_parser("bench", help="time specs beside installed baselines "
+                                                     "(fla, SDPA, retention): table, JSON, plot"))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     try:
+        if args.command == "bench":
+            from hladsl import bench
+            return bench.run(args)
         params = _parse_params(args.param)
         if args.command == "check":
             print(check_report(args.spec, **params))

@@ -1,0 +1,386 @@
+"""``hladsl bench``: time specs beside the installed baselines.
+
+    hladsl bench                                   # CUDA if present, every shipped spec
+    hladsl bench --specs linear hla2 power:p=3 --T 4096 16384 --modes fwd step
+    hladsl bench --device cpu --quick              # tiny shapes, under a minute
+
+Modes: "fwd" (the op's forward, no autograd), "fwd+bwd" (forward, then backward of
+the output's sum), "step" (decode: one token per sequence through ``op.step`` on a
+state; for SDPA one query against a KV cache of T tokens). Baselines, in this order
+when installed: fla ``chunk_simple_gla`` / ``fused_recurrent_simple_gla`` (CUDA),
+torch SDPA causal (always), retention ``power_retention`` p = 2 (CUDA, gated as it
+always is, no decode step). Ratios are to the first baseline that ran at each shape.
+CUDA times are ``triton.testing.do_bench`` medians; CPU times the median of a
+simple timer loop. Writes a table (stdout), JSON and a PNG plot; progress goes to
+stderr. ``benchmarks/gpu.py bench`` is ``hladsl bench``; its ``schedules`` is
+``hladsl bench --schedule two_pass fused``; only its ``check`` (bf16 kernels against
+the fp32 torch program, forward and gradients) stays there: an accuracy test, not a
+timing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+import hladsl
+from hladsl.errors import SpecError
+
+BASELINES = ("fla", "sdpa", "retention")
+MODES = ("fwd", "fwd+bwd", "step")
+SCHEDULES = ("auto", "two_pass", "fused")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+          "fp64": torch.float64}
+
+
+class Unavailable(Exception):
+    """This candidate cannot run here (not installed, no CUDA, no such mode)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--specs", nargs="+", default=None, metavar="SPEC[:K=V,...]",
+                        help="spec names or .hla paths, parameters after a colon "
+                             "(power:p=3); default: every shipped spec")
+    parser.add_argument("--baselines", nargs="*", default=list(BASELINES), choices=BASELINES,
+                        help="baselines to time when installed (none: give the flag alone)")
+    parser.add_argument("--T", nargs="+", type=int, default=None, help="sequence lengths")
+    parser.add_argument("--d", nargs="+", type=int, default=None, help="head dims (dv = d)")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--B", type=int, default=None, help="batch size (fwd, fwd+bwd)")
+    parser.add_argument("--step-batch", type=int, default=None,
+                        help="batch size of the decode step (default 64 on CUDA)")
+    parser.add_argument("--H", type=int, default=None, help="heads")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="input dtype (default bf16 on CUDA, fp32 on CPU)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                        help="default: cuda when available")
+    parser.add_argument("--gated", action="store_true",
+                        help="give specs and fla a data-dependent log gate")
+    parser.add_argument("--schedule", nargs="+", default=["auto"], choices=SCHEDULES,
+                        help="Triton schedules to time for each spec (several: side by side)")
+    parser.add_argument("--quick", action="store_true", help="small shapes, short timing")
+    parser.add_argument("--json", default="hladsl-bench.json", help="where to write the JSON")
+    parser.add_argument("--plot", default="hladsl-bench.png",
+                        help="where to write the PNG plot ('' for none)")
+
+
+# -- what is timed ---------------------------------------------------------------------
+def parse_spec(text: str) -> tuple[str, dict]:
+    name, _, rest = text.partition(":")
+    params = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--specs {text}: expected key=value after the colon, got '{item}'")
+        params[key.strip()] = _value(value.strip())
+    return name, params
+
+
+def _value(text):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    raise ValueError(f"'{text}' is not a number or true/false")
+
+
+def _inputs(B, T, H, d, dtype, device, gated, grad=False, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, T, H, d, device=device, generator=gen).to(dtype)
+    k = (torch.randn(B, T, H, d, device=device, generator=gen) / math.sqrt(d)).to(dtype)
+    v = torch.randn(B, T, H, d, device=device, generator=gen).to(dtype)
+    g = _log_gates(B, T, H, device) if gated else None
+    if grad:
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+    return q, k, v, g
+
+
+def _log_gates(B, T, H, device):
+    gen = torch.Generator(device=device).manual_seed(1)
+    return torch.nn.functional.logsigmoid(4 + torch.randn(B, T, H, device=device, generator=gen))
+
+
+def _with_backward(fn):
+    def run():
+        out = fn()
+        out = out[0] if isinstance(out, tuple) else out
+        out.float().sum().backward()
+    return run
+
+
+def spec_case(name, params, schedule):
+    op = hladsl.load(name, **params)
+
+    def tokens(B, T, H, d, dtype, device, grad):
+        """One [B, T, H, d] tensor per declared token input (every dim of size d);
+        inputs off the value dim are scaled by d^-0.5, as keys usually are."""
+        gen = torch.Generator(device=device).manual_seed(0)
+        out = []
+        for n in op.inputs:
+            x = torch.randn(B, T, H, d, device=device, generator=gen)
+            if op.algebra.inputs[n] != op.out_dim and n not in op.queries:
+                x = x / math.sqrt(d)
+            out.append(x.to(dtype).requires_grad_(grad))
+        return out
+
+    def build(mode, shape):   # timed right after it is built: the schedule holds meanwhile
+        B, T, H, d, dtype, device, gated, step_batch = shape
+        op.schedule = schedule
+        rows = step_batch if mode == "step" else B
+        g = _log_gates(rows, 1 if mode == "step" else T, H, device) if gated else None
+        if mode == "step":
+            args = tokens(step_batch, 1, H, d, dtype, device, False)
+            state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+            sizes = {dim: d for dim in op.algebra.dims}
+            state = {n: torch.zeros((step_batch, H) + s, dtype=state_dtype, device=device)
+                     for n, s in op.state_shapes(**sizes).items()}
+            return lambda: op.step(*args, g=g, state=state)
+        args = tokens(B, T, H, d, dtype, device, mode == "fwd+bwd")
+
+        def fn():
+            return op(*args, g=g)
+
+        return _with_backward(fn) if mode == "fwd+bwd" else fn
+    return build
+
+
+def sdpa_case(mode, shape):
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    B, T, H, d, dtype, device, gated, step_batch = shape
+    if mode == "step":   # one query against a KV cache of T tokens
+        q, _, _, _ = _inputs(step_batch, 1, H, d, dtype, device, False)
+        _, k, v, _ = _inputs(step_batch, T, H, d, dtype, device, False)
+        q, k, v = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        return lambda: sdpa(q, k, v)
+    q, k, v, _ = _inputs(B, T, H, d, dtype, device, False)
+    q, k, v = (x.transpose(1, 2).contiguous().requires_grad_(mode == "fwd+bwd") for x in (q, k, v))
+
+    def fn():
+        return sdpa(q, k, v, is_causal=True)
+
+    return _with_backward(fn) if mode == "fwd+bwd" else fn
+
+
+def fla_case(mode, shape):
+    B, T, H, d, dtype, device, gated, step_batch = shape
+    if device != "cuda":
+        raise Unavailable("fla runs on CUDA only")
+    try:
+        from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
+    except ImportError as exc:
+        raise Unavailable(f"fla not installed ({exc})") from None
+    if mode == "step":
+        q, k, v, g = _inputs(step_batch, 1, H, d, dtype, device, gated)
+        state = torch.zeros(step_batch, H, d, d, device=device, dtype=torch.float32)
+        return lambda: fused_recurrent_simple_gla(q, k, v, g=g, scale=d ** -0.5,
+                                                  initial_state=state, output_final_state=True)
+    q, k, v, g = _inputs(B, T, H, d, dtype, device, gated, grad=mode == "fwd+bwd")
+
+    def fn():
+        return chunk_simple_gla(q, k, v, g=g, scale=d ** -0.5)
+
+    return _with_backward(fn) if mode == "fwd+bwd" else fn
+
+
+def retention_case(mode, shape):
+    B, T, H, d, dtype, device, gated, step_batch = shape
+    if device != "cuda":
+        raise Unavailable("retention runs on CUDA only")
+    if mode == "step":
+        raise Unavailable("retention has no decode step here")
+    try:
+        from retention import power_retention
+    except ImportError as exc:
+        raise Unavailable(f"retention not installed ({exc})") from None
+    q, k, v, _ = _inputs(B, T, H, d, dtype, device, False, grad=mode == "fwd+bwd")
+    log_g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device=device))
+
+    def fn():
+        return power_retention(q, k, v, log_g, deg=2, chunk_size=1024)
+
+    return _with_backward(fn) if mode == "fwd+bwd" else fn
+
+
+BASELINE_CASES = {
+    "fla": ("fla simple_gla", fla_case),
+    "sdpa": ("sdpa causal", sdpa_case),
+    "retention": ("retention p=2 gated", retention_case),
+}
+
+
+# -- timing ----------------------------------------------------------------------------
+def time_ms(fn, device, quick, mode) -> float:
+    grad = torch.enable_grad() if mode == "fwd+bwd" else torch.no_grad()
+    with grad:
+        if device == "cuda":
+            import triton.testing
+            return triton.testing.do_bench(fn, warmup=5 if quick else 25, rep=20 if quick else 100,
+                                           return_mode="median")
+        budget, samples, start = (0.05 if quick else 0.5), [], time.perf_counter()
+        while len(samples) < 5 or (time.perf_counter() - start < budget and len(samples) < 100):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(samples)
+
+
+def _defaults(args, device):
+    cuda = device == "cuda"
+    quick = args.quick
+    def pick(a, b, c, e):
+        return (a if quick else b) if cuda else (c if quick else e)
+
+    return dict(
+        T=args.T or pick([1024, 4096], [4096, 16384], [64, 128], [256, 1024]),
+        d=args.d or pick([64], [64], [16], [32]),
+        B=args.B or pick(2, 2, 1, 1),
+        H=args.H or pick(16, 16, 2, 2),
+        step_batch=args.step_batch or pick(64, 64, 2, 4),
+        dtype=DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if cuda else torch.float32))
+
+
+def _progress(text, end="\n"):
+    print(text, end=end, file=sys.stderr, flush=True)
+
+
+def run(args) -> int:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("hladsl bench: --device cuda but CUDA is not available", file=sys.stderr)
+        return 1
+    cfg = _defaults(args, device)
+    try:
+        specs = [parse_spec(s) for s in (args.specs or _shipped())]
+        candidates = [BASELINE_CASES[b] for b in BASELINES if b in args.baselines]
+        for name, params in specs:
+            for schedule in args.schedule:
+                label = "hladsl " + name + (f"({_fmt(params)})" if params else "")
+                if len(args.schedule) > 1:
+                    label += f" [{schedule}]"
+                candidates.append((label, spec_case(name, params, schedule)))
+    except (ValueError, SpecError) as exc:
+        print(f"hladsl bench: {exc}", file=sys.stderr)
+        return 1
+    shapes = [(mode, T, d) for mode in args.modes for d in cfg["d"] for T in cfg["T"]]
+    total, rows, n = len(shapes) * len(candidates), [], 0
+    for mode, T, d in shapes:
+        shape = (cfg["B"], T, cfg["H"], d, cfg["dtype"], device, args.gated, cfg["step_batch"])
+        for label, build in candidates:
+            n += 1
+            row = dict(what=label, mode=mode, T=T, d=d)
+            _progress(f"[{n}/{total}] {mode} T={T} d={d} {label}: ", end="")
+            try:
+                fn = build(mode, shape)
+                _progress("compiling/tuning... ", end="")
+                start = time.perf_counter()
+                _first_call(fn, mode, device)
+                row["first_call_s"] = round(time.perf_counter() - start, 3)
+                row["ms"] = round(time_ms(fn, device, args.quick, mode), 4)
+                _progress(f"{row['ms']:.4g} ms")
+            except Unavailable as exc:
+                row["skipped"] = str(exc)
+                _progress(f"skipped ({exc})")
+            except Exception as exc:   # report and go on: one failure must not hide the rest
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                _progress(f"error: {row['error']}")
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            rows.append(row)
+    _add_ratios(rows)
+    print(format_table(rows, device, cfg))
+    config = dict(device=_device_name(device), dtype=str(cfg["dtype"]).replace("torch.", ""),
+                  B=cfg["B"], H=cfg["H"], step_batch=cfg["step_batch"], gated=args.gated,
+                  quick=args.quick, versions=_versions(), python=platform.python_version(),
+                  timer="triton.testing.do_bench median" if device == "cuda" else
+                        "median of a timer loop")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(config=config, rows=rows), f, indent=1)
+        print(f"wrote {args.json}")
+    if args.plot:
+        from hladsl.plot import line_plot
+        how = line_plot(args.plot, _panels(rows), f"hladsl bench {config['device']} "
+                                                  f"{config['dtype']} B={cfg['B']} H={cfg['H']}")
+        print(f"wrote {args.plot}" + ("" if how == "matplotlib" else
+                                      " (built-in plotter: matplotlib is not installed)"))
+    return 0
+
+
+def _first_call(fn, mode, device):
+    with torch.enable_grad() if mode == "fwd+bwd" else torch.no_grad():
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _versions():
+    """Installed versions of what was (or could have been) timed."""
+    from importlib import metadata
+    out = {"hladsl": hladsl.__version__, "torch": torch.__version__}
+    for dist in ("triton", "fla-core", "flash-linear-attention", "retention"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _shipped():
+    from hladsl.frontend.specs import shipped_names
+    return shipped_names()
+
+
+def _fmt(params):
+    return ",".join(f"{k}={v}" for k, v in params.items())
+
+
+def _device_name(device):
+    return torch.cuda.get_device_name() if device == "cuda" else f"cpu ({platform.machine()})"
+
+
+def _add_ratios(rows):
+    """ratio = ms / ms of the first baseline (the first row with a time) at the shape."""
+    first: dict = {}
+    for row in rows:
+        key = (row["mode"], row["T"], row["d"])
+        if "ms" in row:
+            ref = first.setdefault(key, row)
+            row["ratio"] = round(row["ms"] / ref["ms"], 3)
+            row["ratio_to"] = ref["what"]
+
+
+def format_table(rows, device, cfg) -> str:
+    width = max(len(r["what"]) for r in rows) if rows else 10
+    lines = [f"{'mode':8s} {'T':>7s} {'d':>4s}  {'what':{width}s} {'ms':>10s} {'ratio':>8s}  vs"]
+    lines.append("-" * len(lines[0]))
+    for r in rows:
+        if "ms" in r:
+            ms, ratio, vs = f"{r['ms']:.4g}", f"{r['ratio']:.2f}x", r["ratio_to"]
+        else:
+            ms, ratio, vs = "-", "", r.get("skipped") or r.get("error", "")
+        lines.append(f"{r['mode']:8s} {r['T']:>7d} {r['d']:>4d}  {r['what']:{width}s} {ms:>10s} "
+                     f"{ratio:>8s}  {vs}")
+    return "\n".join(lines)
+
+
+def _panels(rows):
+    panels = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        for d in dict.fromkeys(r["d"] for r in rows):
+            series: dict = {}
+            for r in rows:
+                if r["mode"] == mode and r["d"] == d and "ms" in r:
+                    series.setdefault(r["what"], []).append((r["T"], r["ms"]))
+            if series:
+                panels.append(dict(title=f"{mode} d={d}", xlabel="T", ylabel="ms", logx=True,
+                                   logy=True, series=series))
+    return panels

@@ -1,0 +1,80 @@
+"""``hladsl bench`` on the CPU: the table, the JSON and the PNG (no plotting library
+needed: hladsl.plot falls back to its own PNG writer)."""
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+
+import pytest
+import torch
+
+from hladsl.bench import parse_spec
+from hladsl.cli import main
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def read_png(path):
+    """(width, height, RGB rows) of an 8-bit RGB PNG with filter 0 rows (as written)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, {}
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
+        chunks[kind] = chunks.get(kind, b"") + body
+        pos += 12 + length
+    width, height = struct.unpack(">II", chunks[b"IHDR"][:8])
+    return width, height, zlib.decompress(chunks[b"IDAT"]), chunks[b"IHDR"][8:10]
+
+
+def test_bench_cpu_writes_table_json_and_png(tmp_path, capsys):
+    out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
+    rc = main(["bench", "--device", "cpu", "--quick", "--specs", "linear", "power:p=2",
+               "--T", "16", "32", "--d", "8", "--modes", "fwd", "fwd+bwd", "step",
+               "--json", str(out_json), "--plot", str(out_png)])
+    assert rc == 0
+    captured = capsys.readouterr()
+    table = captured.out
+    assert "ratio" in table.splitlines()[0]
+    for what in ("sdpa causal", "hladsl linear", "hladsl power(p=2)"):
+        assert what in table
+    assert "[1/" in captured.err and "compiling" in captured.err   # progress on stderr
+
+    result = json.loads(out_json.read_text())
+    assert result["config"]["device"].startswith("cpu")
+    assert result["config"]["versions"]["torch"] == torch.__version__
+    rows = result["rows"]
+    timed = [r for r in rows if "ms" in r]
+    # sdpa and the two specs at 2 lengths x 3 modes; fla / retention skipped on the CPU
+    assert len(timed) == 3 * 2 * 3
+    assert all(r["ms"] > 0 and r["ratio"] > 0 for r in timed)
+    assert all(r["ratio"] == 1.0 for r in timed if r["what"] == "sdpa causal")
+    assert {r["what"] for r in rows if "skipped" in r} == {"fla simple_gla", "retention p=2 gated"}
+
+    width, height, raw, depth_colour = read_png(out_png)
+    if depth_colour == b"\x08\x02":   # our writer: RGB rows, filter 0, check there are lines
+        assert len(raw) == height * (1 + 3 * width)
+        stride = 1 + 3 * width
+        colours = {raw[y * stride + 1 + 3 * x:y * stride + 4 + 3 * x]
+                   for y in range(0, height, 2) for x in range(0, width, 2)}
+        assert len(colours) > 4
+    assert width > 200 and height > 200
+
+
+def test_bench_rejects_bad_spec_parameters(capsys):
+    assert main(["bench", "--device", "cpu", "--specs", "power:p", "--json", "", "--plot", ""]) == 1
+    assert "key=value" in capsys.readouterr().err
+    assert main(["bench", "--device", "cpu", "--specs", "nosuchspec", "--json", "", "--plot", ""]) == 1
+    assert "nosuchspec" in capsys.readouterr().err
+    assert parse_spec("power:p=3,normalize=true") == ("power", {"p": 3, "normalize": True})
