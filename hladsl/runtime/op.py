@@ -131,21 +131,6 @@ class Op:
                              f"({self.algebra.name} takes {', '.join(self.inputs)})")
         return tokens, {n: given.get(n, default) for n, default in options.items()}
 
-    def step(self, *args, g=None, scale=None, state=None, **tokens):
-        """Decode: apply T (small) tokens to ``state`` in place -> (o, state).
-
-        TEMPORARY, replaced on main by the generated step kernel: this version runs
-        the chunk path (initial_state=state, output_final_state=True) and copies the
-        final state into the given tensors. Same layout as op(...)'s final state;
-        with state=None a zero state is created and returned."""
-        o, final = self(*args, g=g, scale=scale, initial_state=state, output_final_state=True,
-                        **tokens)
-        if state is None:
-            return o, final
-        for name, x in final.items():
-            state[name].copy_(x)
-        return o, state
-
     def state_shapes(self, *sizes, **named_sizes) -> dict[str, tuple[int, ...]]:
         """Storage shape of each state entry (after [N, H]) for dim sizes given in
         the spec's ``dims`` order or by name."""
