@@ -14,8 +14,7 @@ A mutant must succeed or raise a SpecError whose every message starts with
   crash      any other exception (KeyError, IndexError, RecursionError, lark ...)
   unlocated  a SpecError without a source position
   hang       more than HANG_CPU_S of CPU time (or HANG_WALL_S wall time) on one
-             mutant; CPU time, because this runs niced on a shared machine where
-             wall time says little
+             mutant (see Harness)
   mismatch   the chunked forward disagrees with the serial recurrence
 
     python tests/fuzz_specs.py --n 20000 --seed 1      # from the repository root
@@ -23,10 +22,12 @@ A mutant must succeed or raise a SpecError whose every message starts with
 from __future__ import annotations
 
 import argparse
+import difflib
+import multiprocessing
 import os
 import random
 import re
-import signal
+import resource
 import sys
 import tempfile
 import time
@@ -47,6 +48,7 @@ from hladsl.frontend.specs import SHIPPED_DIR, shipped_names  # noqa: E402
 
 HANG_CPU_S = 5.0
 HANG_WALL_S = 60.0
+MEMORY_LIMIT = 3 << 30   # address space of the worker process
 FORWARD_DIMS = (4, 3, 2, 5)   # sizes given to the spec's dims, in declaration order
 
 # a token: a comment, a name, a number, or one other character (whitespace is kept
@@ -162,31 +164,6 @@ class Mutator:
 
 # ------------------------------------------------------------------ running one mutant
 
-class Hang(Exception):
-    pass
-
-
-def _on_timer(signum, frame):
-    raise Hang(f"over {HANG_CPU_S:g} s of CPU time" if signum == signal.SIGPROF
-               else f"over {HANG_WALL_S:g} s of wall time")
-
-
-class timer:
-    """CPU-time and wall-time limits on a block, enforced by signals (the work is
-    Python, so a signal interrupts it)."""
-
-    def __enter__(self):
-        signal.signal(signal.SIGPROF, _on_timer)
-        signal.signal(signal.SIGALRM, _on_timer)
-        signal.setitimer(signal.ITIMER_PROF, HANG_CPU_S)
-        signal.setitimer(signal.ITIMER_REAL, HANG_WALL_S)
-
-    def __exit__(self, *exc):
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        return False
-
-
 @dataclass
 class Outcome:
     kind: str          # ok | spec_error | crash | unlocated | hang | mismatch
@@ -226,20 +203,18 @@ def forward(op, seed: int) -> str | None:
 
 
 def run_one(text: str, path: Path, *, run_forward: bool, seed: int = 0) -> Outcome:
+    """The outcome of one mutant in this process (no time limit: see Harness)."""
     path.write_text(text)
     stage = "compile"
     try:
-        with timer():
-            hladsl.compile_spec(str(path))
-            if not run_forward:
-                return Outcome("ok")
-            stage = "load"
-            op = hladsl.load(str(path))
-            stage = "forward"
-            problem = forward(op, seed)
+        hladsl.compile_spec(str(path))
+        if not run_forward:
+            return Outcome("ok")
+        stage = "load"
+        op = hladsl.load(str(path))
+        stage = "forward"
+        problem = forward(op, seed)
         return Outcome("mismatch", problem, stage) if problem else Outcome("ok")
-    except Hang as exc:
-        return Outcome("hang", str(exc), stage)
     except SpecError as exc:
         bad = _located(exc, str(path))
         return Outcome("unlocated", bad, stage) if bad else Outcome("spec_error")
@@ -248,30 +223,115 @@ def run_one(text: str, path: Path, *, run_forward: bool, seed: int = 0) -> Outco
     except Exception as exc:
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         where = f"{Path(frame.filename).name}:{frame.lineno} {frame.name}"
-        return Outcome("crash", f"{type(exc).__name__}: {exc} [{where}]", stage)
+        return Outcome("crash", f"{type(exc).__name__}: {exc} [{where}]"[:500], stage)
 
 
-def fuzz(n: int, seed: int, forward_every: int = 1, show: int = 5, progress: bool = False):
-    """Counts by outcome, and the findings as (outcome, source spec, text)."""
+def _worker(conn, workdir: str) -> None:
+    """Runs mutants sent by the Harness until it sends None; memory-capped so a
+    blow-up is a MemoryError (reported as a crash), not a dead machine."""
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     torch.set_num_threads(1)
+    path = Path(workdir) / "mutant.hla"
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        k, text, run_forward = job
+        conn.send(run_one(text, path, run_forward=run_forward, seed=k))
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Harness:
+    """Mutants run in a forked worker process watched from here: a mutant that
+    spends more than HANG_CPU_S of CPU time (or HANG_WALL_S of wall time) is a
+    hang, and the worker is replaced. CPU time, because the fuzzer runs niced on
+    a shared machine where wall time says little; watched from outside, because
+    a runaway computation inside C code (a huge itertools product, an einsum)
+    never returns to the interpreter to take a signal."""
+
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+        self.proc = self.conn = None
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, self.workdir), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def _stop(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.join()
+        self.proc = None
+
+    def run(self, k: int, text: str, run_forward: bool) -> Outcome:
+        if self.proc is None:
+            self._start()
+        self.conn.send((k, text, run_forward))
+        cpu0, wall0 = _cpu_seconds(self.proc.pid), time.monotonic()
+        while not self.conn.poll(0.1):
+            if not self.proc.is_alive():
+                code = self.proc.exitcode
+                self._stop()
+                return Outcome("crash", f"the worker died (exit code {code})")
+            cpu, wall = _cpu_seconds(self.proc.pid) - cpu0, time.monotonic() - wall0
+            if cpu > HANG_CPU_S or wall > HANG_WALL_S:
+                self._stop()
+                return Outcome("hang", f"over {HANG_CPU_S:g} s CPU" if cpu > HANG_CPU_S
+                               else f"over {HANG_WALL_S:g} s wall time")
+        return self.conn.recv()
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            self.conn.send(None)
+            self.proc.join(5)
+        self._stop()
+
+
+def mutants(n: int, seed: int):
+    """The first n mutants of a seed: (index, shipped spec it came from, text)."""
     rng = random.Random(seed)
     texts = shipped_texts()
     mutator = Mutator(rng, vocabulary(texts.values()), texts)
+    for k in range(n):
+        origin, text = mutator.mutant()
+        yield k, origin, text
+
+
+def fuzz(n: int, seed: int, forward_every: int = 1, progress: bool = False):
+    """Counts by outcome, and the findings as (index, outcome, source spec, text)."""
     counts: Counter = Counter()
-    findings: list[tuple[Outcome, str, str]] = []
+    findings: list[tuple[int, Outcome, str, str]] = []
     with tempfile.TemporaryDirectory(prefix="hladsl-fuzz-") as tmp:
         os.environ.setdefault("HLADSL_CACHE_DIR", os.path.join(tmp, "cache"))
-        path = Path(tmp) / "mutant.hla"
+        harness = Harness(tmp)
         start = time.time()
-        for k in range(n):
-            origin, text = mutator.mutant()
-            out = run_one(text, path, run_forward=k % forward_every == 0, seed=k)
-            counts[out.kind] += 1
-            if out.kind not in ("ok", "spec_error"):
-                findings.append((out, origin, text))
-            if progress and (k + 1) % 1000 == 0:
-                print(f"  {k + 1}/{n} {dict(counts)} {time.time() - start:.0f}s", flush=True)
+        try:
+            for k, origin, text in mutants(n, seed):
+                out = harness.run(k, text, k % forward_every == 0)
+                counts[out.kind] += 1
+                if out.kind not in ("ok", "spec_error"):
+                    findings.append((k, out, origin, text))
+                if progress and (k + 1) % 1000 == 0:
+                    print(f"  {k + 1}/{n} {dict(counts)} {time.time() - start:.0f}s", flush=True)
+        finally:
+            harness.close()
     return counts, findings
+
+
+def changes(origin: str, text: str) -> str:
+    """The lines a mutant changed in its shipped spec, as a diff."""
+    before = (SHIPPED_DIR / f"{origin}.hla").read_text().splitlines()
+    diff = difflib.unified_diff(before, text.splitlines(), lineterm="", n=0)
+    return "\n".join(line for line in diff if not line.startswith(("---", "+++")))
 
 
 def main(argv=None) -> int:
@@ -288,14 +348,14 @@ def main(argv=None) -> int:
           + ", ".join(f"{kind} {counts[kind]}" for kind in
                       ("ok", "spec_error", "crash", "unlocated", "hang", "mismatch")))
     classes: dict[str, list] = {}
-    for out, origin, text in findings:
+    for k, out, origin, text in findings:
         key = f"{out.kind} [{out.stage}] " + re.sub(r"'[^']*'|\d+", "_", out.detail)[:90]
-        classes.setdefault(key, []).append((out, origin, text))
+        classes.setdefault(key, []).append((k, out, origin, text))
     for key, items in sorted(classes.items(), key=lambda kv: -len(kv[1])):
         print(f"\n== {len(items)} x {key}")
-        for out, origin, text in items[:args.show]:
-            print(f"-- from {origin}: {out.detail}")
-            print(text.rstrip())
+        for k, out, origin, text in items[:args.show]:
+            print(f"-- mutant {k}, from {origin}: {out.detail}")
+            print(changes(origin, text))
     return 1 if findings else 0
 
 

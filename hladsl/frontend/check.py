@@ -16,6 +16,10 @@ from hladsl.frontend import ast
 BUILTIN_EYE = "eye"                 # Kronecker delta eye[i,j]; both indices of one dim
 _STATE_KEYWORDS = ("cross", "decay", "symmetric", "combine_only")   # may follow a state's delta
 RESERVED_PARAMS = {"normalize": bool, "eps": float}
+# An index pack i^p has at most this many indices: deriving the algebra enumerates
+# the p! orderings of a pack's identical factors and symmetric slots (p = 5 takes
+# seconds at d = 4, p = 6 minutes), and the unpacked state has d^p entries.
+MAX_PACK_COUNT = 4
 
 
 @dataclass
@@ -203,8 +207,16 @@ def _check_count(ctx: _Ctx, index: ast.Index) -> None:
             ctx.err(f"parameter '{index.count}' is used as a repetition count and must be a "
                     f"positive integer, not {_literal(p.value)}", index.pos)
             ctx.bad_counts.add(index.count)
+        elif p.value > MAX_PACK_COUNT:
+            ctx.err(f"parameter '{index.count}' = {p.value} is used as a repetition count; packs "
+                    f"hold at most {MAX_PACK_COUNT} indices", index.pos)
+            ctx.bad_counts.add(index.count)
     elif isinstance(index.count, int) and index.count < 1:
         ctx.err(f"index pack '{index.name}^{index.count}' needs a count of at least 1", index.pos)
+        ctx.bad_counts.add(index.count)
+    elif isinstance(index.count, int) and index.count > MAX_PACK_COUNT:
+        ctx.err(f"index pack '{index.name}^{index.count}' is too large: packs hold at most "
+                f"{MAX_PACK_COUNT} indices", index.pos)
         ctx.bad_counts.add(index.count)
 
 
@@ -270,8 +282,28 @@ def _term_indices(ctx: _Ctx, term: ast.Term, dims: dict[str, str], where: str, s
                 elif names != free_names:
                     ctx.err(f"terms of this sum have different free indices "
                             f"([{', '.join(free_names)}] and [{', '.join(names)}])", t.pos)
+                else:
+                    free = _merge_free_dims(ctx, free, t_free)
             occurrences.extend(free or [])
     return occurrences
+
+
+def _merge_free_dims(ctx: _Ctx, free, t_free):
+    """The free indices of a sum seen so far, with the dims of one more term: a
+    free index has one dim in every term (a sum of [d] and [dv] tensors is not a
+    tensor); a dim unknown so far is taken from this term."""
+    dims = {i.name: d for i, d in t_free}
+    merged = []
+    for index, dim in free:
+        other = dims[index.name]
+        if dim in (None, "eye"):
+            dim = other
+        elif other not in (None, "eye") and other != dim:
+            where = next(i for i, _ in t_free if i.name == index.name)
+            ctx.err(f"index '{index.name}' is bound to dim '{dim}' in one term of this sum and "
+                    f"to dim '{other}' in another", where.pos)
+        merged.append((index, dim))
+    return merged
 
 
 def _tensor_kind(spec: ast.Spec, name: str) -> str | None:
