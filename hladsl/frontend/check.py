@@ -5,6 +5,7 @@ All problems are collected; ``check(spec)`` raises one SpecCheckError or a
 SpecErrors listing them, in source order."""
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -16,6 +17,30 @@ from hladsl.frontend import ast
 BUILTIN_EYE = "eye"                 # Kronecker delta eye[i,j]; both indices of one dim
 _STATE_KEYWORDS = ("cross", "decay", "symmetric", "combine_only")   # may follow a state's delta
 RESERVED_PARAMS = {"normalize": bool, "eps": float}
+# Spec names reach generated code only behind fixed prefixes (st_S, offs_d, in_q,
+# state_S_0) or in comments and strings, so Python keywords, builtins and the
+# templates' own names (tl, torch, range, lam, num, eps, C ...) are all legal
+# names; names cannot start with '_', so no dunder is ever formed. The exceptions
+# are the names whose prefixed form the Triton template (codegen/templates/
+# chunk_kernels.py.jinja) already uses for something else: the kernel would
+# silently read the wrong variable. tests/test_identifiers.py finds every place
+# where two name families, or a family and a template name, meet in the
+# generated source, and fails if it is not covered here.
+RESERVED_NAMES: dict[str, tuple[tuple[str, str], ...]] = {   # kind -> (pattern, why)
+    "dim": (("t", "offs_t holds the chunk's time offsets"),
+            ("nh", "pid_nh is the program's (sequence, head) id"),
+            (r"[A-Za-z][A-Za-z0-9_]*_pow[0-9]+_*", "names like d_pow2 are the packed "
+                                                   "symmetric dims")),
+    "input": ((r"[A-Za-z][A-Za-z0-9_]*_ptr", "in_x_ptr is input x's pointer"),),
+}
+
+
+def reserved(kind: str, name: str) -> str | None:
+    """Why ``name`` cannot name a ``kind`` (dim, input, ...), or None."""
+    return next((why for pattern, why in RESERVED_NAMES.get(kind, ())
+                 if re.fullmatch(pattern, name)), None)
+
+
 # An index pack i^p has at most this many indices: deriving the algebra enumerates
 # the p! orderings of a pack's identical factors and symmetric slots (p = 5 takes
 # seconds at d = 4, p = 6 minutes), and the unpacked state has d^p entries.
@@ -104,7 +129,11 @@ def _check_names(ctx: _Ctx) -> None:
     if spec.output is not None:
         entries.append((spec.output.name, "output", spec.output.pos))
     for name, kind, pos in entries:
-        if name == BUILTIN_EYE:
+        why = reserved(kind, name)
+        if why is not None:
+            ctx.err(f"'{name}' cannot name {_ARTICLE[kind]}: it is reserved in the generated "
+                    f"kernels ({why})", pos)
+        elif name == BUILTIN_EYE:
             ctx.err(f"'{BUILTIN_EYE}' is the built-in identity tensor and cannot be declared", pos)
         elif name in seen:
             first_kind, first_pos = seen[name]

@@ -3,6 +3,7 @@ sums of monomials, infer dims and decay weights, check grading, and drop
 summaries no output needs."""
 from __future__ import annotations
 
+import sys
 from fractions import Fraction
 
 import networkx as nx
@@ -105,6 +106,9 @@ class _Lowerer:
                 else:
                     m = Monomial(Fraction(1), tuple(self.tensor(f, where_input)))
                     partial = [p.times(m) for p in partial]
+            if any(abs(p.coef) > _FLOAT_MAX for p in partial):   # generated code holds floats
+                raise SpecError("the coefficient of this term is out of range (above 1.8e308)",
+                                term.pos)
             out.append((term, partial))
         return out
 
@@ -118,6 +122,9 @@ class _Lowerer:
                     for i, dim in zip(f.indices, self.slot_dims[f.name]):
                         dims.setdefault(i, dim)
         return tuple(dims[i] for i in indices)
+
+
+_FLOAT_MAX = Fraction(sys.float_info.max)
 
 
 def _nonzero(terms: list[Monomial]) -> list[Monomial]:
