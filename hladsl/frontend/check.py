@@ -303,6 +303,7 @@ def _term_indices(ctx: _Ctx, term: ast.Term, dims: dict[str, str], where: str, s
                 occ = _term_indices(ctx, t, dims, where, state)
                 if ctx.rejected != rejected:
                     continue
+                _check_inner_contractions(ctx, occ)
                 counts = Counter(i.name for i, _ in occ)
                 t_free = [(i, d) for i, d in occ if counts[i.name] == 1]
                 names = sorted(i.name for i, _ in t_free)
@@ -315,6 +316,36 @@ def _term_indices(ctx: _Ctx, term: ast.Term, dims: dict[str, str], where: str, s
                     free = _merge_free_dims(ctx, free, t_free)
             occurrences.extend(free or [])
     return occurrences
+
+
+def _check_inner_contractions(ctx: _Ctx, occ) -> None:
+    """Indices summed inside one product of a parenthesised sum (its free ones are
+    checked where the sum is used): at most twice, one dim, the same pack."""
+    counts = Counter(i.name for i, _ in occ)
+    first: dict[str, tuple[ast.Index, str | None]] = {}
+    for index, dim in occ:
+        n = counts[index.name]
+        if n == 1 or index.name in first and first[index.name] is None:
+            continue
+        if n > 2:
+            ctx.err(f"index '{index.name}' appears {n} times in one product; an index is either "
+                    f"free (once) or contracted (twice)", index.pos)
+            first[index.name] = None   # reported
+            continue
+        if index.name not in first:
+            first[index.name] = (index, dim)
+            errors = len(ctx.errors)
+            _check_count(ctx, index)
+            if len(ctx.errors) != errors:
+                first[index.name] = None
+            continue
+        other, other_dim = first[index.name]
+        if dim not in (None, "eye") and other_dim not in (None, "eye") and dim != other_dim:
+            ctx.err(f"index '{index.name}' is bound to dim '{other_dim}' and to dim '{dim}'",
+                    index.pos)
+        elif index.count != other.count:
+            ctx.err(f"index '{_index_text(index)}' is contracted with '{_index_text(other)}'; "
+                    f"both sides of a contraction need the same pack", index.pos)
 
 
 def _merge_free_dims(ctx: _Ctx, free, t_free):
