@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -115,13 +117,14 @@ def _unwritable_run(cache_root: str, queue) -> None:
     os.environ["HLADSL_CACHE_DIR"] = cache_root
     cache._LOADED.clear()
     cache._FALLBACK.clear()
+    readable = os.access(cache_root, os.R_OK | os.X_OK) if os.path.isdir(cache_root) else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         a = cache.load_module("demo", KEY, Renderer())
         b = cache.load_module("other", cache.cache_key({"x": 1}, "t"), Renderer("VALUE = 7\n"))
         again = (cache._LOADED.clear(), cache.load_module("demo", KEY, Renderer()))[1]
     queue.put(((a.VALUE, b.VALUE, again.VALUE), [str(w.message) for w in caught],
-               [str(Path(m.__file__).parent.parent) for m in (a, b)]))
+               [str(Path(m.__file__).parent.parent) for m in (a, b)], readable))
 
 
 def _in_child(cache_root: Path):
@@ -136,9 +139,12 @@ def _in_child(cache_root: Path):
 
 
 def _read_only_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "ro"
+    """A directory that exists and can be read but not written (by the child, which
+    runs as nobody when the tests run as root); its parents can be traversed."""
+    parent = Path(tempfile.mkdtemp(prefix="hladsl-ro-"))   # not under pytest's 0700 dirs
+    parent.chmod(0o755)
+    root = parent / "ro"
     root.mkdir()
-    tmp_path.chmod(0o755)
     root.chmod(0o555)
     return root
 
@@ -153,11 +159,14 @@ UNWRITABLE = {
 @pytest.mark.parametrize("kind", UNWRITABLE, ids=list(UNWRITABLE))
 def test_unwritable_cache_falls_back_with_one_warning(tmp_path, kind):
     root = UNWRITABLE[kind](tmp_path)
-    values, messages, homes = _in_child(root)
+    values, messages, homes, readable = _in_child(root)
+    assert readable is (True if kind == "read-only" else None)
     assert values == (42, 7, 42)
     assert len(messages) == 1 and str(root) in messages[0] and "HLADSL_CACHE_DIR" in messages[0]
     assert homes[0] == homes[1] and not homes[0].startswith(str(tmp_path))
     assert not (root.is_dir() and any(root.iterdir()))
+    if kind == "read-only":
+        shutil.rmtree(root.parent)
 
 
 def test_missing_cache_directory_is_created(fresh):
