@@ -160,6 +160,7 @@ def lower(spec: ast.Spec, params: dict, source: str = "") -> Algebra:
         summaries[name] = Summary(name, indices, low.slot_dims[name], weights[name],
                                   Poly(indices, tuple(delta)), tuple(crosses),
                                   low.symmetric_slots(decl), decl.combine_only, decl.pos)
+        _check_declared_symmetry(summaries[name])
     normalize = bool(params.get("normalize", False))
     out_indices = low.expand_all(spec.output.indices)
     output = _without_eye(Poly(out_indices, tuple(low.sum(spec.output.expr, "t"))), spec.output.pos,
@@ -186,6 +187,22 @@ def _without_eye(poly: Poly, pos, what: str) -> Poly:
     if not out.terms:
         raise SpecError(f"{what} is identically zero: its terms have a zero factor or cancel", pos)
     return out
+
+
+def _check_declared_symmetry(summary: Summary) -> None:
+    """A symmetric(...) group must hold for the delta and every cross term: the
+    chunk program stores and reads the summary packed, so a false declaration
+    would silently change the result. Checked symbolically, one adjacent swap of
+    the group's slots at a time (they generate every permutation)."""
+    body = Poly(summary.indices, summary.delta.terms + summary.crosses)
+    for group in summary.symmetric:
+        for left, right in zip(group, group[1:]):
+            a, b = summary.indices[left], summary.indices[right]
+            swapped = body.map_terms(lambda t: t.relabel({a: b, b: a}))
+            if (body + swapped.scaled(-1)).canonical().terms:   # as ir.checks words it
+                raise AlgebraError(f"'{summary.name}' is declared symmetric in ({a}, {b}) but its "
+                                   f"delta or cross terms are not: {body.canonical().text()}",
+                                   summary.pos)
 
 
 def _weight(decl: ast.StateDecl, cross_terms, weights: dict[str, int]) -> int:
