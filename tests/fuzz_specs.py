@@ -189,9 +189,12 @@ def _tokens_for(alg, gen) -> dict[str, torch.Tensor]:
 
 def forward(op, seed: int) -> str | None:
     """One tiny gated forward; a description of the disagreement with the serial
-    recurrence, or None."""
+    recurrence, or None. Normalized ops get positive tokens (denominators away
+    from zero)."""
     gen = torch.Generator().manual_seed(seed)
     x = _tokens_for(op.algebra, gen)
+    if op.algebra.normalizer is not None:
+        x = {name: t.abs() for name, t in x.items()}
     g = -torch.rand(1, 3, 1, generator=gen, dtype=torch.float64)
     o, final = op(x["q"], x["k"], x["v"], g=g, output_final_state=True)
     o_serial, final_serial = op.serial(x["q"], x["k"], x["v"], g=g)
@@ -207,11 +210,15 @@ def run_one(text: str, path: Path, *, run_forward: bool, seed: int = 0) -> Outco
     path.write_text(text)
     stage = "compile"
     try:
-        hladsl.compile_spec(str(path))
+        alg = hladsl.compile_spec(str(path))
+        # every other mutant with a normalizer switched off runs normalized
+        params = {"normalize": True} if seed % 2 and alg.params.get("normalize") is False else {}
+        if params:
+            hladsl.compile_spec(str(path), **params)
         if not run_forward:
             return Outcome("ok")
         stage = "load"
-        op = hladsl.load(str(path))
+        op = hladsl.load(str(path), **params)
         stage = "forward"
         problem = forward(op, seed)
         return Outcome("mismatch", problem, stage) if problem else Outcome("ok")

@@ -175,3 +175,17 @@ def test_false_symmetry_declarations_are_located_errors(tmp_path, name, old, new
     with pytest.raises(hladsl.AlgebraError, match="is declared symmetric in") as info:
         hladsl.compile_spec(path)
     assert re.match(rf"{re.escape(path)}:\d+:\d+: ", str(info.value))
+
+
+@pytest.mark.parametrize("old, new", [
+    ("- G3[a, e])", "- eye[a, e])"),                       # a over d becomes the output's e (dv)
+    ("SQ[b, c] P[c, e] - G1", "SQ[b, c] P[c, f] eye[f, g] P[g, e] - G1"),   # dv and d
+], ids=["output index", "inside a term"])
+def test_eye_joins_indices_of_one_dim(tmp_path, old, new):
+    # found by the fuzzer (normalized runs): the chunk program mixed d and dv tiles
+    path = _spec(tmp_path, "hla3", old, new)
+    from hladsl.ir.checks import check_report
+    for compile_ in (hladsl.compile_spec, check_report):   # the op, and `hladsl check`
+        with pytest.raises(SpecError, match=r"eye\[") as info:
+            compile_(path)
+        assert re.match(rf"{re.escape(path)}:\d+:\d+: ", str(info.value))

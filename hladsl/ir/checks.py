@@ -12,7 +12,7 @@ import itertools
 
 import torch
 
-from hladsl.errors import AlgebraError
+from hladsl.errors import AlgebraError, SpecError
 from hladsl.frontend.specs import load_ast
 from hladsl.ir.algebra import Algebra, Summary
 from hladsl.ir.combine import bracketings, combine, serial, vjp
@@ -160,7 +160,7 @@ def check_report(name_or_path, **params) -> str:
             bound["normalize"] = True      # check the normalizer's summaries too
         alg = lower(spec, bound, source)
         lines = ["syntax, names, indices, sides, dependency graph ... ok"] + verify(alg)
-    except AlgebraError as exc:
+    except SpecError as exc:   # lowering's own errors are located here too
         exc.path = display
         raise exc.located(display, source)
     streaming = ", ".join(f"{x.name}[{','.join(x.dims)}]" for x in alg.streaming)

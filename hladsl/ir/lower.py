@@ -112,15 +112,20 @@ class _Lowerer:
             out.append((term, partial))
         return out
 
+    def factor_dims(self, f: Factor) -> list[tuple[str, str]]:
+        """(index, dim) of each slot of a lowered factor (none for eye)."""
+        if f.kind == "input":
+            return [(f.indices[0], self.spec.input(f.name).dim)]
+        if f.kind == "state":
+            return list(zip(f.indices, self.slot_dims[f.name]))
+        return []
+
     def infer_dims(self, name: str, indices: tuple[str, ...], terms: list[Monomial]) -> tuple[str, ...]:
         dims: dict[str, str] = {}
         for t in terms:
             for f in t.factors:
-                if f.kind == "input":
-                    dims.setdefault(f.indices[0], self.spec.input(f.name).dim)
-                elif f.kind == "state":
-                    for i, dim in zip(f.indices, self.slot_dims[f.name]):
-                        dims.setdefault(i, dim)
+                for i, dim in self.factor_dims(f):
+                    dims.setdefault(i, dim)
         return tuple(dims[i] for i in indices)
 
 
@@ -163,10 +168,10 @@ def lower(spec: ast.Spec, params: dict, source: str = "") -> Algebra:
         _check_declared_symmetry(summaries[name])
     normalize = bool(params.get("normalize", False))
     out_indices = low.expand_all(spec.output.indices)
-    output = _without_eye(Poly(out_indices, tuple(low.sum(spec.output.expr, "t"))), spec.output.pos,
-                          f"the output '{spec.output.name}'")
-    normalizer = (_without_eye(Poly((), tuple(low.sum(spec.normalizer, "t"))), spec.normalizer_pos,
-                               "the normalizer")
+    output = _without_eye(low, Poly(out_indices, tuple(low.sum(spec.output.expr, "t"))),
+                          spec.output.pos, f"the output '{spec.output.name}'")
+    normalizer = (_without_eye(low, Poly((), tuple(low.sum(spec.normalizer, "t"))),
+                               spec.normalizer_pos, "the normalizer")
                   if normalize else None)
     needed = _needed(summaries, output, normalizer)
     kept = tuple(summaries[n] for n in order if n in needed)
@@ -174,9 +179,10 @@ def lower(spec: ast.Spec, params: dict, source: str = "") -> Algebra:
                    output, normalizer, spec.output.name, source)
 
 
-def _without_eye(poly: Poly, pos, what: str) -> Poly:
+def _without_eye(low: _Lowerer, poly: Poly, pos, what: str) -> Poly:
     """``poly`` with eye factors contracted away, collected; it must not vanish
     (a zero output has no program: o would be 0, or num / eps)."""
+    _check_eye_dims(low, poly, pos, what)
     terms = []
     for t in poly.terms:
         reduced = eliminate_eye(t, poly.free)
@@ -187,6 +193,37 @@ def _without_eye(poly: Poly, pos, what: str) -> Poly:
     if not out.terms:
         raise SpecError(f"{what} is identically zero: its terms have a zero factor or cancel", pos)
     return out
+
+
+def _check_eye_dims(low: _Lowerer, poly: Poly, pos, what: str) -> None:
+    """eye[i, j] joins two indices of one dim (the checker leaves eye's dims open:
+    they are those of the factors its indices meet), and a free index keeps one
+    dim in every term."""
+    free_dims: dict[str, str] = {}
+    for t in poly.terms:
+        joined: dict[str, str] = {}   # union-find over the indices eyes join
+
+        def root(i: str) -> str:
+            while joined.get(i, i) != i:
+                i = joined[i]
+            return i
+        for f in t.factors:
+            if f.kind == "eye" and root(f.indices[0]) != root(f.indices[1]):
+                joined[root(f.indices[0])] = root(f.indices[1])
+        dims: dict[str, set[str]] = {}
+        for f in t.factors:
+            for i, dim in low.factor_dims(f):
+                dims.setdefault(root(i), set()).add(dim)
+        for found in dims.values():
+            if len(found) > 1:
+                raise SpecError(f"eye[...] in {what} joins indices of different dims "
+                                f"({' and '.join(sorted(found))}): both indices of eye range "
+                                f"over one dim", pos)
+        for i in poly.free:
+            (dim,) = dims.get(root(i), {None})
+            if dim is not None and free_dims.setdefault(i, dim) != dim:
+                raise SpecError(f"index '{i}' of {what} ranges over dim '{free_dims[i]}' in one "
+                                f"term and over '{dim}' in another (through eye[...])", pos)
 
 
 def _check_declared_symmetry(summary: Summary) -> None:
