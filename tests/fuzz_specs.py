@@ -5,8 +5,9 @@ edits of the kind a new user's typos produce: a token deleted, duplicated, swapp
 with its neighbour or replaced (by another token of the spec vocabulary, a number,
 a keyword or punctuation), a bracket / comma / ``@A`` / ``^p`` dropped or inserted.
 It runs through the whole pipeline: ``hladsl.compile_spec`` (parse, check, lower)
-and, for a sample, ``hladsl.load`` plus one tiny float64 CPU forward (B=1, T=3,
-H=1), compared with the op's own serial recurrence.
+and, when that succeeds, ``hladsl.load`` plus one tiny gated float64 CPU forward
+(B=1, T=3, H=1, dims of size 4, 3, ...), compared with the op's own serial
+recurrence; every other mutant whose normalizer is off runs normalized.
 
 A mutant must succeed or raise a SpecError whose every message starts with
 ``file:line:col:``. Anything else is a finding:
@@ -91,10 +92,10 @@ class Mutator:
     rng: random.Random
     vocab: list[str]
     texts: dict[str, str]
-    names: list[str] = field(init=False)
+    specs: list[str] = field(init=False)
 
     def __post_init__(self):
-        self.names = sorted(self.texts)
+        self.specs = sorted(self.texts)
         self.names_vocab = [t for t in self.vocab if t[0].isalpha()]
 
     def replacement(self) -> str:
@@ -123,7 +124,7 @@ class Mutator:
         elif kind == "replace":
             tokens[n] = (ws, self.replacement())
         elif kind == "rename":   # a name for another name (most often one of the same spec)
-            names = [m for m in code if tokens[m][1][0].isalpha()]
+            names = [m for m in code if tokens[m][1][0].isalpha()] or [n]
             pool = [tokens[m][1] for m in names] if rng.random() < 0.7 else self.names_vocab
             m = rng.choice(names)
             tokens[m] = (tokens[m][0], rng.choice(pool))
@@ -155,7 +156,7 @@ class Mutator:
 
     def mutant(self) -> tuple[str, str]:
         """(shipped spec it came from, mutated text)."""
-        name = self.rng.choice(self.names)
+        name = self.rng.choice(self.specs)
         tokens = tokenize(self.texts[name])
         for _ in range(self.rng.choice([1, 1, 1, 1, 2, 2, 3])):
             tokens = self.mutate_once(tokens)
