@@ -147,20 +147,20 @@ def test_reserved_names_are_rejected_with_a_location(role, name, tmp_path):
 # ----------------------------------------------------------------------------- a tricky spec
 
 TRICKY = """# every name is a Python keyword or builtin, or a name the generated code uses
+# (x0, x1: the torch module's temporaries; offs_t, lam, num, den, tl: the kernels')
 mechanism triton {
   dims tl, range
   input q[tl], k[tl], v[range]
-  param normalize = true, eps = 1e-6, lam = 0.5
+  param normalize = true, eps = 1e-6, float = 0.5
   state if[None, lambda] = k[None] k[lambda]  symmetric(None, lambda)
   state torch[None, in] = q[None] v[in]
-  state num[None] = q[None]
+  state x0[None] = q[None]
   state den[None, in] = 0  cross if@B[None, t] torch@A[t, in]
-  state float[None] = 0  cross if@B[None, t] num@A[t]
-  output offs_t[in] = q[None] ((if[None, t] + lam eye[None, t]) torch[t, in] - den[None, in])
-  normalizer = q[None] ((if[None, t] + lam eye[None, t]) num[t] - float[None])
+  state x1[None] = 0  cross if@B[None, t] x0@A[t]
+  output offs_t[in] = q[None] ((if[None, t] + float eye[None, t]) torch[t, in] - den[None, in])
+  normalizer = q[None] ((if[None, t] + float eye[None, t]) x0[t] - x1[None])
 }
 """
-
 
 def _tokens(seed, T=20, d=4, dv=3):
     gen = torch.Generator().manual_seed(seed)
@@ -178,7 +178,7 @@ def test_tricky_names_compute_hla2_through_the_torch_module(tmp_path):
     o, final = op(q, k, v, g, output_final_state=True)
     o_ref, final_ref = ref(q, k, v, g, output_final_state=True)
     torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
-    assert list(final) == ["if", "torch", "num", "den", "float"]
+    assert list(final) == ["if", "torch", "x0", "den", "x1"]
     for mine, theirs in zip(final, ["S", "C", "m", "G", "h"]):
         torch.testing.assert_close(final[mine], final_ref[theirs], rtol=1e-12, atol=1e-12)
 
@@ -205,7 +205,7 @@ def test_tricky_names_compute_hla2_through_the_triton_kernels(tmp_path, options)
     den = chunk_torch.outputs(ref_program, "normalizer", tiles, lam, starts, torch.float64)
     o_ref = num / (den.unsqueeze(-1) + ref.eps)
     program = chunk_program(mine, 16, (("range", 20), ("tl", 6)), True)
-    renamed = dict(zip(["S", "C", "m", "G", "h"], ["if", "torch", "num", "den", "float"]))
+    renamed = dict(zip(["S", "C", "m", "G", "h"], ["if", "torch", "x0", "den", "x1"]))
     o, final = forward_triton(program, {n: x.float() for n, x in tiles.items()}, lam.float(),
                               {renamed[n]: x.float() for n, x in init.items()}, mine.eps,
                               **options)
