@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hladsl.api import compile_spec
-from hladsl.errors import AlgebraError, SpecError
+from hladsl.errors import SpecError
 from hladsl.frontend.printer import to_text
 from hladsl.frontend.specs import load_ast
 from hladsl.ir.backward import backward_text
@@ -248,7 +248,7 @@ def check_report(name_or_path, **params) -> str:
         if "normalize" in bound and "normalize" not in params:
             bound["normalize"] = True      # check the normalizer's summaries too
         c = run_pipeline(spec, bound, source, until="check")
-    except AlgebraError as exc:
+    except SpecError as exc:   # lowering's own errors are located here too
         exc.path = display
         raise exc.located(display, source)
     alg = c.algebra

@@ -207,6 +207,20 @@ def test_non_plain_identifiers_are_rejected(role, name):
     assert column <= info.value.pos.column <= column + len(name)
 
 
+# Python keywords, builtins and names the generated code uses are plain names: spec
+# names only reach generated code behind fixed prefixes (tests/test_identifiers.py)
+CODE_NAMES = ["if", "lambda", "None", "True", "import", "self", "tl", "triton", "torch", "range",
+              "float", "lam", "num", "den", "C", "env", "offs_t", "pid_nh", "st_S", "a__b__"]
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("name", CODE_NAMES)
+def test_python_and_generated_code_names_are_legal(role, name):
+    spec = parse_and_check(with_name(role, name))
+    assert spec is not None
+    assert_round_trips(spec)
+
+
 # ---------------------------------------------------------------- parser limits
 
 def minimal_spec(output: str = "q[i] S[i, e]", extra: str = "") -> str:

@@ -36,17 +36,21 @@ def _operand_expr(op: Operand) -> str:
     return _OPERAND_EXPR[op.kind](op)
 
 
-def _contraction(exprs, labels, indices, steps, result, output, coef) -> tuple[list[str], str]:
+def _contraction(exprs, labels, indices, steps, result, output, coef,
+                 var_prefix: str = "x") -> tuple[list[str], str]:
+    """Lines computing one contraction into variables ``<var_prefix><n>`` (named
+    here, never rewritten afterwards: spec names in strings and comments stay
+    as they are)."""
     names = letters_for([i for idx in indices for i in idx] + list(output))
     lines, values = [], []
     for n, (expr, label, idx) in enumerate(zip(exprs, labels, indices)):
-        lines.append(f"x{n} = {expr}  # {label}")
-        values.append((f"x{n}", idx, label))
+        lines.append(f"{var_prefix}{n} = {expr}  # {label}")
+        values.append((f"{var_prefix}{n}", idx, label))
     for step in steps:
         (a, ia, _la), (b, ib, _lb) = values[step.left], values[step.right]
         spec = (f"...{''.join(names[i] for i in ia)},...{''.join(names[i] for i in ib)}"
                 f"->...{''.join(names[i] for i in step.indices)}")
-        var = f"x{len(values)}"
+        var = f"{var_prefix}{len(values)}"
         lines.append(f'{var} = torch.einsum("{spec}", {a}, {b})  # [{",".join(step.indices)}] = {a} · {b}')
         values.append((var, step.indices, var))
     var, idx, _ = values[result]
@@ -78,17 +82,13 @@ def _derived(program: ChunkProgram) -> list[dict]:
             p = plan(tuple(f.indices for f in mono.factors), d.poly.free, tuple(sorted(sizes.items())))
             body, res = _contraction([f'env.carry("{f.name}")' for f in mono.factors],
                                      [str(f) for f in mono.factors], [f.indices for f in mono.factors],
-                                     p.steps, p.result, d.poly.free, float(mono.coef))
-            lines += _prefix(body, f"m{m}_")
-            parts.append(_prefix([res], f"m{m}_")[0])
+                                     p.steps, p.result, d.poly.free, float(mono.coef),
+                                     var_prefix=f"m{m}_x")
+            lines += body
+            parts.append(res)
         out.append(dict(name=d.name, free=",".join(d.poly.free), text=d.poly.text(),
                         lines=lines, result=" + ".join(parts)))
     return out
-
-
-def _prefix(lines: list[str], prefix: str) -> list[str]:
-    import re
-    return [re.sub(r"\bx(\d+)\b", lambda m: f"{prefix}x{m.group(1)}", line) for line in lines]
 
 
 def context(program: ChunkProgram) -> dict:

@@ -5,6 +5,7 @@ All problems are collected; ``check(spec)`` raises one SpecCheckError or a
 SpecErrors listing them, in source order."""
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -16,6 +17,34 @@ from hladsl.frontend import ast
 BUILTIN_EYE = "eye"                 # Kronecker delta eye[i,j]; both indices of one dim
 _STATE_KEYWORDS = ("cross", "decay", "symmetric", "combine_only")   # may follow a state's delta
 RESERVED_PARAMS = {"normalize": bool, "eps": float}
+# Spec names reach generated code only behind fixed prefixes (st_S, offs_d, in_q,
+# state_S_0) or in comments and strings, so Python keywords, builtins and the
+# templates' own names (tl, torch, range, lam, num, eps, C ...) are all legal
+# names; names cannot start with '_', so no dunder is ever formed. The exceptions
+# are the names whose prefixed form the Triton template (codegen/templates/
+# chunk_kernels.py.jinja) already uses for something else: the kernel would
+# silently read the wrong variable. tests/test_identifiers.py finds every place
+# where two name families, or a family and a template name, meet in the
+# generated source, and fails if it is not covered here.
+RESERVED_NAMES: dict[str, tuple[tuple[str, str], ...]] = {   # kind -> (pattern, why)
+    "dim": (("t", "offs_t holds the chunk's time offsets"),
+            ("nh", "pid_nh is the program's (sequence, head) id"),
+            (r"[A-Za-z][A-Za-z0-9_]*_pow[0-9]+_*", "names like d_pow2 are the packed "
+                                                   "symmetric dims")),
+    "input": ((r"[A-Za-z][A-Za-z0-9_]*_ptr", "in_x_ptr is input x's pointer"),),
+}
+
+
+def reserved(kind: str, name: str) -> str | None:
+    """Why ``name`` cannot name a ``kind`` (dim, input, ...), or None."""
+    return next((why for pattern, why in RESERVED_NAMES.get(kind, ())
+                 if re.fullmatch(pattern, name)), None)
+
+
+# An index pack i^p has at most this many indices: deriving the algebra enumerates
+# the p! orderings of a pack's identical factors and symmetric slots (p = 5 takes
+# seconds at d = 4, p = 6 minutes), and the unpacked state has d^p entries.
+MAX_PACK_COUNT = 4
 
 
 @dataclass
@@ -100,7 +129,11 @@ def _check_names(ctx: _Ctx) -> None:
     if spec.output is not None:
         entries.append((spec.output.name, "output", spec.output.pos))
     for name, kind, pos in entries:
-        if name == BUILTIN_EYE:
+        why = reserved(kind, name)
+        if why is not None:
+            ctx.err(f"'{name}' cannot name {_ARTICLE[kind]}: it is reserved in the generated "
+                    f"kernels ({why})", pos)
+        elif name == BUILTIN_EYE:
             ctx.err(f"'{BUILTIN_EYE}' is the built-in identity tensor and cannot be declared", pos)
         elif name in seen:
             first_kind, first_pos = seen[name]
@@ -203,8 +236,16 @@ def _check_count(ctx: _Ctx, index: ast.Index) -> None:
             ctx.err(f"parameter '{index.count}' is used as a repetition count and must be a "
                     f"positive integer, not {_literal(p.value)}", index.pos)
             ctx.bad_counts.add(index.count)
+        elif p.value > MAX_PACK_COUNT:
+            ctx.err(f"parameter '{index.count}' = {p.value} is used as a repetition count; packs "
+                    f"hold at most {MAX_PACK_COUNT} indices", index.pos)
+            ctx.bad_counts.add(index.count)
     elif isinstance(index.count, int) and index.count < 1:
         ctx.err(f"index pack '{index.name}^{index.count}' needs a count of at least 1", index.pos)
+        ctx.bad_counts.add(index.count)
+    elif isinstance(index.count, int) and index.count > MAX_PACK_COUNT:
+        ctx.err(f"index pack '{index.name}^{index.count}' is too large: packs hold at most "
+                f"{MAX_PACK_COUNT} indices", index.pos)
         ctx.bad_counts.add(index.count)
 
 
@@ -262,6 +303,7 @@ def _term_indices(ctx: _Ctx, term: ast.Term, dims: dict[str, str], where: str, s
                 occ = _term_indices(ctx, t, dims, where, state)
                 if ctx.rejected != rejected:
                     continue
+                _check_inner_contractions(ctx, occ)
                 counts = Counter(i.name for i, _ in occ)
                 t_free = [(i, d) for i, d in occ if counts[i.name] == 1]
                 names = sorted(i.name for i, _ in t_free)
@@ -270,8 +312,58 @@ def _term_indices(ctx: _Ctx, term: ast.Term, dims: dict[str, str], where: str, s
                 elif names != free_names:
                     ctx.err(f"terms of this sum have different free indices "
                             f"([{', '.join(free_names)}] and [{', '.join(names)}])", t.pos)
+                else:
+                    free = _merge_free_dims(ctx, free, t_free)
             occurrences.extend(free or [])
     return occurrences
+
+
+def _check_inner_contractions(ctx: _Ctx, occ) -> None:
+    """Indices summed inside one product of a parenthesised sum (its free ones are
+    checked where the sum is used): at most twice, one dim, the same pack."""
+    counts = Counter(i.name for i, _ in occ)
+    first: dict[str, tuple[ast.Index, str | None]] = {}
+    for index, dim in occ:
+        n = counts[index.name]
+        if n == 1 or index.name in first and first[index.name] is None:
+            continue
+        if n > 2:
+            ctx.err(f"index '{index.name}' appears {n} times in one product; an index is either "
+                    f"free (once) or contracted (twice)", index.pos)
+            first[index.name] = None   # reported
+            continue
+        if index.name not in first:
+            first[index.name] = (index, dim)
+            errors = len(ctx.errors)
+            _check_count(ctx, index)
+            if len(ctx.errors) != errors:
+                first[index.name] = None
+            continue
+        other, other_dim = first[index.name]
+        if dim not in (None, "eye") and other_dim not in (None, "eye") and dim != other_dim:
+            ctx.err(f"index '{index.name}' is bound to dim '{other_dim}' and to dim '{dim}'",
+                    index.pos)
+        elif index.count != other.count:
+            ctx.err(f"index '{_index_text(index)}' is contracted with '{_index_text(other)}'; "
+                    f"both sides of a contraction need the same pack", index.pos)
+
+
+def _merge_free_dims(ctx: _Ctx, free, t_free):
+    """The free indices of a sum seen so far, with the dims of one more term: a
+    free index has one dim in every term (a sum of [d] and [dv] tensors is not a
+    tensor); a dim unknown so far is taken from this term."""
+    dims = {i.name: d for i, d in t_free}
+    merged = []
+    for index, dim in free:
+        other = dims[index.name]
+        if dim in (None, "eye"):
+            dim = other
+        elif other not in (None, "eye") and other != dim:
+            where = next(i for i, _ in t_free if i.name == index.name)
+            ctx.err(f"index '{index.name}' is bound to dim '{dim}' in one term of this sum and "
+                    f"to dim '{other}' in another", where.pos)
+        merged.append((index, dim))
+    return merged
 
 
 def _tensor_kind(spec: ast.Spec, name: str) -> str | None:

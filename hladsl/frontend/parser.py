@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -223,11 +224,11 @@ class _ToAst(Transformer):
 def _number(token) -> int | float:
     text = str(token)
     try:
-        return int(text)
-    except ValueError:
-        pass
-    value = float(text)
-    if not math.isfinite(value):
+        value = int(text)
+    except ValueError:   # a float, or more digits than int() takes
+        value = float(text)
+    # every number becomes a float coefficient in generated code
+    if abs(value) > sys.float_info.max or not math.isfinite(value):
         raise SpecSyntaxError(f"number '{_short(text)}' is out of range", _pos(token))
     return value
 

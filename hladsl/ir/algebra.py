@@ -1,6 +1,6 @@
 """The state algebra of one mechanism with its parameters bound: summaries,
 their token deltas, cross terms and decay weights, and the outputs. Produced by
-``lower.lower_spec``; everything else in hladsl is derived from it."""
+``lower.lower`` (run by ``ir.pipeline``); everything else in hladsl is derived from it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
