@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from gpu_support import (SHIPPED, Inputs, Ratios, dtype_name, gates, generator, grads, group,
-                         initial_state, load, rms_ratio, schedule, tokens)
+                         initial_state, load, schedule, tokens)
 
 B, T, H = 1, 1024, 4
 BF16 = torch.bfloat16
