@@ -52,8 +52,8 @@ def cases():
 def test_mixer_trains_on_cuda(spec):
     m = mixer(spec)
     gen = torch.Generator(device=DEVICE).manual_seed(51)
-    x = torch.randn(B, T0, m.hidden_size, device=DEVICE, generator=gen).to(BF16)
-    target = torch.randn(B, T0, m.hidden_size, device=DEVICE, generator=gen).to(BF16)
+    x = torch.randn(B, T0, HEADS * spec.d, device=DEVICE, generator=gen).to(BF16)
+    target = torch.randn(B, T0, HEADS * spec.d, device=DEVICE, generator=gen).to(BF16)
     y = m(x)
     assert y.shape == x.shape and y.dtype == BF16
     assert torch.isfinite(y).all()
@@ -70,7 +70,7 @@ def test_mixer_prefill_then_decode_equals_full_forward(spec, record_property):
     m = mixer(spec)
     gen = torch.Generator(device=DEVICE).manual_seed(52)
     T = T0 + DECODE_ONE + DECODE_BLOCK
-    x = torch.randn(B, T, m.hidden_size, device=DEVICE, generator=gen).to(BF16)
+    x = torch.randn(B, T, HEADS * spec.d, device=DEVICE, generator=gen).to(BF16)
     with torch.no_grad():
         full = m(x)
         cache = nn.Cache()
