@@ -72,3 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"hladsl: {exc}", file=sys.stderr)
         return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,7 +15,8 @@ of a ``torch.distributed`` group, for any spec. Reached as
 * ``output_final_state``: False; True or "last": the final state on the group's
   last rank, None elsewhere; "broadcast": on every rank.
 * Autograd spans the ranks: when any rank differentiates, every rank must run
-  backward on a loss that reaches its ``o_shard`` (the exchange of state gradients
+  ``loss.backward()`` on a loss that reaches its ``o_shard`` (``torch.autograd.grad``
+  with a subset of inputs may skip a rank's part of the exchange and hang the others) (the exchange of state gradients
   hangs off it as a pass-through, so that no rank skips a collective).
 * Bad arguments raise ValueError on every rank (shapes and flags are exchanged
   first), never a hang.

@@ -19,13 +19,17 @@ Rules:
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
-import triton.runtime.errors
-
 from hladsl.codegen.triton_gen import block_size
 
-DOT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+# triton is imported inside the rules that need it: the torch path never imports it
+# (and the Triton interpreter must be chosen before triton is first imported)
+TENSOR_CORE_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def dot_dtype(dtype: torch.dtype):
+    """The tl dtype tiles of ``dtype`` enter ``tl.dot`` in (fp32 tiles: tl.float32)."""
+    import triton.language as tl
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(dtype, tl.float32)
 MIN_CHUNK = 16
 
 
@@ -40,12 +44,13 @@ _FITTING: dict = {}    # shape class -> the chunk size whose kernels fit
 def fitting_chunk(key, chunk: int, run):
     """``run(chunk)``, halving the chunk while the kernels need more shared memory
     than the GPU has (large states at d = 128); the chunk that fit is remembered."""
+    from triton.runtime.errors import OutOfResources
     chunk = _FITTING.get((key, chunk), chunk)
     asked = chunk
     while True:
         try:
             out = run(chunk)
-        except triton.runtime.errors.OutOfResources:
+        except OutOfResources:
             if chunk <= MIN_CHUNK:
                 raise
             chunk //= 2
@@ -66,7 +71,7 @@ def state_block(size: int, programs: int, device, narrow_ok: bool) -> int:
     if not narrow_ok:
         return width
     n_sms = sms(device)
-    while width > 16 and programs * triton.cdiv(size, width) < 2 * n_sms:
+    while width > 16 and programs * -(-size // width) < 2 * n_sms:
         width //= 2
     return width
 
@@ -89,7 +94,7 @@ def use_fused(schedule: str, has_fused: bool, device, programs: int) -> bool:
 
 
 def narrow_ok(first, chained_dots: bool) -> bool:
-    return first.dtype not in DOT or not chained_dots
+    return first.dtype not in TENSOR_CORE_DTYPES or not chained_dots
 
 
 def dot_override(first, chained_dots: bool, block: dict) -> dict:
@@ -97,7 +102,9 @@ def dot_override(first, chained_dots: bool, block: dict) -> dict:
     Hopper miscompile of ``_state_block`` also strikes at C = 32 (hla3 at d = 128
     needs C = 32 to fit shared memory, and its bf16 state pass then faults)."""
     chunk = first.shape[3]
-    if chained_dots and first.dtype in DOT and (chunk < 64 or any(w < 64 for w in block.values())):
+    if chained_dots and first.dtype in TENSOR_CORE_DTYPES and (
+            chunk < 64 or any(w < 64 for w in block.values())):
+        import triton.language as tl
         return {"DOT": tl.float32}
     return {}
 
@@ -115,11 +122,12 @@ def launch(kernel, grid, args: dict, may_fall_back: bool) -> None:
         return
     key = (id(kernel), tuple(sorted((k, str(v)) for k, v in args.items()
                                     if not isinstance(v, torch.Tensor))))
+    from triton.runtime.errors import OutOfResources
     start = _WORKING.get(key, 0)
     for n in range(start, len(FALLBACKS)):
         try:
             kernel[grid](**{**args, **FALLBACKS[n]})
-        except triton.runtime.errors.OutOfResources:
+        except OutOfResources:
             if n == len(FALLBACKS) - 1:
                 raise
             continue

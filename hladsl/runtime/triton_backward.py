@@ -7,7 +7,6 @@ from math import prod
 
 import torch
 import triton
-import triton.language as tl
 
 from hladsl.codegen.triton_bwd import backward_kernels
 from hladsl.codegen.triton_gen import constexprs
@@ -45,7 +44,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     device = first.device
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
-    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.DOT.get(first.dtype, tl.float32), PREC=precision,
+    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype), PREC=precision,
                   num_warps=num_warps, **constexprs(program))
     packed = _packed_tables(program, device)
     tokens = _token_args(ctx["inputs"], tiles, lam, program.gated)

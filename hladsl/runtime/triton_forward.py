@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 import triton.runtime.errors
 
 from hladsl.codegen.triton_gen import constexprs, kernels
@@ -78,7 +77,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     device = first.device
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
-    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.DOT.get(first.dtype, tl.float32), PREC=precision,
+    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype), PREC=precision,
                   num_warps=num_warps, **constexprs(program))
     if num_stages is not None:
         common["num_stages"] = num_stages
