@@ -106,10 +106,10 @@ def test_triton_step_value_blocks(spec, params):
 
 
 def test_triton_step_long_input_in_launches(monkeypatch):
-    """Kernels with packed dims take at most MAX_TOKENS tokens a launch; longer
-    inputs run as consecutive launches on the updated state."""
-    from hladsl.runtime import step
-    monkeypatch.setattr(step, "MAX_TOKENS", 2)
+    """Kernels with packed dims take at most launch.STEP_MAX_TOKENS tokens a launch;
+    longer inputs run as consecutive launches on the updated state."""
+    from hladsl.runtime import launch
+    monkeypatch.setattr(launch, "STEP_MAX_TOKENS", 2)
     _triton_check("power", {"p": 2}, True, True, pieces=(5,), d=4, dv=5)
 
 

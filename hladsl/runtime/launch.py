@@ -15,6 +15,9 @@ Rules:
 * fp32 tiles for chains of bf16/fp16 dots at a narrow chunk or block (``dot_override``).
 * schedule: fused (one kernel) when there are enough (sequence, head) pairs to
   fill the GPU without chunk parallelism, else two-pass (``use_fused``).
+* decode step: warps from the fp32 state elements a program holds (``step_warps``);
+  inputs of more than ``STEP_MAX_TOKENS`` tokens run as consecutive launches when the
+  kernel sums outputs in a [T, value block] register tile.
 """
 from __future__ import annotations
 
@@ -133,3 +136,16 @@ def launch(kernel, grid, args: dict, may_fall_back: bool) -> None:
             continue
         _WORKING[key] = n
         return
+
+
+STEP_MAX_TOKENS = 64
+
+
+def step_warps(elements: int) -> int:
+    """4, 8 or 16 warps, about 1600 fp32 state elements a warp: compiled for sm_90
+    (benchmarks/step_bench.py --compile-only) this keeps every shipped spec below
+    170 registers a thread without spills at d = dv = 64."""
+    warps = 4
+    while warps < 16 and elements > warps * 1600:
+        warps *= 2
+    return warps

@@ -18,6 +18,7 @@ from hladsl.ir.algebra import Algebra
 from hladsl.ir.contract import Plan
 from hladsl.ir.evaluate import letters_for
 from hladsl.ir.operands import Kind, exhaustive
+from hladsl.runtime import launch
 from hladsl.runtime.packing import combos, multiplicity, pack, packed_shape, unpack
 
 BACKENDS = ("torch", "triton")
@@ -184,8 +185,8 @@ def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps
     grid = (B * H, triton.cdiv(dv, width))
     warps = num_warps or _warps(plan, width, rows)
     # kernels with packed dims sum outputs in a [T, value block] register tile:
-    # longer inputs run as consecutive launches of MAX_TOKENS (the state carries over)
-    span = T if ctx["direct"] else MAX_TOKENS
+    # longer inputs run as consecutive launches of launch.STEP_MAX_TOKENS (the state carries over)
+    span = T if ctx["direct"] else launch.STEP_MAX_TOKENS
     for a in range(0, T, span):
         n = min(span, T - a)
         piece = dict(args, T=n, T_BLOCK=max(2, triton.next_power_of_2(n)), o_ptr=o[:, a:a + n])
@@ -234,15 +235,10 @@ def _kernel_args(plan, ctx, tokens, g, state, state_indices, o, packed_rows):
     return args, rows
 
 
-MAX_TOKENS = 64
-
-
 def _warps(plan: StepPlan, width: int, rows: int) -> int:
     """Warps for the fp32 state elements one program holds at a time (its whole
-    states at this value block, or one block of ``rows`` packed rows): 4, 8 or
-    16, about 1600 elements a warp. Compiled for sm_90 (benchmarks/step_bench.py
-    --compile-only) this keeps every shipped spec below 170 registers a thread
-    without spills at d = dv = 64."""
+    states at this value block, or one block of ``rows`` packed rows; the rule is
+    ``launch.step_warps``)."""
     from hladsl.codegen.triton_gen import block_size
     sizes = dict(plan.sizes)
     whole, blocks = 0, {}
@@ -255,11 +251,7 @@ def _warps(plan: StepPlan, width: int, rows: int) -> int:
             blocks[plan.row_dim(name)] = blocks.get(plan.row_dim(name), 0) + n
         else:
             whole += n
-    elems = max([whole, *blocks.values()])
-    warps = 4
-    while warps < 16 and elems > warps * 1600:
-        warps *= 2
-    return warps
+    return launch.step_warps(max([whole, *blocks.values()]))
 
 
 _TABLES: dict = {}
