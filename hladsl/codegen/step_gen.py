@@ -29,9 +29,9 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from math import comb
-from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from hladsl.codegen import templates
+from hladsl.codegen.templates import render_template
 
 from hladsl.codegen.steps import Block, Tile, comment
 from hladsl.codegen.triton_gen import _ident
@@ -42,7 +42,6 @@ from hladsl.ir.operands import Kind, Operand, exhaustive
 from hladsl.ir.symmetric import PackedDim, drop_repeated_slots, packed_dim_name
 from hladsl.version import __version__
 
-TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATE = "step_kernel.py.jinja"
 STEP_KINDS = (Kind.TOKEN, Kind.POWER, Kind.CARRY)
 PACKED_ROWS = 64     # default rows of a packed dim per block
@@ -533,13 +532,11 @@ def _regions(plan: StepPlan, gated: bool) -> list[dict]:
 
 
 def template_text() -> str:
-    return (TEMPLATE_DIR / TEMPLATE).read_text()
+    return templates.template_text(TEMPLATE)
 
 
 def render(context: dict, version: str) -> str:
-    env = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), undefined=StrictUndefined,
-                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    return env.get_template(TEMPLATE).render(version=version, **context)
+    return render_template(TEMPLATE, version=version, **context)
 
 
 def step_source(alg: Algebra, sizes, gated: bool) -> str:

@@ -4,9 +4,8 @@ Rendered from templates/chunk_torch.py.jinja with StrictUndefined and cached
 like the Triton module (hladsl.codegen.cache)."""
 from __future__ import annotations
 
-from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from hladsl.codegen.templates import render_template, template_text
 
 from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
@@ -14,7 +13,6 @@ from hladsl.ir.evaluate import letters_for
 from hladsl.version import __version__
 from hladsl.ir.operands import Kind, Operand, exhaustive
 
-TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "chunk_torch.py.jinja"
 
 
@@ -115,9 +113,7 @@ def context(program: ChunkProgram) -> dict:
 
 
 def render(ctx: dict) -> str:
-    env = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), undefined=StrictUndefined,
-                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    return env.get_template(TEMPLATE).render(version=__version__, **ctx)
+    return render_template(TEMPLATE, version=__version__, **ctx)
 
 
 def generate(program: ChunkProgram) -> str:
@@ -133,6 +129,6 @@ def torch_module(program: ChunkProgram):
     if hit is None:
         from hladsl.codegen.cache import cache_key, load_module
         ctx = context(program)
-        key = cache_key(ctx, (TEMPLATE_DIR / TEMPLATE).read_text())
+        key = cache_key(ctx, template_text(TEMPLATE))
         hit = _MODULES[program] = load_module(f"{ctx['name']}_torch", key, lambda: render(ctx))
     return hit

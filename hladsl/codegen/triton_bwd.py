@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import copy
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from hladsl.codegen import templates
+from hladsl.codegen.templates import render_template
 
 from hladsl.codegen.steps import Block, Tile
-from hladsl.codegen.triton_gen import TEMPLATE_DIR, _Lowering, kernel_context
+from hladsl.codegen.triton_gen import _Lowering, kernel_context
 from hladsl.ir.backward import (
     PARALLEL,
     REVERSE,
@@ -347,13 +348,11 @@ def _defs(defs: dict) -> list[dict]:
 
 
 def template_text() -> str:
-    return (TEMPLATE_DIR / TEMPLATE).read_text() + (TEMPLATE_DIR / "chunk_kernels.py.jinja").read_text()
+    return templates.template_text(TEMPLATE, "chunk_kernels.py.jinja")
 
 
 def render(context: dict, version: str) -> str:
-    env = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), undefined=StrictUndefined,
-                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    return env.get_template(TEMPLATE).render(version=version, bwd=context, **context["forward"])
+    return render_template(TEMPLATE, version=version, bwd=context, **context["forward"])
 
 
 def triton_bwd_source(program: ChunkProgram) -> str:

@@ -17,9 +17,9 @@ so they cannot collide with each other or with the kernels' own names.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from hladsl.codegen import templates
+from hladsl.codegen.templates import render_template
 
 from hladsl.codegen.steps import Block, Tile, comment
 from hladsl.ir.chunk import ChunkProgram, TermProgram
@@ -27,7 +27,6 @@ from hladsl.ir.contract import plan
 from hladsl.version import __version__
 from hladsl.ir.operands import Kind, Operand, exhaustive
 
-TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATE = "chunk_kernels.py.jinja"
 _IDENT = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
@@ -459,13 +458,11 @@ def _state_splits(low: _Lowering, o_dim: str) -> list[str]:
 
 
 def template_text() -> str:
-    return (TEMPLATE_DIR / TEMPLATE).read_text()
+    return templates.template_text(TEMPLATE)
 
 
 def render(context: dict, version: str) -> str:
-    env = Environment(loader=FileSystemLoader(str(TEMPLATE_DIR)), undefined=StrictUndefined,
-                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    return env.get_template(TEMPLATE).render(version=version, **context)
+    return render_template(TEMPLATE, version=version, **context)
 
 
 def generate(program: ChunkProgram) -> str:
