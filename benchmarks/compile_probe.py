@@ -1,0 +1,125 @@
+"""Compile time, registers and spills of every generated chunk kernel (forward and
+backward) for sm_90, without a GPU: the launches of ``forward_triton`` and
+``backward_triton`` are recorded on CPU tensors instead of run, then each kernel is
+compiled with Triton's own ptxas the way that launch would specialise it.
+
+    python benchmarks/compile_probe.py hla2 [--d 64] [--ungated] [--out probe.json]
+
+Run without TRITON_INTERPRET (the kernels must be real JIT functions). The seconds
+are this machine's (a GPU host's CPU compiles faster); the comparison between
+kernels and specs is what they are for (DESIGN's bar: no kernel over 60 s on the H100).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import tempfile
+import time
+
+import torch
+
+import hladsl
+from hladsl.ir.pipeline import chunk_program
+from hladsl.runtime import launch
+
+_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+          torch.int32: "i32", torch.int64: "i64"}
+
+
+def record(name: str, params: dict, d: int, gated: bool, chunk: int = 64):
+    """(kernel, args) of every launch of the forward and backward at a small shape."""
+    from hladsl.runtime.triton_backward import backward_triton
+    from hladsl.runtime.triton_forward import forward_triton
+    alg = hladsl.compile_spec(name, **params)
+    program = chunk_program(alg, chunk, tuple(sorted((x, d) for x in alg.dims)), gated)
+    N, H, nC = 1, 2, 2
+    tiles = {x: torch.randn(N, H, nC, chunk, d, dtype=torch.bfloat16) for x in alg.inputs}
+    lam = (-0.01 * torch.rand(N, H, nC, chunk)).cumsum(-1) if gated else None
+    init = {s: torch.zeros(N, H, *program.state_shape(s)) for s, _ in program.states}
+    launches = []
+    real = launch.launch
+    launch.launch = lambda kernel, grid, args, may: launches.append((kernel, args))
+    try:
+        forward_triton(program, tiles, lam, init, alg.eps, schedule="two_pass")
+        backward_triton(program, tiles, lam, init,
+                        torch.randn(N, H, nC, chunk, d), None, alg.eps, schedule="two_pass")
+    except Exception:   # a launcher reading a result it recorded instead of computing
+        pass
+    finally:
+        launch.launch = real
+    return launches
+
+
+def compile_one(kernel, args: dict) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    options = {k: args[k] for k in ("num_warps", "num_stages") if k in args}
+    sig, consts, attrs = {}, {}, {}
+    for p in kernel.params:
+        n = p.name
+        value = args.get(n)
+        if p.is_constexpr:
+            sig[n], consts[n] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            sig[n] = "*" + _TYPES[value.dtype]
+            attrs[(kernel.arg_names.index(n),)] = [["tt.divisibility", 16]]
+        elif isinstance(value, bool):
+            sig[n] = "i1"
+        elif isinstance(value, int):
+            if value == 1:   # a launch specialises ints equal to 1 into constants
+                sig[n], consts[n] = "constexpr", 1
+            else:
+                sig[n] = "i32" if abs(value) < 2 ** 31 else "i64"
+                if value % 16 == 0:
+                    attrs[(kernel.arg_names.index(n),)] = [["tt.divisibility", 16]]
+        else:
+            sig[n] = "fp32"
+    src = ASTSource(fn=kernel, signature=sig, attrs=attrs,
+                    constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+    start = time.time()
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    seconds = time.time() - start
+    cuobjdump = glob.glob(os.path.join(os.path.dirname(triton.__file__),
+                                       "backends/nvidia/bin/cuobjdump"))
+    usage = ""
+    if cuobjdump:
+        with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+            f.write(compiled.asm["cubin"])
+        out = subprocess.run([cuobjdump[0], "--dump-resource-usage", f.name],
+                             capture_output=True, text=True, check=False).stdout
+        os.unlink(f.name)
+        usage = " ".join(line.strip() for line in out.splitlines() if "REG:" in line)
+    return {"kernel": kernel.fn.__name__, "seconds": round(seconds, 1), "resources": usage,
+            **options}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("spec")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--d", type=int, default=64)
+    parser.add_argument("--ungated", action="store_true")
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        parser.error("unset TRITON_INTERPRET: the probe compiles real kernels")
+    # a fresh Triton cache unless one is given: cached kernels would time as 0 s
+    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="hladsl-probe-"))
+    params = {k: int(v) for k, v in (item.split("=", 1) for item in args.param)}
+    rows = []
+    for kernel, kargs in record(args.spec, params, args.d, not args.ungated):
+        row = dict(spec=args.spec, d=args.d, gated=not args.ungated, **compile_one(kernel, kargs))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
