@@ -44,6 +44,9 @@ def _build_parser() -> argparse.ArgumentParser:
     comp.add_argument("-o", "--output-dir", default=None, help="directory to write generated code to")
     comp.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                       help="set a spec parameter, e.g. -p p=3")
+    comp.add_argument("--size", action="append", default=[], metavar="DIM=N",
+                      help="a dim's size for --emit cost (default 64), e.g. --size d=128")
+    comp.add_argument("--chunk", type=int, default=64, help="chunk size for --emit cost")
     chk = sub.add_parser("check", help="verify a spec: syntax, names, indices, associativity, "
                                        "grading, VJP")
     chk.add_argument("spec")
@@ -64,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             print(check_report(args.spec, **params))
             return 0
-        print(emit(args.spec, args.emit, params, args.output_dir), end="")
+        sizes = {k: int(v) for k, v in _parse_params(args.size).items()}
+        print(emit(args.spec, args.emit, params, args.output_dir, sizes, args.chunk), end="")
         return 0
     except SpecError as exc:
         print(str(exc), file=sys.stderr)

@@ -111,8 +111,29 @@ def _chains_text(c: Compilation) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _target() -> Target:
-    return Target(64, tuple(sorted(DEFAULT_SIZES.items())), True)
+def _target(sizes: dict | None = None, chunk: int = 64) -> Target:
+    return Target(chunk, tuple(sorted((DEFAULT_SIZES | (sizes or {})).items())), True)
+
+
+def _cost(spec, params, out_dir, sizes=None, chunk=64, token_bytes=2):
+    from hladsl.ir.cost import kernel_costs
+    c = compile_spec(spec, target=_target(sizes, chunk), **params)
+    prog = c.program
+    rows = kernel_costs(prog, c.backward, token_bytes)
+    lines = [_header(prog.algebra, f"cost per token, two-pass schedule, C = {prog.chunk}, "
+                     + ", ".join(f"{d} = {n}" for d, n in prog.sizes)
+                     + f", {token_bytes}-byte tokens, fp32 states"),
+             f"{'kernel':12s} {'FLOPs/token':>12s} {'bytes/token':>12s} {'FLOP/byte':>10s}  what"]
+    for r in rows:
+        lines.append(f"{r.kernel:12s} {r.flops_per_token:12.0f} {r.bytes_per_token:12.0f} "
+                     f"{r.intensity:10.1f}  {r.what}")
+    fwd = rows[:2]
+    lines.append(f"{'forward':12s} {sum(r.flops_per_token for r in fwd):12.0f} "
+                 f"{sum(r.bytes_per_token for r in fwd):12.0f}")
+    lines.append(f"{'fwd + bwd':12s} {sum(r.flops_per_token for r in rows):12.0f} "
+                 f"{sum(r.bytes_per_token for r in rows):12.0f}   (the backward also re-runs "
+                 f"state_pass)")
+    return "\n".join(lines) + "\n"
 
 
 def _chunk(spec, params, out_dir):
@@ -220,14 +241,15 @@ PASS_TEXT = {"lower": _ir_text, "check": _check_text, "serial": _serial_text,
 
 EMITTERS = {"ast": _ast, "ir": _ir, "combine": _combine, "serial": _serial, "vjp": _vjp,
             "chains": _chains, "chunk": _chunk, "triton": _triton, "cp": _cp,
-            "chunk_bwd": _chunk_bwd, "triton_bwd": _triton_bwd,
+            "chunk_bwd": _chunk_bwd, "triton_bwd": _triton_bwd, "cost": _cost,
             "triton_step": _triton_step,
             "torch": _source("torch", "torch chunk program"),
             "default": lambda spec, params, out_dir: _triton(spec, params, out_dir or ".")}
 EMIT_KINDS = [k for k in EMITTERS if k != "default"] + [f"after:{p}" for p in PASS_NAMES]
 
 
-def emit(spec: str, kind: str | None, params: dict, out_dir: str | None) -> str:
+def emit(spec: str, kind: str | None, params: dict, out_dir: str | None,
+         sizes: dict | None = None, chunk: int = 64) -> str:
     kind = kind or "default"     # write the Triton module and say where
     if kind.startswith("after:"):
         name = kind[len("after:"):]
@@ -237,6 +259,10 @@ def emit(spec: str, kind: str | None, params: dict, out_dir: str | None) -> str:
         return f"# after pass '{name}'\n" + PASS_TEXT[name](c)
     if kind not in EMITTERS:
         raise SpecError(f"--emit {kind} is not available; choose one of {', '.join(EMIT_KINDS)}")
+    if kind == "cost":
+        return _cost(spec, params, out_dir, sizes, chunk)
+    if sizes or chunk != 64:
+        raise SpecError("--size and --chunk apply to --emit cost")
     return EMITTERS[kind](spec, params, out_dir)
 
 

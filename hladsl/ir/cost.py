@@ -1,0 +1,99 @@
+"""Cost model of the chunk kernels: FLOPs and HBM bytes per token of each
+kernel of the two-pass schedule, read off the chunk program's contraction plans
+(and the backward program's), before the kernels share subexpressions.
+
+FLOPs are 2 × the planned multiply-adds (elementwise steps count once each);
+bytes count what a kernel must move through HBM at least once per chunk: the
+token tiles it reads (``token_bytes`` each element), the cumulative gates, the
+chunk-start states it writes or reads (fp32), the output it writes (fp32, as the
+kernels write it today) and the gradients. Benchmarks divide these by measured
+times for achieved TFLOP/s and GB/s.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from hladsl.ir.backward import BackwardProgram, output_size
+from hladsl.ir.chunk import ChunkProgram
+from hladsl.ir.contract import plan
+from hladsl.ir.operands import Kind
+
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    kernel: str
+    flops_per_token: float
+    bytes_per_token: float
+    what: str
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte."""
+        return self.flops_per_token / self.bytes_per_token if self.bytes_per_token else 0.0
+
+
+def derived_macs(program: ChunkProgram) -> int:
+    """Multiply-adds per chunk of the derived carries (sums of carried-state products)."""
+    sizes = dict(program.sizes)
+    total = 0
+    for d in program.derived:
+        for m in d.poly.terms:
+            index = {}
+            for f in m.factors:
+                index.update((i, sizes[s]) for i, s in zip(f.indices, program.algebra.summary(f.name).dims))
+            total += plan(tuple(f.indices for f in m.factors), d.poly.free,
+                          tuple(sorted(index.items()))).flops
+    return total
+
+
+def _inputs(terms) -> set[str]:
+    return {o.name for t in terms for o in t.operands if o.kind in (Kind.TOKEN, Kind.POWER)}
+
+
+def _carried(terms) -> set[str]:
+    return {o.name for t in terms for o in t.operands if o.kind is Kind.CARRY}
+
+
+def kernel_costs(program: ChunkProgram, backward: BackwardProgram | None = None,
+                 token_bytes: int = 2) -> list[KernelCost]:
+    alg, C = program.algebra, program.chunk
+    dims = dict(program.sizes)
+    lam = FP32 * C if program.gated else 0
+
+    def tokens(names) -> int:
+        return sum(C * dims[alg.inputs[n]] for n in names) * token_bytes
+
+    def states(names) -> int:
+        return sum(prod(program.state_shape(n)) for n in names) * FP32
+
+    out_terms = program.output + program.normalizer
+    state_terms = tuple(t for _, ts in program.states for t in ts)
+    read = _carried(out_terms) | {f.name for d in program.derived for m in d.poly.terms
+                                  for f in m.factors}
+    flops = program.flops()
+    o_bytes = C * output_size(program) * FP32
+    rows = [
+        KernelCost("state_pass", 2 * flops["state"] / C,
+                   (tokens(_inputs(state_terms)) + lam + states(read)) / C,
+                   "state terms; writes the chunk-start states the outputs read"),
+        KernelCost("output", 2 * (flops["output"] + derived_macs(program)) / C,
+                   (tokens(_inputs(out_terms)) + lam + states(read) + o_bytes) / C,
+                   "derived carries and output terms; reads chunk-start states, writes o"),
+    ]
+    if backward is not None:
+        b = backward.flops()
+        every = set(alg.inputs)
+        d_states = states(n for n, _ in program.states)
+        rows += [
+            KernelCost("reverse", 2 * b["reverse"] / C,
+                       (tokens(every) + lam + o_bytes + states(read) + d_states) / C,
+                       "d-state pass: reads dO and starts, writes d(end state) per chunk"),
+            KernelCost("gradient", 2 * b["gradient"] / C,
+                       (tokens(every) + lam + o_bytes + states(read) + d_states
+                        + sum(C * dims[alg.inputs[n]] for n in every) * FP32 + lam) / C,
+                       "token and Λ gradients: reads dO, starts and d-states, writes d tokens"),
+        ]
+    return rows
