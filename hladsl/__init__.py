@@ -31,3 +31,11 @@ def load(name_or_path, *, backend: str = "auto", chunk_size: int = 64, **params)
     memoised per spec text, parameters, backend and chunk size."""
     from hladsl.api import load as load_op
     return load_op(name_or_path, backend=backend, chunk_size=chunk_size, **params)
+
+
+def __getattr__(name):
+    """``hladsl.nn`` without importing it (and torch.nn's modules) at ``import hladsl``."""
+    if name == "nn":
+        import importlib
+        return importlib.import_module("hladsl.nn")
+    raise AttributeError(f"module 'hladsl' has no attribute {name!r}")
