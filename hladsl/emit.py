@@ -192,14 +192,19 @@ def _source(backend: str, what: str):
         else:
             from hladsl.codegen.torch_gen import generate
         program = compile_spec(spec, target=_target(), **params).program
-        source = generate(program)
-        if out_dir is None:
-            return source
-        path = Path(out_dir) / f"{program.algebra.name}_{backend}.py"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(source)
-        return f"wrote {path} ({what} for {program.algebra.name}: d = dv = 64, C = 64, gated)\n"
+        return _written(generate(program), out_dir, f"{program.algebra.name}_{backend}.py",
+                        f"{what} for {program.algebra.name}: d = dv = 64, C = 64, gated")
     return emit
+
+
+def _written(source: str, out_dir: str | None, filename: str, what: str) -> str:
+    """``source`` itself, or where it was written when an output directory is given."""
+    if out_dir is None:
+        return source
+    path = Path(out_dir) / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    return f"wrote {path} ({what})\n"
 
 
 _triton = _source("triton", "Triton kernels, state pass + output")
@@ -208,13 +213,8 @@ _triton = _source("triton", "Triton kernels, state pass + output")
 def _triton_step(spec, params, out_dir):
     from hladsl.codegen.step_gen import step_source
     alg = compile_spec(spec, until="lower", **params).algebra
-    source = step_source(alg, dict(_target().sizes), True)
-    if out_dir is None:
-        return source
-    path = Path(out_dir) / f"{alg.name}_triton_step.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(source)
-    return f"wrote {path} (Triton decode step for {alg.name}: d = dv = 64, gated)\n"
+    return _written(step_source(alg, dict(_target().sizes), True), out_dir,
+                    f"{alg.name}_triton_step.py", f"Triton decode step for {alg.name}: d = dv = 64, gated")
 
 
 def _chunk_bwd(spec, params, out_dir):

@@ -11,3 +11,16 @@ import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """The CPU tests use tiny shapes: intra-op threading only adds overhead (and
+    spins badly on a busy 2-core runner). Restored after each module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

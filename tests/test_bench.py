@@ -6,19 +6,10 @@ import json
 import struct
 import zlib
 
-import pytest
 import torch
 
 from hladsl.bench import parse_spec
 from hladsl.cli import main
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def read_png(path):

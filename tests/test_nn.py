@@ -33,14 +33,6 @@ VARIANTS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def rel_err(got, want):
     return ((got - want).abs().max() / want.abs().max()).item()
 

@@ -50,16 +50,6 @@ STATES = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """The shapes here are tiny: intra-op threading only adds overhead (and spins badly
-    on a busy 2-core runner, 80 s instead of 22 s). Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def cid(cfg):
     name, params = cfg
     return name + "".join(f"-{k}={v}" for k, v in params.items())
