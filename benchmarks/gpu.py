@@ -124,7 +124,7 @@ def bench(Ts=(4096, 16384, 65536), B=2, H=16, d=64, names=None):
             timed(f"hladsl {name}", T, lambda: op(q, k, v))
             lg = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda"))
             timed(f"hladsl {name} gated", T, lambda: op(q, k, v, g=lg))   # as retention is
-            if name in ("linear", "hla2") and T <= 16384:   # backward: torch recompute (slow)
+            if name in ("linear", "hla2") and T <= 16384:   # fwd + bwd (generated backward kernels)
                 qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
                 timed(f"hladsl {name}", T, lambda: op(qg, kg, vg), backward=True)
         if not names or "fla" in names:

@@ -1,4 +1,4 @@
-"""Decode-step timings on the GPU (DESIGN §8: decode steps at >= 60% of copy bandwidth).
+"""Decode-step timings on the GPU (the bar: a step moves its state at >= 60% of copy bandwidth).
 
     python benchmarks/step_bench.py --out step.json [--sweep] [--specs linear,hla2]
     python benchmarks/step_bench.py --out regs.json --compile-only   # no GPU needed

@@ -183,3 +183,32 @@ def test_spec_with_four_token_inputs(tmp_path):
         op(q, k, u[..., :3], v)
     with pytest.raises(ValueError, match="unexpected argument 'w'"):
         op(q, k, u, v, w=v)
+
+
+def test_a_negative_scale_is_not_the_default():
+    op = hladsl.load("linear")
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 9, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    neg, _ = op(q, k, v, scale=-0.3)
+    pos, _ = op(q, k, v, scale=0.3)
+    torch.testing.assert_close(neg, -pos)      # linear in q: the sign carries through
+    step_o, _ = op.step(q, k, v, scale=-0.3)
+    torch.testing.assert_close(step_o, neg)
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        op(q, k, v, scale=float("nan"))
+
+
+def test_backward_fake_matches_real_strides():
+    """The compiled graph trusts the fake's strides: gradients come back contiguous."""
+    from hladsl.runtime.custom_op import op_name
+    op = hladsl.load("linear")
+    q, k, v = (torch.randn(1, 4, 6, 3, dtype=torch.float64).transpose(1, 2).requires_grad_()
+               for _ in range(3))
+    o, _ = op(q, k, v)
+    grads = torch.autograd.grad(o.sum(), (q, k, v))
+    assert all(g.is_contiguous() for g in grads)
+    with torch._subclasses.FakeTensorMode():
+        x = torch.empty(1, 4, 6, 3).transpose(1, 2)
+        fake = getattr(torch.ops.hladsl, op_name(op) + "_backward")(
+            [x, x, x], None, 0.5, [], None, "auto", torch.empty(1, 6, 4, 3), [torch.empty(1, 4, 3, 3)])
+    assert all(f.is_contiguous() for f in fake)

@@ -1,4 +1,4 @@
-"""The op under torch.compile (DESIGN section 6): one custom-op call in the
+"""The op under torch.compile: one custom-op call in the
 graph, no graph breaks, same values and gradients as eager."""
 import torch
 

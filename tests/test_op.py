@@ -451,8 +451,8 @@ VALIDATION = [
     ("g-inf", _with("g", lambda kw: kw["g"].index_fill(1, torch.tensor([0]), -math.inf)),
      r"^g must be finite"),
     # scale
-    ("scale-tensor", _replace(scale=torch.tensor(0.5)), r"^scale must be a number"),
-    ("scale-str", _replace(scale="0.5"), r"^scale must be a number"),
+    ("scale-tensor", _replace(scale=torch.tensor(0.5)), r"^scale must be a finite number"),
+    ("scale-str", _replace(scale="0.5"), r"^scale must be a finite number"),
     # cu_seqlens
     ("cu-float", _varlen(torch.tensor([0.0, 6.0])), r"^cu_seqlens must be a 1-D int32/int64"),
     ("cu-2d", _varlen(torch.tensor([[0, 6]])), r"^cu_seqlens must be a 1-D int32/int64"),

@@ -1,4 +1,4 @@
-"""The decode step (DESIGN §5, last paragraphs): the derived serial update
+"""The decode step: the derived serial update
 X_t = X_{t-1} ⊕ token_t (``ir.combine.serial``) as a plan of contractions, and
 that plan as one generated Triton kernel.
 

@@ -1,4 +1,4 @@
-"""Backward program: the VJP of a chunk program, derived term by term (DESIGN §5).
+"""Backward program: the VJP of a chunk program, derived term by term.
 
 Every term of a chunk program is a multilinear contraction of its operands, so
 its transpose with respect to one operand is again a tensor network: the

@@ -1,7 +1,7 @@
 """Runs the backward program (hladsl.ir.backward) with torch: a small einsum
 interpreter over the gradient networks, every tile with leading batch dims
-[N, H, (nC,)]. The reference for the Triton backward kernels, and a backward
-for the CPU path that needs no autograd graph.
+[N, H, (nC,)]. The reference for the Triton backward kernels (the op's torch
+path differentiates the torch chunk program with torch.func instead).
 
   1. recompute the chunk-start states (chunk_torch.state_pass) and, when
      normalized, num and den: dnum = do / (den + eps), dden = -Σ_e do num / (den + eps)²;

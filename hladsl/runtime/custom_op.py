@@ -64,11 +64,14 @@ def register(op):
                     grad_o: torch.Tensor, grad_states: list[torch.Tensor | None]
                     ) -> list[torch.Tensor]:
         """Gradients of (tokens..., [g], init...)."""
-        return op.backward_impl(tokens, g, scale, init, cu_seqlens, schedule, grad_o, grad_states)
+        grads = op.backward_impl(tokens, g, scale, init, cu_seqlens, schedule, grad_o, grad_states)
+        inputs = list(tokens) + list(init) + [grad_o] + [x for x in grad_states if x is not None]
+        return [_fresh(d, inputs) for d in grads]
 
     @backward_op.register_fake
     def _(tokens, g, scale, init, cu_seqlens, schedule, grad_o, grad_states):
-        return [torch.empty_like(x) for x in list(tokens) + ([g] if g is not None else []) + list(init)]
+        # contiguous, as backward_impl returns them (not empty_like: it keeps the inputs' strides)
+        return [x.new_empty(x.shape) for x in list(tokens) + ([g] if g is not None else []) + list(init)]
 
     def setup_context(ctx, inputs, output):
         tokens, g, scale, init, cu_seqlens, schedule = inputs

@@ -65,7 +65,7 @@ def fitting_chunk(key, chunk: int, run):
 def state_block(size: int, programs: int, device, narrow_ok: bool) -> int:
     """Value-dim block of a state-pass program: halve the padded dim (not below
     16, tl.dot's minimum) while that leaves fewer programs than two per SM.
-    Without ``narrow_ok`` the full width is kept: Triton 3.6's Hopper wgmma
+    Without ``narrow_ok`` the full width is kept: Triton 3.6's Hopper wgmma (seen on the H100)
     lowering miscompiles some chains of dots (a matmul reading a matmul result)
     on narrow bf16/fp16 tiles -- hla3's state pass at widths 16 and 32 gives NaN
     or an illegal address (cf. triton-lang/triton issues 6124, 10486, 11366) --

@@ -11,6 +11,7 @@ or the generated Triton kernels, and a differentiable finish (unpad, cast).
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -22,6 +23,12 @@ from hladsl.runtime.packing import pack, packed_shape, unpack
 from hladsl.runtime.validate import check_inputs, check_state
 
 BACKENDS = ("auto", "torch", "triton")
+# the custom op's schema takes a float: NaN stands for "scale not given" (dim^-0.5)
+DEFAULT_SCALE = float("nan")
+
+
+def _default(scale) -> bool:
+    return scale is None or math.isnan(scale)
 CALL_OPTIONS = {"g": None, "scale": None, "initial_state": None, "output_final_state": False,
                 "cu_seqlens": None, "cp_group": None, "cp_strategy": "auto"}
 SERIAL_OPTIONS = {"g": None, "scale": None, "initial_state": None}
@@ -105,7 +112,7 @@ class Op:
             check_state(self.algebra, initial_state, n_seq, first.shape[2], dims, first.device)
             init = [initial_state[n] for n in self.state_names]
         o, finals = self.custom_op([tokens[n] for n in self.inputs], g,
-                                   -1.0 if scale is None else float(scale), init, cu_seqlens,
+                                   DEFAULT_SCALE if scale is None else float(scale), init, cu_seqlens,
                                    self.schedule)
         return o, (dict(zip(self.state_names, finals)) if output_final_state else None)
 
@@ -157,7 +164,10 @@ class Op:
             state = {name: first.new_zeros((n, first.shape[2]) + shape, dtype=_compute_dtype(first))
                      for name, shape in self.state_shapes(**dims).items()}
         check_state(self.algebra, state, n, first.shape[2], dims, first.device)
-        backend = backend or ("triton" if self.use_triton(first) else "torch")
+        if backend not in (None, "torch", "triton"):
+            raise ValueError(f"step's backend must be None, 'torch' or 'triton', got {backend!r}")
+        if backend is None or backend == "triton":   # the interpreter check on CPU included
+            backend = "triton" if self.use_triton(first, backend) else "torch"
         o = run_step(self.algebra, self._scaled(tokens, scale, first.dtype), g, state,
                      state_indices, backend)
         return o.to(first.dtype), state
@@ -175,14 +185,18 @@ class Op:
         return self.step(**tokens, g=g, scale=scale, state=state, backend="torch")
 
     # -- execution (called by the custom op) -------------------------------------------------
-    def use_triton(self, x: torch.Tensor) -> bool:
-        if self.backend == "triton":
+    def use_triton(self, x: torch.Tensor, backend: str | None = None) -> bool:
+        """Generated kernels for ``x``: always for backend "triton"; for "auto" on CUDA
+        tensors except float64 ones (the kernels compute in fp32: a float64 call gets
+        the torch path, which keeps float64)."""
+        backend = backend or self.backend
+        if backend == "triton":
             if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
                 raise ValueError("backend='triton' runs generated kernels; on CPU tensors that "
                                  "needs the Triton interpreter (set TRITON_INTERPRET=1 before "
                                  "the first kernel is built), or use backend='torch'")
             return True
-        return self.backend == "auto" and x.device.type == "cuda"
+        return backend == "auto" and x.device.type == "cuda" and x.dtype != torch.float64
 
     def forward_impl(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str):
         """(o, [final state per summary]) without autograd."""
@@ -191,7 +205,7 @@ class Op:
         if not self.use_triton(first):
             return self._run_torch(tokens, g, scale, init, cu_seqlens)
         dims = self._dims(tokens)
-        key = (tuple(sorted(dims.items())), first.dtype, g is not None)
+        key = (tuple(sorted(dims.items())), first.dtype, g is not None, schedule, str(first.device))
 
         def run(chunk):
             prep = _Prepared(self, tokens, g, scale, init, cu_seqlens, chunk, keep_dtype=True)
@@ -230,7 +244,7 @@ class Op:
         leaves = list(tokens) + ([g] if gated else []) + list(init)
         first = tokens[0]
         key = ("backward", tuple(sorted(self._dims(dict(zip(self.inputs, tokens))).items())),
-               first.dtype, gated)
+               first.dtype, gated, schedule, str(first.device))
 
         def run(chunk):
             held = {}
@@ -295,7 +309,7 @@ class Op:
         for name, x in tokens.items():
             x = x.to(dtype)
             if name in self.queries:
-                x = x * (x.shape[-1] ** -0.5 if scale is None or scale < 0 else float(scale))
+                x = x * (x.shape[-1] ** -0.5 if _default(scale) else float(scale))
             out[name] = x
         return out
 
@@ -315,7 +329,7 @@ class _Prepared:
         self.op, self.dtype = op, first.dtype
         self.compute = compute = _compute_dtype(first)
         self.dims = dims = op._dims(tokens)
-        tokens = op._scaled(tokens, None if scale < 0 else scale,
+        tokens = op._scaled(tokens, scale,
                             first.dtype if keep_dtype else compute)
         gates = None if g is None else g.to(compute)
         self.index = None

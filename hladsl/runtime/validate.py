@@ -1,6 +1,8 @@
 """Input validation for the op: every problem is a ValueError naming the argument."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from hladsl.ir.algebra import Algebra
@@ -55,8 +57,9 @@ def check_inputs(alg: Algebra, tokens: dict, g, scale, cu_seqlens, data_checks: 
             raise ValueError("g must be finite")
         if data_checks and bool((g > 0).any()):
             raise ValueError("g holds log decays and must be <= 0 (got a positive entry)")
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise ValueError(f"scale must be a number, got {type(scale).__name__}")
+    if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)
+                              or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or \
                 cu_seqlens.dtype not in (torch.int32, torch.int64):
