@@ -261,12 +261,14 @@ def run(args) -> int:
     try:
         specs = [parse_spec(s) for s in (args.specs or _shipped())]
         candidates = [BASELINE_CASES[b] for b in BASELINES if b in args.baselines]
+        spec_of = {}   # label -> (name, params): the cost model's FLOPs for TFLOP/s
         for name, params in specs:
             for schedule in args.schedule:
                 label = "hladsl " + name + (f"({_fmt(params)})" if params else "")
                 if len(args.schedule) > 1:
                     label += f" [{schedule}]"
                 candidates.append((label, spec_case(name, params, schedule)))
+                spec_of[label] = (name, params)
     except (ValueError, SpecError) as exc:
         print(f"hladsl bench: {exc}", file=sys.stderr)
         return 1
@@ -285,6 +287,9 @@ def run(args) -> int:
                 _first_call(fn, mode, device)
                 row["first_call_s"] = round(time.perf_counter() - start, 3)
                 row["ms"] = round(time_ms(fn, device, args.quick, mode), 4)
+                if label in spec_of and mode in ("fwd", "fwd+bwd"):
+                    flops = model_flops(*spec_of[label], mode, cfg["B"] * T * cfg["H"], d, args.gated)
+                    row["tflops"] = float(f"{flops / (row['ms'] * 1e-3) / 1e12:.4g}")
                 _progress(f"{row['ms']:.4g} ms")
             except Unavailable as exc:
                 row["skipped"] = str(exc)
@@ -358,17 +363,33 @@ def _add_ratios(rows):
             row["ratio_to"] = ref["what"]
 
 
+def model_flops(name, params, mode, tokens: int, d: int, gated: bool) -> float:
+    """FLOPs of one call by the cost model (``hladsl compile --emit cost``): the two-pass
+    kernels at chunk 64, the backward re-running the state pass."""
+    from hladsl.api import compile_spec
+    from hladsl.ir.cost import kernel_costs
+    from hladsl.ir.pipeline import Target
+    c = compile_spec(name, target=Target(64, (("d", d), ("dv", d)), gated), **params)
+    rows = kernel_costs(c.program, c.backward)
+    per_token = sum(r.flops_per_token for r in rows[:2])
+    if mode == "fwd+bwd":
+        per_token += sum(r.flops_per_token for r in rows[2:]) + rows[0].flops_per_token
+    return per_token * tokens
+
+
 def format_table(rows, device, cfg) -> str:
     width = max(len(r["what"]) for r in rows) if rows else 10
-    lines = [f"{'mode':8s} {'T':>7s} {'d':>4s}  {'what':{width}s} {'ms':>10s} {'ratio':>8s}  vs"]
+    lines = [f"{'mode':8s} {'T':>7s} {'d':>4s}  {'what':{width}s} {'ms':>10s} {'ratio':>8s} "
+             f"{'TFLOP/s':>8s}  vs"]
     lines.append("-" * len(lines[0]))
     for r in rows:
         if "ms" in r:
             ms, ratio, vs = f"{r['ms']:.4g}", f"{r['ratio']:.2f}x", r["ratio_to"]
         else:
             ms, ratio, vs = "-", "", r.get("skipped") or r.get("error", "")
+        tflops = f"{r['tflops']:.3g}" if "tflops" in r else ""
         lines.append(f"{r['mode']:8s} {r['T']:>7d} {r['d']:>4d}  {r['what']:{width}s} {ms:>10s} "
-                     f"{ratio:>8s}  {vs}")
+                     f"{ratio:>8s} {tflops:>8s}  {vs}")
     return "\n".join(lines)
 
 

@@ -51,6 +51,10 @@ def test_bench_cpu_writes_table_json_and_png(tmp_path, capsys):
     assert len(timed) == 3 * 2 * 3
     assert all(r["ms"] > 0 and r["ratio"] > 0 for r in timed)
     assert all(r["ratio"] == 1.0 for r in timed if r["what"] == "sdpa causal")
+    # the cost model's FLOPs over the time, for hladsl's own forward and fwd+bwd rows
+    modelled = [r for r in timed if r["what"].startswith("hladsl") and r["mode"] != "step"]
+    assert len(modelled) == 2 * 2 * 2 and all(r["tflops"] > 0 for r in modelled)
+    assert "TFLOP/s" in table.splitlines()[0]
     assert {r["what"] for r in rows if "skipped" in r} == {"fla simple_gla", "retention p=2 gated"}
 
     width, height, raw, depth_colour = read_png(out_png)
