@@ -44,5 +44,8 @@ def pytest_collection_modifyitems(config, items):
     skip = None if _cuda_available() else pytest.mark.skip(reason="needs CUDA (GPU suite)")
     for item in mine:
         item.add_marker(pytest.mark.gpu)
+        spec = getattr(getattr(item, "callspec", None), "params", {}).get("spec")
+        if getattr(spec, "heavy", False):   # its generated backward compiles for minutes
+            item.add_marker(pytest.mark.slow)
         if skip is not None:
             item.add_marker(skip)
