@@ -62,6 +62,17 @@ class _TransposingBlock(Block):
         self._products[key] = (r.var, tuple(names[i] for i in r.indices), self.section)
         return r
 
+    def mark(self):
+        """What the code so far makes reusable (its temps stay defined)."""
+        return (dict(self._known), dict(self._products), set(self._from_dot), set(self._stateful))
+
+    def rewind(self, mark) -> None:
+        """Forget what was made reusable after ``mark``: code that follows may run in a
+        program where the code since ``mark`` did not (another gradient target's)."""
+        known, products, from_dot, stateful = mark
+        self._known, self._products = dict(known), dict(products)
+        self._from_dot, self._stateful = set(from_dot), set(stateful)
+
     @staticmethod
     def _canonical(a: Tile, b: Tile, out):
         first, second = sorted((a, b), key=lambda t: (t.var, t.indices))
@@ -229,19 +240,17 @@ def backward_context(program: ChunkProgram) -> dict:
     derived_code, reverse_code, written = _reverse_code(low, reverse, rdefs)
     reverse_chained = low.block.chained
 
-    # -- gradient pass: parallel over chunks, looping over the tiles of a packed dim ---------
+    # -- gradient pass: parallel over chunks and gradient targets (one input each, and Λ),
+    # looping over the tiles of a packed dim. Each target's code is generated in a region of
+    # its own (nothing shared across targets: a program computes only the targets it is
+    # launched for, recomputing shared products such as Q Kᵀ rather than holding every
+    # target's tiles live at once) --------------------------------------------------------------
     tiled = sorted({d for g in parallel for d in low.index_dims(g.term.operands).values() if d in packed})
     if len(tiled) > 1:
         raise ValueError(f"the gradient kernel loops over one packed dim; {program.algebra.name} "
                          f"needs {tiled}")
-    low.region()
     gdefs: dict = {}
-    grad_derived = low.derived() if uses_derived else ""
-    pre = low.block.sections["pre"]
-    mark = len(pre)
-    accs, inits = _grad_code(low, parallel, gdefs, frozenset(tiled))
-    grad_pre, grad_loop = "\n".join(inits + pre[mark:]), low.block.text("loop").strip("\n")
-    grad_chained = low.block.chained
+    groups = _grad_groups(low, parallel, gdefs, frozenset(tiled), list(low.input_dim), program.gated)
 
     # -- the fused schedule (no packed states): one program per (sequence, head) walks the
     # chunks last to first, each chunk's token gradients from the d-states in registers ----
@@ -254,11 +263,16 @@ def backward_context(program: ChunkProgram) -> dict:
         mark = len(lines)
         _reverse_code(low, reverse, fdefs)
         f_reverse = "\n".join(lines[mark:]).strip("\n")
-        mark = len(lines)
-        _, f_inits = _grad_code(low, parallel, fdefs, frozenset())
-        f_grad = "\n".join(f_inits + lines[mark:])
+        shared = low.block.mark()   # each target's code may reuse the reverse code's products only
+        by_key = _group(parallel, _group_key)
+        f_groups = []
+        for key in _group_keys(list(low.input_dim), program.gated):
+            low.block.rewind(shared)
+            mark = len(lines)
+            accs, f_inits = _grad_code(low, by_key.get(key, []), fdefs, frozenset())
+            f_groups.append({**_group_info(low, key, accs), "code": "\n".join(f_inits + lines[mark:]).strip("\n")})
         fused = {"defs": _defs(fdefs), "derived": f_derived, "reverse": f_reverse,
-                 "grad": f_grad, "chained_dots": low.block.chained,
+                 "groups": f_groups, "chained_dots": low.block.chained,
                  "reads": sorted(read_reverse | read_parallel)}
 
     ct_states = {o.name[4:] for g in parallel for o in g.term.operands
@@ -289,16 +303,12 @@ def backward_context(program: ChunkProgram) -> dict:
         "reverse_code": reverse_code,
         "reverse_written": written,
         "reverse_chained_dots": reverse_chained,
-        "grad_chained_dots": grad_chained,
+        "grad_chained_dots": any(g["chained"] for g in groups),
         "grad_reads": [info(n) for n in states if n in read_parallel],
         "grad_cts": [info(n) for n in states if n in ct_states],
         "grad_defs": _defs(gdefs),
-        "grad_derived": grad_derived,
-        "grad_pre": grad_pre,
-        "grad_loop": {"dim": loop_dim, "code": grad_loop} if tiled else None,
-        "grad_targets": [x["name"] for x in all_inputs if f"dx_{x['name']}" in accs],
-        "grad_lam": "dlam" in accs,
-        "grad_lam_end": "dlam_end" in accs,
+        "grad_loop_dim": loop_dim,
+        "grad_groups": groups,
         "fused": None if fused is None else {**fused, "reads": [info(n) for n in fused["reads"]]},
     }
 
@@ -341,6 +351,47 @@ def _grad_code(low: _BwdLowering, parallel, defs, tiled) -> tuple[list[str], lis
             inits.append(f"{acc} = {init}")
         low.grads(grads, acc, defs, tiled)
     return accs, inits
+
+
+def _group_keys(inputs, gated) -> list[tuple]:
+    """The gradient target groups, in launch-bit order: each token input, then Λ."""
+    return [("x", x) for x in inputs] + ([("lam", None)] if gated else [])
+
+
+def _group_key(g: GradTerm) -> tuple:
+    return ("lam", None) if g.target in (Target.LAM, Target.LAM_END) else ("x", g.name)
+
+
+def _group_info(low: _BwdLowering, key, accs) -> dict:
+    kind, name = key
+    acc = "dlam" if kind == "lam" else f"dx_{name}"
+    dim = None if kind == "lam" else low.input_dim[name]
+    return {"input": name, "acc": acc, "dim": dim, "shape": "C," if dim is None else f"C, B_{dim}",
+            "lam_end": "dlam_end" in accs, "zero": acc not in accs}
+
+
+def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated) -> list[dict]:
+    """One gradient target group per token input (its dx) and, where gated, one for Λ
+    (dΛ and dΛ_end): each group's code (derived carries, accumulators, the networks
+    before and inside the loop over ``tiled``) lowered in a fresh region. A group
+    without networks stores zeros."""
+    by_key = _group(parallel, _group_key)
+    groups, temps = [], 0
+    for key in _group_keys(inputs, gated):
+        low.region()
+        low.block._temps = temps   # temps numbered on across groups: one may run after another
+        grads = by_key.get(key, [])
+        reads_derived = any(o.kind is Kind.DERIVED for g in grads for o in g.term.operands)
+        derived = low.derived() if reads_derived else ""
+        pre = low.block.sections["pre"]
+        mark = len(pre)
+        accs, inits = _grad_code(low, grads, defs, tiled)
+        groups.append({**_group_info(low, key, accs), "derived": derived,
+                       "pre": "\n".join(inits + pre[mark:]).strip("\n"),
+                       "loop": low.block.text("loop").strip("\n") if tiled else "",
+                       "chained": low.block.chained})
+        temps = low.block._temps
+    return groups
 
 
 def _defs(defs: dict) -> list[dict]:

@@ -15,6 +15,8 @@ Rules:
 * fp32 tiles for chains of bf16/fp16 dots at a narrow chunk or block (``dot_override``).
 * schedule: fused (one kernel) when there are enough (sequence, head) pairs to
   fill the GPU without chunk parallelism, else two-pass (``use_fused``).
+* gradient kernels: one gradient target group (a token input, or Λ) per program
+  (``grad_target_sets``), so that one target's tiles are live at a time.
 * decode step: warps from the fp32 state elements a program holds (``step_warps``);
   inputs of more than ``STEP_MAX_TOKENS`` tokens run as consecutive launches when the
   kernel sums outputs in a [T, value block] register tile.
@@ -136,6 +138,22 @@ def launch(kernel, grid, args: dict, may_fall_back: bool) -> None:
             continue
         _WORKING[key] = n
         return
+
+
+GRAD_TARGETS_PER_PROGRAM = 1
+
+
+def grad_target_sets(groups: int, per_program: int | None = None) -> list[int]:
+    """The TARGETS bitmasks of the gradient kernel's launches: consecutive runs of
+    ``per_program`` of its ``groups`` target groups (token inputs, then Λ). One per
+    program by default: a program computing every target holds each one's [C, dim]
+    fp32 accumulator and network tiles at once and spills (linear at d = 64: 1600
+    bytes of stack on sm_90; one target per program: none), while recomputing the
+    products targets share (Q Kᵀ, the decay mask) costs only tensor-core FLOPs."""
+    per = GRAD_TARGETS_PER_PROGRAM if per_program is None else per_program
+    if per < 1:
+        raise ValueError(f"targets_per_program must be >= 1, got {per_program}")
+    return [((1 << min(per, groups - g)) - 1) << g for g in range(0, groups, per)]
 
 
 STEP_MAX_TOKENS = 64
