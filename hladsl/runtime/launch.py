@@ -16,7 +16,8 @@ Rules:
 * schedule: fused (one kernel) when there are enough (sequence, head) pairs to
   fill the GPU without chunk parallelism, else two-pass (``use_fused``).
 * gradient kernels: one gradient target group (a token input, or Λ) per program
-  (``grad_target_sets``), so that one target's tiles are live at a time.
+  (``grad_target_sets``), so that one target's tiles are live at a time; the packed
+  dim they loop over in narrow tiles (``grad_loop_tile``).
 * decode step: warps from the fp32 state elements a program holds (``step_warps``);
   inputs of more than ``STEP_MAX_TOKENS`` tokens run as consecutive launches when the
   kernel sums outputs in a [T, value block] register tile.
@@ -154,6 +155,23 @@ def grad_target_sets(groups: int, per_program: int | None = None) -> list[int]:
     if per < 1:
         raise ValueError(f"targets_per_program must be >= 1, got {per_program}")
     return [((1 << min(per, groups - g)) - 1) << g for g in range(0, groups, per)]
+
+
+GRAD_LOOP_TILE_ELEMENTS = 1024
+
+
+def grad_loop_tile(chunk: int, width: int) -> int:
+    """The gradient kernel's tile of the packed dim it loops over: at most ``width``
+    (the forward's), narrowed until a [C, tile] fp32 tile is at most 1024 elements
+    (8 registers a thread at 4 warps), not below 16 (tl.dot's minimum). The loop
+    body holds several such tiles at once (the gathered power factors, its
+    gradient, one [tile, dim] one-hot matrix per power slot, tf32x3's split
+    operands); measured on sm_90 (power p = 2, d = 64, C = 64): tile 64 spills
+    2064 bytes of stack, 32: 136, 16: none."""
+    tile = width
+    while tile > 16 and chunk * tile > GRAD_LOOP_TILE_ELEMENTS:
+        tile //= 2
+    return tile
 
 
 STEP_MAX_TOKENS = 64

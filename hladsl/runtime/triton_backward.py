@@ -117,10 +117,14 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     args = {**tokens, **packed, **cot, **out,
             **{f"starts_{s['name']}": starts[s["name"]] for s in ctx["grad_reads"]},
             **{f"dends_{s['name']}": dends[s["name"]] for s in ctx["grad_cts"]}}
-    dot = launch.dot_override(first, ctx["grad_chained_dots"], {})
+    loop = {}
+    if ctx["grad_loop_dim"]:
+        pd = f"B_{ctx['grad_loop_dim']}"
+        loop[pd] = launch.grad_loop_tile(first.shape[3], common[pd])
+    dot = launch.dot_override(first, ctx["grad_chained_dots"], loop)
     for targets in launch.grad_target_sets(len(ctx["grad_groups"]), targets_per_program):
         launch.launch(module.grad_kernel, (n_chunks, n_seq * heads),
-                      {**args, **common, **dot, "TARGETS": targets}, True)
+                      {**args, **common, **loop, **dot, "TARGETS": targets}, True)
     return d_tiles, d_lam, d_init
 
 
