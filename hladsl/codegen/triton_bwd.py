@@ -353,6 +353,35 @@ def _grad_code(low: _BwdLowering, parallel, defs, tiled) -> tuple[list[str], lis
     return accs, inits
 
 
+def _parted_code(low: _BwdLowering, grads, defs, tiled) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(accumulators, their zeroing lines, code before the loop over ``tiled``, code in it)
+    of one target group, each network behind a constexpr test of whether it is in this
+    program's part (PART of PARTS: contiguous runs of the group's networks, the rest of
+    them summed by the launcher). A network reuses nothing from another one: the two
+    may run in different programs."""
+    block = low.block
+    shared = block.mark()
+    accs, inits = [], []
+    for g in grads:
+        acc = _ACC[g.target].format(g.name)
+        if acc not in accs:
+            accs.append(acc)
+            init = "tl.sum(tl.zeros((C,), dtype=tl.float32), axis=0)" if g.target is Target.LAM_END else \
+                f"tl.zeros(({low.target_shape(g)},), dtype=tl.float32)"
+            inits.append(f"{acc} = {init}")
+    pre, loop = [], []
+    for n, g in enumerate(grads):
+        block.rewind(shared)
+        marks = {sec: len(block.sections[sec]) for sec in ("pre", "loop")}
+        low.grads([g], _ACC[g.target].format(g.name), defs, tiled)
+        for sec, out in (("pre", pre), ("loop", loop)):
+            body = [line for line in block.sections[sec][marks[sec]:] if line.strip()]
+            if any(not line.startswith("#") for line in body):
+                out.append(f"if ({n} * PARTS) // {len(grads)} == PART:  # network {n + 1} of {len(grads)}")
+                out.extend("    " + line for line in body)
+    return accs, inits, pre, loop
+
+
 def _group_keys(inputs, gated) -> list[tuple]:
     """The gradient target groups, in launch-bit order: each token input, then Λ."""
     return [("x", x) for x in inputs] + ([("lam", None)] if gated else [])
@@ -383,12 +412,9 @@ def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated) -> lis
         grads = by_key.get(key, [])
         reads_derived = any(o.kind is Kind.DERIVED for g in grads for o in g.term.operands)
         derived = low.derived() if reads_derived else ""
-        pre = low.block.sections["pre"]
-        mark = len(pre)
-        accs, inits = _grad_code(low, grads, defs, tiled)
-        groups.append({**_group_info(low, key, accs), "derived": derived,
-                       "pre": "\n".join(inits + pre[mark:]).strip("\n"),
-                       "loop": low.block.text("loop").strip("\n") if tiled else "",
+        accs, inits, pre, loop = _parted_code(low, grads, defs, tiled)
+        groups.append({**_group_info(low, key, accs), "derived": derived, "networks": len(grads),
+                       "pre": "\n".join(inits + pre), "loop": "\n".join(loop),
                        "chained": low.block.chained})
         temps = low.block._temps
     return groups

@@ -17,7 +17,8 @@ Rules:
   fill the GPU without chunk parallelism, else two-pass (``use_fused``).
 * gradient kernels: one gradient target group (a token input, or Λ) per program
   (``grad_target_sets``), so that one target's tiles are live at a time; the packed
-  dim they loop over in narrow tiles (``grad_loop_tile``).
+  dim they loop over in narrow tiles (``grad_loop_tile``); a target with many
+  networks over several programs (``grad_parts``).
 * decode step: warps from the fp32 state elements a program holds (``step_warps``);
   inputs of more than ``STEP_MAX_TOKENS`` tokens run as consecutive launches when the
   kernel sums outputs in a [T, value block] register tile.
@@ -155,6 +156,19 @@ def grad_target_sets(groups: int, per_program: int | None = None) -> list[int]:
     if per < 1:
         raise ValueError(f"targets_per_program must be >= 1, got {per_program}")
     return [((1 << min(per, groups - g)) - 1) << g for g in range(0, groups, per)]
+
+
+GRAD_NETWORKS_PER_PROGRAM = 2
+
+
+def grad_parts(networks: int) -> int:
+    """How many programs share one gradient target's networks (contiguous runs of at
+    most GRAD_NETWORKS_PER_PROGRAM, their partial gradients summed afterwards): a
+    target's networks run one after another, but each adds its own [C, C] and
+    [C, dim] fp32 temporaries and state tiles to what the program holds (hla2's dq
+    has 7 networks and spilled 2216 bytes of stack in one program). A part costs one
+    more [C, dim] fp32 write and read of the partial gradient."""
+    return max(1, -(-networks // GRAD_NETWORKS_PER_PROGRAM))
 
 
 GRAD_LOOP_TILE_ELEMENTS = 1024

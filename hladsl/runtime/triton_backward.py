@@ -122,9 +122,19 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         pd = f"B_{ctx['grad_loop_dim']}"
         loop[pd] = launch.grad_loop_tile(first.shape[3], common[pd])
     dot = launch.dot_override(first, ctx["grad_chained_dots"], loop)
-    for targets in launch.grad_target_sets(len(ctx["grad_groups"]), targets_per_program):
-        launch.launch(module.grad_kernel, (n_chunks, n_seq * heads),
-                      {**args, **common, **loop, **dot, "TARGETS": targets}, True)
+    groups = ctx["grad_groups"]
+    for targets in launch.grad_target_sets(len(groups), targets_per_program):
+        mine = [f"dx_{g['input']}_ptr" if g["input"] else "dlam_ptr"
+                for n, g in enumerate(groups) if targets >> n & 1]
+        parts = launch.grad_parts(max(g["networks"] for n, g in enumerate(groups) if targets >> n & 1))
+        partial = {k: [out[k]] + [torch.empty_like(out[k]) for _ in range(parts - 1)] for k in mine}
+        for part in range(parts):
+            launch.launch(module.grad_kernel, (n_chunks, n_seq * heads),
+                          {**args, **{k: partial[k][part] for k in mine}, **common, **loop, **dot,
+                           "TARGETS": targets, "PART": part, "PARTS": parts}, True)
+        for k in mine:   # the parts' partial gradients
+            for x in partial[k][1:]:
+                out[k].add_(x)
     return d_tiles, d_lam, d_init
 
 
