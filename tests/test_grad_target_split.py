@@ -64,7 +64,8 @@ def test_every_target_grouping_gives_the_same_gradients(name, params, gated, sch
         return {k: v.float() for k, v in d.items()}
     results = []
     for per, networks in ((None, None), (2, 1), (64, 1000)):   # one network a program .. all in one
-        if networks:
+        if networks:   # every group in parts of ``networks``
+            monkeypatch.setattr(launch, "GRAD_WHOLE_MAX_MATMULS", -1)
             monkeypatch.setattr(launch, "GRAD_NETWORKS_PER_PROGRAM", networks)
         results.append(backward_triton(program, f32(tiles), lam.float(), f32(init), grad_o.float(),
                                        f32(grad_final), alg.eps, schedule=schedule, targets_per_program=per))

@@ -412,9 +412,18 @@ def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated) -> lis
         grads = by_key.get(key, [])
         reads_derived = any(o.kind is Kind.DERIVED for g in grads for o in g.term.operands)
         derived = low.derived() if reads_derived else ""
+        shared = low.block.mark()
         accs, inits, pre, loop = _parted_code(low, grads, defs, tiled)
+        # the whole group in one program (PARTS == 1): networks reuse each other's products
+        low.block.rewind(shared)
+        marks = {sec: len(low.block.sections[sec]) for sec in ("pre", "loop")}
+        _grad_code(low, grads, defs, tiled)
+        whole = {sec: "\n".join(low.block.sections[sec][marks[sec]:]).strip("\n") for sec in marks}
         groups.append({**_group_info(low, key, accs), "derived": derived, "networks": len(grads),
-                       "pre": "\n".join(inits + pre), "loop": "\n".join(loop),
+                       # full-width matmuls of the whole group (the loop's run on narrow tiles)
+                       "matmuls": whole["pre"].count("_dot("),
+                       "inits": "\n".join(inits), "whole": whole,
+                       "parted": {"pre": "\n".join(pre), "loop": "\n".join(loop)},
                        "chained": low.block.chained})
         temps = low.block._temps
     return groups

@@ -158,16 +158,22 @@ def grad_target_sets(groups: int, per_program: int | None = None) -> list[int]:
     return [((1 << min(per, groups - g)) - 1) << g for g in range(0, groups, per)]
 
 
+GRAD_WHOLE_MAX_MATMULS = 4
 GRAD_NETWORKS_PER_PROGRAM = 2
 
 
-def grad_parts(networks: int) -> int:
-    """How many programs share one gradient target's networks (contiguous runs of at
-    most GRAD_NETWORKS_PER_PROGRAM, their partial gradients summed afterwards): a
-    target's networks run one after another, but each adds its own [C, C] and
-    [C, dim] fp32 temporaries and state tiles to what the program holds (hla2's dq
-    has 7 networks and spilled 2216 bytes of stack in one program). A part costs one
-    more [C, dim] fp32 write and read of the partial gradient."""
+def grad_parts(networks: int, matmuls: int) -> int:
+    """How many programs share one gradient target's ``networks``. A group whose
+    code (its networks reusing each other's products) has at most
+    GRAD_WHOLE_MAX_MATMULS full-width matmuls runs whole, in one program; a larger
+    one in contiguous runs of GRAD_NETWORKS_PER_PROGRAM networks, each computing its
+    own products, their partial gradients summed afterwards (one more [C, dim] fp32
+    write and read each). Measured on sm_90 at d = 64, C = 64, 4 warps (stack bytes,
+    whole -> runs of 2): linear dΛ (5 matmuls) 216 -> 0; power's groups (<= 4) 0
+    whole, up to 1000 in runs (the runs lose the shared products); hla2 dq (15)
+    2216 -> <= 176, dΛ (22) 3800 -> <= 248; ahla dv (6) 208 -> 0."""
+    if matmuls <= GRAD_WHOLE_MAX_MATMULS:
+        return 1
     return max(1, -(-networks // GRAD_NETWORKS_PER_PROGRAM))
 
 

@@ -126,7 +126,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     for targets in launch.grad_target_sets(len(groups), targets_per_program):
         mine = [f"dx_{g['input']}_ptr" if g["input"] else "dlam_ptr"
                 for n, g in enumerate(groups) if targets >> n & 1]
-        parts = launch.grad_parts(max(g["networks"] for n, g in enumerate(groups) if targets >> n & 1))
+        held = [g for n, g in enumerate(groups) if targets >> n & 1]
+        parts = launch.grad_parts(max(g["networks"] for g in held), sum(g["matmuls"] for g in held))
         partial = {k: [out[k]] + [torch.empty_like(out[k]) for _ in range(parts - 1)] for k in mine}
         for part in range(parts):
             launch.launch(module.grad_kernel, (n_chunks, n_seq * heads),
