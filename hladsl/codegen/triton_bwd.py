@@ -308,6 +308,8 @@ def backward_context(program: ChunkProgram) -> dict:
         "grad_cts": [info(n) for n in states if n in ct_states],
         "grad_defs": _defs(gdefs),
         "grad_loop_dim": loop_dim,
+        # a tensor-core dtype dot on the loop's tiles (launch.dot_override guards narrow ones)
+        "grad_loop_dot": any(", DOT, PREC)" in c["loop"] for g in groups for c in (g["whole"], g["parted"])),
         "grad_groups": groups,
         "fused": None if fused is None else {**fused, "reads": [info(n) for n in fused["reads"]]},
     }

@@ -121,7 +121,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     if ctx["grad_loop_dim"]:
         pd = f"B_{ctx['grad_loop_dim']}"
         loop[pd] = launch.grad_loop_tile(first.shape[3], common[pd])
-    dot = launch.dot_override(first, ctx["grad_chained_dots"], loop)
+    # the narrow loop tile matters to the bf16 guard only where a DOT-dtype dot runs on it
+    dot = launch.dot_override(first, ctx["grad_chained_dots"], loop if ctx["grad_loop_dot"] else {})
     groups = ctx["grad_groups"]
     for targets in launch.grad_target_sets(len(groups), targets_per_program):
         mine = [f"dx_{g['input']}_ptr" if g["input"] else "dlam_ptr"
