@@ -6,11 +6,17 @@ state-pass kernel (recomputes the chunk-start states), and
   reverse_kernel    grid (N*H, blocks of each packed dim): walks the chunks last
                     to first with every d-state an fp32 register tile; writes
                     d(end state) of every chunk and d initial state
-  grad_kernel       grid (nC, N*H): one chunk each; the token and Λ gradients of
-                    every term, looping over tiles of a packed dim
-  fused_bwd_kernel  (programs without packed states) grid (N*H): the reverse pass
-                    and, in the same walk, each chunk's token and Λ gradients from
-                    the d-states in registers: no per-chunk d-states in HBM
+  grad_kernel       grid (nC, N*H), one launch per set of gradient target groups
+                    (constexpr TARGETS: one bit per token input, then Λ) and part
+                    (constexpr PART of PARTS: a run of the group's networks, or the
+                    whole group when PARTS == 1); one chunk each, looping over tiles
+                    of a packed dim. Groups reuse nothing from each other, and parts
+                    nothing from each other, so a program holds only its own tiles
+                    (all targets in one program spilled registers on sm_90)
+  fused_bwd_kernel  (programs without packed states) grid (N*H), per set of target
+                    groups: the reverse pass and, in the same walk, each chunk's token
+                    and Λ gradients from the d-states in registers: no per-chunk
+                    d-states in HBM
 
 Each gradient network lowers like a forward term (``_Lowering``, ``steps``);
 cotangent tiles are ``ct_num``, ``ct_den``, ``ct_end_<state>`` (d of a chunk-end
