@@ -6,11 +6,17 @@ state-pass kernel (recomputes the chunk-start states), and
   reverse_kernel    grid (N*H, blocks of each packed dim): walks the chunks last
                     to first with every d-state an fp32 register tile; writes
                     d(end state) of every chunk and d initial state
-  grad_kernel       grid (nC, N*H): one chunk each; the token and Λ gradients of
-                    every term, looping over tiles of a packed dim
-  fused_bwd_kernel  (programs without packed states) grid (N*H): the reverse pass
-                    and, in the same walk, each chunk's token and Λ gradients from
-                    the d-states in registers: no per-chunk d-states in HBM
+  grad_kernel       grid (nC, N*H), one launch per set of gradient target groups
+                    (constexpr TARGETS: one bit per token input, then Λ) and part
+                    (constexpr PART of PARTS: a run of the group's networks, or the
+                    whole group when PARTS == 1); one chunk each, looping over tiles
+                    of a packed dim. Groups reuse nothing from each other, and parts
+                    nothing from each other, so a program holds only its own tiles
+                    (all targets in one program spilled registers on sm_90)
+  fused_bwd_kernel  (programs without packed states) grid (N*H), per set of target
+                    groups: the reverse pass and, in the same walk, each chunk's token
+                    and Λ gradients from the d-states in registers: no per-chunk
+                    d-states in HBM
 
 Each gradient network lowers like a forward term (``_Lowering``, ``steps``);
 cotangent tiles are ``ct_num``, ``ct_den``, ``ct_end_<state>`` (d of a chunk-end
@@ -61,6 +67,17 @@ class _TransposingBlock(Block):
         r = super().contract(a, b, out)
         self._products[key] = (r.var, tuple(names[i] for i in r.indices), self.section)
         return r
+
+    def mark(self):
+        """What the code so far makes reusable (its temps stay defined)."""
+        return (dict(self._known), dict(self._products), set(self._from_dot), set(self._stateful))
+
+    def rewind(self, mark) -> None:
+        """Forget what was made reusable after ``mark``: code that follows may run in a
+        program where the code since ``mark`` did not (another gradient target's)."""
+        known, products, from_dot, stateful = mark
+        self._known, self._products = dict(known), dict(products)
+        self._from_dot, self._stateful = set(from_dot), set(stateful)
 
     @staticmethod
     def _canonical(a: Tile, b: Tile, out):
@@ -229,19 +246,17 @@ def backward_context(program: ChunkProgram) -> dict:
     derived_code, reverse_code, written = _reverse_code(low, reverse, rdefs)
     reverse_chained = low.block.chained
 
-    # -- gradient pass: parallel over chunks, looping over the tiles of a packed dim ---------
+    # -- gradient pass: parallel over chunks and gradient targets (one input each, and Λ),
+    # looping over the tiles of a packed dim. Each target's code is generated in a region of
+    # its own (nothing shared across targets: a program computes only the targets it is
+    # launched for, recomputing shared products such as Q Kᵀ rather than holding every
+    # target's tiles live at once) --------------------------------------------------------------
     tiled = sorted({d for g in parallel for d in low.index_dims(g.term.operands).values() if d in packed})
     if len(tiled) > 1:
         raise ValueError(f"the gradient kernel loops over one packed dim; {program.algebra.name} "
                          f"needs {tiled}")
-    low.region()
     gdefs: dict = {}
-    grad_derived = low.derived() if uses_derived else ""
-    pre = low.block.sections["pre"]
-    mark = len(pre)
-    accs, inits = _grad_code(low, parallel, gdefs, frozenset(tiled))
-    grad_pre, grad_loop = "\n".join(inits + pre[mark:]), low.block.text("loop").strip("\n")
-    grad_chained = low.block.chained
+    groups = _grad_groups(low, parallel, gdefs, frozenset(tiled), list(low.input_dim), program.gated)
 
     # -- the fused schedule (no packed states): one program per (sequence, head) walks the
     # chunks last to first, each chunk's token gradients from the d-states in registers ----
@@ -254,11 +269,16 @@ def backward_context(program: ChunkProgram) -> dict:
         mark = len(lines)
         _reverse_code(low, reverse, fdefs)
         f_reverse = "\n".join(lines[mark:]).strip("\n")
-        mark = len(lines)
-        _, f_inits = _grad_code(low, parallel, fdefs, frozenset())
-        f_grad = "\n".join(f_inits + lines[mark:])
+        shared = low.block.mark()   # each target's code may reuse the reverse code's products only
+        by_key = _group(parallel, _group_key)
+        f_groups = []
+        for key in _group_keys(list(low.input_dim), program.gated):
+            low.block.rewind(shared)
+            mark = len(lines)
+            accs, f_inits = _grad_code(low, by_key.get(key, []), fdefs, frozenset())
+            f_groups.append({**_group_info(low, key, accs), "code": "\n".join(f_inits + lines[mark:]).strip("\n")})
         fused = {"defs": _defs(fdefs), "derived": f_derived, "reverse": f_reverse,
-                 "grad": f_grad, "chained_dots": low.block.chained,
+                 "groups": f_groups, "chained_dots": low.block.chained,
                  "reads": sorted(read_reverse | read_parallel)}
 
     ct_states = {o.name[4:] for g in parallel for o in g.term.operands
@@ -289,16 +309,14 @@ def backward_context(program: ChunkProgram) -> dict:
         "reverse_code": reverse_code,
         "reverse_written": written,
         "reverse_chained_dots": reverse_chained,
-        "grad_chained_dots": grad_chained,
+        "grad_chained_dots": any(g["chained"] for g in groups),
         "grad_reads": [info(n) for n in states if n in read_parallel],
         "grad_cts": [info(n) for n in states if n in ct_states],
         "grad_defs": _defs(gdefs),
-        "grad_derived": grad_derived,
-        "grad_pre": grad_pre,
-        "grad_loop": {"dim": loop_dim, "code": grad_loop} if tiled else None,
-        "grad_targets": [x["name"] for x in all_inputs if f"dx_{x['name']}" in accs],
-        "grad_lam": "dlam" in accs,
-        "grad_lam_end": "dlam_end" in accs,
+        "grad_loop_dim": loop_dim,
+        # a tensor-core dtype dot on the loop's tiles (launch.dot_override guards narrow ones)
+        "grad_loop_dot": any(", DOT, PREC)" in c["loop"] for g in groups for c in (g["whole"], g["parted"])),
+        "grad_groups": groups,
         "fused": None if fused is None else {**fused, "reads": [info(n) for n in fused["reads"]]},
     }
 
@@ -341,6 +359,82 @@ def _grad_code(low: _BwdLowering, parallel, defs, tiled) -> tuple[list[str], lis
             inits.append(f"{acc} = {init}")
         low.grads(grads, acc, defs, tiled)
     return accs, inits
+
+
+def _parted_code(low: _BwdLowering, grads, defs, tiled) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(accumulators, their zeroing lines, code before the loop over ``tiled``, code in it)
+    of one target group, each network behind a constexpr test of whether it is in this
+    program's part (PART of PARTS: contiguous runs of the group's networks, the rest of
+    them summed by the launcher). A network reuses nothing from another one: the two
+    may run in different programs."""
+    block = low.block
+    shared = block.mark()
+    accs, inits = [], []
+    for g in grads:
+        acc = _ACC[g.target].format(g.name)
+        if acc not in accs:
+            accs.append(acc)
+            init = "tl.sum(tl.zeros((C,), dtype=tl.float32), axis=0)" if g.target is Target.LAM_END else \
+                f"tl.zeros(({low.target_shape(g)},), dtype=tl.float32)"
+            inits.append(f"{acc} = {init}")
+    pre, loop = [], []
+    for n, g in enumerate(grads):
+        block.rewind(shared)
+        marks = {sec: len(block.sections[sec]) for sec in ("pre", "loop")}
+        low.grads([g], _ACC[g.target].format(g.name), defs, tiled)
+        for sec, out in (("pre", pre), ("loop", loop)):
+            body = [line for line in block.sections[sec][marks[sec]:] if line.strip()]
+            if any(not line.startswith("#") for line in body):
+                out.append(f"if ({n} * PARTS) // {len(grads)} == PART:  # network {n + 1} of {len(grads)}")
+                out.extend("    " + line for line in body)
+    return accs, inits, pre, loop
+
+
+def _group_keys(inputs, gated) -> list[tuple]:
+    """The gradient target groups, in launch-bit order: each token input, then Λ."""
+    return [("x", x) for x in inputs] + ([("lam", None)] if gated else [])
+
+
+def _group_key(g: GradTerm) -> tuple:
+    return ("lam", None) if g.target in (Target.LAM, Target.LAM_END) else ("x", g.name)
+
+
+def _group_info(low: _BwdLowering, key, accs) -> dict:
+    kind, name = key
+    acc = "dlam" if kind == "lam" else f"dx_{name}"
+    dim = None if kind == "lam" else low.input_dim[name]
+    return {"input": name, "acc": acc, "dim": dim, "shape": "C," if dim is None else f"C, B_{dim}",
+            "lam_end": "dlam_end" in accs, "zero": acc not in accs}
+
+
+def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated) -> list[dict]:
+    """One gradient target group per token input (its dx) and, where gated, one for Λ
+    (dΛ and dΛ_end): each group's code (derived carries, accumulators, the networks
+    before and inside the loop over ``tiled``) lowered in a fresh region. A group
+    without networks stores zeros."""
+    by_key = _group(parallel, _group_key)
+    groups, temps = [], 0
+    for key in _group_keys(inputs, gated):
+        low.region()
+        low.block._temps = temps   # temps numbered on across groups: one may run after another
+        grads = by_key.get(key, [])
+        reads_derived = any(o.kind is Kind.DERIVED for g in grads for o in g.term.operands)
+        derived = low.derived() if reads_derived else ""
+        shared = low.block.mark()
+        accs, inits, pre, loop = _parted_code(low, grads, defs, tiled)
+        # the whole group in one program (PARTS == 1): networks reuse each other's products
+        low.block.rewind(shared)
+        marks = {sec: len(low.block.sections[sec]) for sec in ("pre", "loop")}
+        _grad_code(low, grads, defs, tiled)
+        whole = {sec: "\n".join(low.block.sections[sec][marks[sec]:]).strip("\n") for sec in marks}
+        groups.append({**_group_info(low, key, accs), "derived": derived, "networks": len(grads),
+                       # full-width matmuls of the whole group (the loop's run on narrow tiles)
+                       "matmuls": whole["pre"].count("_dot("),
+                       "inits": "\n".join(inits), "whole": whole,
+                       "parted": {"pre": "\n".join(pre), "loop": "\n".join(loop)},
+                       "chained": low.block.chained})
+        temps = low.block._temps
+    return groups
 
 
 def _defs(defs: dict) -> list[dict]:

@@ -15,6 +15,10 @@ Rules:
 * fp32 tiles for chains of bf16/fp16 dots at a narrow chunk or block (``dot_override``).
 * schedule: fused (one kernel) when there are enough (sequence, head) pairs to
   fill the GPU without chunk parallelism, else two-pass (``use_fused``).
+* gradient kernels: one gradient target group (a token input, or Λ) per program
+  (``grad_target_sets``), so that one target's tiles are live at a time; the packed
+  dim they loop over in narrow tiles (``grad_loop_tile``); a target with many
+  networks over several programs (``grad_parts``).
 * decode step: warps from the fp32 state elements a program holds (``step_warps``);
   inputs of more than ``STEP_MAX_TOKENS`` tokens run as consecutive launches when the
   kernel sums outputs in a [T, value block] register tile.
@@ -136,6 +140,58 @@ def launch(kernel, grid, args: dict, may_fall_back: bool) -> None:
             continue
         _WORKING[key] = n
         return
+
+
+GRAD_TARGETS_PER_PROGRAM = 1
+
+
+def grad_target_sets(groups: int, per_program: int | None = None) -> list[int]:
+    """The TARGETS bitmasks of the gradient kernel's launches: consecutive runs of
+    ``per_program`` of its ``groups`` target groups (token inputs, then Λ). One per
+    program by default: a program computing every target holds each one's [C, dim]
+    fp32 accumulator and network tiles at once and spills (linear at d = 64: 1600
+    bytes of stack on sm_90; one target per program: none), while recomputing the
+    products targets share (Q Kᵀ, the decay mask) costs only tensor-core FLOPs."""
+    per = GRAD_TARGETS_PER_PROGRAM if per_program is None else per_program
+    if per < 1:
+        raise ValueError(f"targets_per_program must be >= 1, got {per_program}")
+    return [((1 << min(per, groups - g)) - 1) << g for g in range(0, groups, per)]
+
+
+GRAD_WHOLE_MAX_MATMULS = 4
+GRAD_NETWORKS_PER_PROGRAM = 2
+
+
+def grad_parts(networks: int, matmuls: int) -> int:
+    """How many programs share one gradient target's ``networks``. A group whose
+    code (its networks reusing each other's products) has at most
+    GRAD_WHOLE_MAX_MATMULS full-width matmuls runs whole, in one program; a larger
+    one in contiguous runs of GRAD_NETWORKS_PER_PROGRAM networks, each computing its
+    own products, their partial gradients summed afterwards (one more [C, dim] fp32
+    write and read each). Measured on sm_90 at d = 64, C = 64, 4 warps (stack bytes,
+    whole -> runs of 2): linear dΛ (5 matmuls) 216 -> 0; power's groups (<= 4) 0
+    whole, up to 1000 in runs (the runs lose the shared products); hla2 dq (15)
+    2216 -> <= 176, dΛ (22) 3800 -> <= 248; ahla dv (6) 208 -> 0."""
+    if matmuls <= GRAD_WHOLE_MAX_MATMULS:
+        return 1
+    return max(1, -(-networks // GRAD_NETWORKS_PER_PROGRAM))
+
+
+GRAD_LOOP_TILE_ELEMENTS = 1024
+
+
+def grad_loop_tile(chunk: int, width: int) -> int:
+    """The gradient kernel's tile of the packed dim it loops over: at most ``width``
+    (the forward's), narrowed until a [C, tile] fp32 tile is at most 1024 elements
+    (8 registers a thread at 4 warps), not below 16 (tl.dot's minimum). The loop
+    body holds several such tiles at once (the gathered power factors, its
+    gradient, one [tile, dim] one-hot matrix per power slot, tf32x3's split
+    operands); measured on sm_90 (power p = 2, d = 64, C = 64): tile 64 spills
+    2064 bytes of stack, 32: 136, 16: none."""
+    tile = width
+    while tile > 16 and chunk * tile > GRAD_LOOP_TILE_ELEMENTS:
+        tile //= 2
+    return tile
 
 
 STEP_MAX_TOKENS = 64

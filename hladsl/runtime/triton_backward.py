@@ -20,7 +20,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                     init_states: dict[str, torch.Tensor], grad_o: torch.Tensor,
                     grad_final: dict[str, torch.Tensor] | None, eps: float,
                     precision: str = "tf32x3", num_warps: int = 4, reverse_block: int | None = None,
-                    schedule: str = "auto"):
+                    schedule: str = "auto", targets_per_program: int | None = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16, may be strided views);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff ungated); init_states
     and grad_final: summary -> [N, H, *program.state_shape] (a missing or None
@@ -33,7 +33,9 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     pass writing per-chunk d-states, then a gradient kernel parallel over chunks),
     "fused" (one kernel per (sequence, head) walking the chunks backwards; programs
     without packed states) or "auto" (fused on a GPU when there are enough
-    (sequence, head) pairs to fill it, as forward_triton decides)."""
+    (sequence, head) pairs to fill it, as forward_triton decides). targets_per_program:
+    how many gradient target groups (token inputs, then Λ) one gradient program
+    computes (default: launch.grad_target_sets' rule, one)."""
     module, ctx = backward_kernels(program)
     fwd = ctx["forward"]
     if schedule == "fused" and not ctx["fused"]:
@@ -84,7 +86,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
 
     if launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads):
         return _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final,
-                      common, first, lam)
+                      common, first, lam, targets_per_program)
 
     # (b) reverse state pass: d(end state) of every chunk, d initial state
     d_init, dends, rev = {}, {}, {}
@@ -115,8 +117,26 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     args = {**tokens, **packed, **cot, **out,
             **{f"starts_{s['name']}": starts[s["name"]] for s in ctx["grad_reads"]},
             **{f"dends_{s['name']}": dends[s["name"]] for s in ctx["grad_cts"]}}
-    launch.launch(module.grad_kernel, (n_chunks, n_seq * heads),
-            {**args, **common, **launch.dot_override(first, ctx["grad_chained_dots"], {})}, True)
+    loop = {}
+    if ctx["grad_loop_dim"]:
+        pd = f"B_{ctx['grad_loop_dim']}"
+        loop[pd] = launch.grad_loop_tile(first.shape[3], common[pd])
+    # the narrow loop tile matters to the bf16 guard only where a DOT-dtype dot runs on it
+    dot = launch.dot_override(first, ctx["grad_chained_dots"], loop if ctx["grad_loop_dot"] else {})
+    groups = ctx["grad_groups"]
+    for targets in launch.grad_target_sets(len(groups), targets_per_program):
+        mine = [f"dx_{g['input']}_ptr" if g["input"] else "dlam_ptr"
+                for n, g in enumerate(groups) if targets >> n & 1]
+        held = [g for n, g in enumerate(groups) if targets >> n & 1]
+        parts = launch.grad_parts(max(g["networks"] for g in held), sum(g["matmuls"] for g in held))
+        partial = {k: [out[k]] + [torch.empty_like(out[k]) for _ in range(parts - 1)] for k in mine}
+        for part in range(parts):
+            launch.launch(module.grad_kernel, (n_chunks, n_seq * heads),
+                          {**args, **{k: partial[k][part] for k in mine}, **common, **loop, **dot,
+                           "TARGETS": targets, "PART": part, "PARTS": parts}, True)
+        for k in mine:   # the parts' partial gradients
+            for x in partial[k][1:]:
+                out[k].add_(x)
     return d_tiles, d_lam, d_init
 
 
@@ -132,7 +152,7 @@ def _grad_buffers(ctx, first, common, lam) -> tuple[dict, torch.Tensor | None, d
 
 
 def _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final, common, first,
-           lam):
+           lam, targets_per_program):
     n_seq, heads = first.shape[:2]
     args, d_init = {}, {}
     for s in ctx["reverse_states"]:
@@ -144,7 +164,8 @@ def _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_f
         args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
     args.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["fused"]["reads"]})
     d_tiles, d_lam, out = _grad_buffers(ctx, first, common, lam)
-    launch.launch(module.fused_bwd_kernel, (n_seq * heads,),
-            {**tokens, **packed, **args, **cot, **out, **common,
-             **launch.dot_override(first, ctx["fused"]["chained_dots"], {})}, True)
+    dot = launch.dot_override(first, ctx["fused"]["chained_dots"], {})
+    for targets in launch.grad_target_sets(len(ctx["fused"]["groups"]), targets_per_program):
+        launch.launch(module.fused_bwd_kernel, (n_seq * heads,),
+                      {**tokens, **packed, **args, **cot, **out, **common, **dot, "TARGETS": targets}, True)
     return d_tiles, d_lam, d_init

@@ -1,0 +1,83 @@
+"""The gradient kernels' split by target group (launch.grad_target_sets) and of a
+target's networks into parts (launch.grad_parts): every grouping -- the default,
+two targets and one network a program, everything in one program -- gives the same
+gradients under the Triton interpreter (float32), matching the float64 torch backward."""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported anywhere
+
+import pytest
+import torch
+
+import hladsl
+from hladsl.ir.pipeline import chunk_program
+from hladsl.runtime.backward_torch import backward_torch
+from hladsl.runtime.launch import grad_target_sets
+
+from tests.test_triton_backward import C, PROBE, _inputs, _rel
+
+
+def test_grad_target_sets_partition_the_groups():
+    for groups in range(1, 7):
+        for per in range(1, 8):
+            masks = grad_target_sets(groups, per)
+            assert sum(masks) == (1 << groups) - 1                  # every group once
+            assert all(a & b == 0 for i, a in enumerate(masks) for b in masks[i + 1:])
+            assert all(bin(m).count("1") <= per for m in masks)
+    assert grad_target_sets(4) == [1, 2, 4, 8]
+    with pytest.raises(ValueError, match="targets_per_program"):
+        grad_target_sets(3, 0)
+
+
+def test_grad_loop_tile_narrows_to_the_element_budget():
+    from hladsl.runtime.launch import grad_loop_tile
+    assert grad_loop_tile(64, 64) == 16 and grad_loop_tile(32, 64) == 32 and grad_loop_tile(16, 64) == 64
+    assert grad_loop_tile(64, 16) == 16 and grad_loop_tile(128, 64) == 16   # never below tl.dot's 16
+
+
+CASES = [("linear", {}, True, "fused"), ("hla2", {}, True, "two_pass"), ("hla2", {}, True, "fused"),
+         ("power", {"p": 2}, True, "two_pass"), ("probe", {}, True, "two_pass")]
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HLADSL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "hladsl-cache"))
+
+
+@pytest.mark.parametrize("name,params,gated,schedule", CASES, ids=[c[0] + "-" + c[3] for c in CASES])
+def test_every_target_grouping_gives_the_same_gradients(name, params, gated, schedule, tmp_path,
+                                                         monkeypatch):
+    from hladsl.runtime import launch
+    from hladsl.runtime.triton_backward import backward_triton
+    # at the test's C = 16 the packed loop tile would stay 64: narrow it to 16 here so
+    # that the loop runs over many narrow tiles, as at C = 64 on a GPU
+    monkeypatch.setattr(launch, "GRAD_LOOP_TILE_ELEMENTS", 256)
+    if name == "probe":
+        (tmp_path / "backward_probe.hla").write_text(PROBE)
+        name = str(tmp_path / "backward_probe.hla")
+    alg = hladsl.compile_spec(name, **params)
+    program = chunk_program(alg, C, (("d", 16 if params else 8), ("dv", 8)), gated)
+    tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=7)
+    ref_tiles, ref_lam, ref_init = backward_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps)
+
+    def f32(d):
+        return {k: v.float() for k, v in d.items()}
+    results = []
+    for per, networks in ((None, None), (2, 1), (64, 1000)):   # one network a program .. all in one
+        if networks:   # every group in parts of ``networks``
+            monkeypatch.setattr(launch, "GRAD_WHOLE_MAX_MATMULS", -1)
+            monkeypatch.setattr(launch, "GRAD_NETWORKS_PER_PROGRAM", networks)
+        results.append(backward_triton(program, f32(tiles), lam.float(), f32(init), grad_o.float(),
+                                       f32(grad_final), alg.eps, schedule=schedule, targets_per_program=per))
+    d_tiles, d_lam, d_init = results[0]
+    for x in tiles:
+        assert _rel(d_tiles[x], ref_tiles[x]) <= 1e-4, x
+    for s in init:
+        assert _rel(d_init[s], ref_init[s]) <= 1e-4, s
+    assert _rel(d_lam, ref_lam) <= 1e-4
+    # the same networks, summed in another order (the parts of a launch follow its
+    # largest group): equal up to float32 rounding
+    for other_tiles, other_lam, other_init in results[1:]:
+        assert all(_rel(other_tiles[x], d_tiles[x].double()) <= 1e-6 for x in tiles)
+        assert _rel(other_lam, d_lam.double()) <= 1e-6
+        assert all(torch.equal(other_init[s], d_init[s]) for s in init)
