@@ -10,6 +10,7 @@ reference and compares what every rank sends it.
 """
 from __future__ import annotations
 
+import os
 import socket
 import traceback
 
@@ -228,11 +229,19 @@ def _worker(rank, world, port, cases, path):
         if rank == 0:
             report.append(("errors", every))
             torch.save(report, path)
+        # every rank past its last collective before any tears the group down: a rank
+        # leaving early made another's destroy_process_group abort (gloo, now and then)
+        dist.barrier()
     except Exception:
         traceback.print_exc()
         raise
     finally:
         dist.destroy_process_group()
+    # Now and then (about 1 run in 10 here) a rank aborted during interpreter teardown,
+    # after every result was checked and saved ("terminate called without an active
+    # exception": a C++ thread of gloo's or autograd's still joinable at exit). Leave
+    # without that teardown; a failure above still raises and fails the test.
+    os._exit(0)
 
 
 def _free_port():
