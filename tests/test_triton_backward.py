@@ -16,19 +16,7 @@ from hladsl.runtime.backward_torch import backward_torch
 
 C, N_CHUNKS, N, H = 16, 3, 1, 2
 
-PROBE = """
-mechanism backward_probe {
-  dims d, dv
-  input q[d], k[d], v[dv]
-  param normalize = false, eps = 1e-6
-  state K2[i, j] = k[i] k[j]  symmetric(i, j)
-  state V[j, e] = k[j] v[e]  decay 2
-  state Z[e] = v[e]  decay 0
-  state X[i, e] = 0  cross K2@B[i, j] V@A[j, e]  decay 3
-  output o[e] = q[i] q[j] K2[i, j] v[e] + q[i] X[i, e] - q[i] V[i, e] + q[i] q[i] Z[e]
-  normalizer = q[i] q[j] K2[i, j] + 2 q[i] q[i]
-}
-"""
+from probe_spec import PROBE  # noqa: E402
 
 # (spec, params, dims, gated, normalize): every shipped spec gated and not; the
 # normalizer of four; power's packed dim over several tiles (p = 2 at d = 16:
