@@ -299,18 +299,13 @@ def program_for(c: Compilation, chunk: int, dim_sizes: tuple[tuple[str, int], ..
 def chunk_program(alg: Algebra, chunk: int, dim_sizes: tuple[tuple[str, int], ...],
                   gated: bool = True) -> ChunkProgram:
     """The final chunk program of an algebra (tests, benchmarks)."""
-    return program_for(_from_algebra(alg), chunk, tuple(sorted(dim_sizes)), gated)
+    return program_for(algebra_compilation(alg), chunk, tuple(sorted(dim_sizes)), gated)
 
 
 @lru_cache(maxsize=64)
-def _from_algebra(alg: Algebra) -> Compilation:
-    c = Compilation(None, tuple(sorted(alg.params.items())), alg.source, algebra=alg)
-    return run_passes(c, passes=tuple(p for p in PASSES if p.name in ("chains",)))
-
-
 def algebra_compilation(alg: Algebra) -> Compilation:
     """The target-independent passes after ``lower`` on an algebra built elsewhere
-    (context parallelism's segment algebra carries extra summaries)."""
+    (context parallelism's segment algebra carries extra summaries); cached per algebra."""
     c = Compilation(None, tuple(sorted(alg.params.items())), alg.source, algebra=alg)
     return run_passes(c, passes=tuple(p for p in PASSES if not p.target_specific
                                       and p.name != "lower"))
