@@ -5,7 +5,8 @@
     hladsl bench --device cpu --quick              # tiny shapes, under a minute
 
 Modes: "fwd" (the op's forward, no autograd), "fwd+bwd" (forward, then backward of
-the output's sum), "step" (decode: one token per sequence through ``op.step`` on a
+the output's sum), "mem" (peak CUDA memory one fwd+bwd call allocates beyond its
+inputs, MB; CUDA only), "step" (decode: one token per sequence through ``op.step`` on a
 state; for SDPA one query against a KV cache of T tokens). Baselines, in this order
 when installed: fla ``chunk_simple_gla`` / ``fused_recurrent_simple_gla`` (CUDA),
 torch SDPA causal (always), retention ``power_retention`` p = 2 (CUDA, gated as it
@@ -33,7 +34,7 @@ import hladsl
 from hladsl.errors import SpecError
 
 BASELINES = ("fla", "sdpa", "retention")
-MODES = ("fwd", "fwd+bwd", "step")
+MODES = ("fwd", "fwd+bwd", "mem", "step")
 SCHEDULES = ("auto", "two_pass", "fused")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "fp64": torch.float64}
@@ -107,6 +108,11 @@ def _inputs(B, T, H, d, dtype, device, gated, grad=False, seed=0):
 def _log_gates(B, T, H, device):
     gen = torch.Generator(device=device).manual_seed(1)
     return torch.nn.functional.logsigmoid(4 + torch.randn(B, T, H, device=device, generator=gen))
+
+
+def _grad_mode(mode):
+    """The mode a candidate is built for: "mem" measures a fwd+bwd call."""
+    return "fwd+bwd" if mode == "mem" else mode
 
 
 def _with_backward(fn):
@@ -281,11 +287,19 @@ def run(args) -> int:
             row = dict(what=label, mode=mode, T=T, d=d)
             _progress(f"[{n}/{total}] {mode} T={T} d={d} {label}: ", end="")
             try:
-                fn = build(mode, shape)
+                if mode == "mem" and device != "cuda":
+                    raise Unavailable("memory is measured on CUDA only")
+                fn = build(_grad_mode(mode), shape)
                 _progress("compiling/tuning... ", end="")
                 start = time.perf_counter()
-                _first_call(fn, mode, device)
+                _first_call(fn, _grad_mode(mode), device)
                 row["first_call_s"] = round(time.perf_counter() - start, 3)
+                if mode == "mem":
+                    row["mb"] = round(peak_extra_mb(fn), 1)
+                    _progress(f"{row['mb']:.4g} MB")
+                    rows.append(row)
+                    torch.cuda.empty_cache()
+                    continue
                 row["ms"] = round(time_ms(fn, device, args.quick, mode), 4)
                 if label in spec_of and mode in ("fwd", "fwd+bwd"):
                     flops = model_flops(*spec_of[label], mode, cfg["B"] * T * cfg["H"], d, args.gated)
@@ -318,6 +332,18 @@ def run(args) -> int:
         print(f"wrote {args.plot}" + ("" if how == "matplotlib" else
                                       " (built-in plotter: matplotlib is not installed)"))
     return 0
+
+
+def peak_extra_mb(fn) -> float:
+    """Peak CUDA memory one call allocates beyond what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.enable_grad():
+        fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2 ** 20
 
 
 def _first_call(fn, mode, device):
@@ -353,13 +379,14 @@ def _device_name(device):
 
 
 def _add_ratios(rows):
-    """ratio = ms / ms of the first baseline (the first row with a time) at the shape."""
+    """ratio = ms (MB for "mem") / that of the first baseline with a value at the shape."""
     first: dict = {}
     for row in rows:
         key = (row["mode"], row["T"], row["d"])
-        if "ms" in row:
+        unit = "mb" if "mb" in row else "ms"
+        if unit in row:
             ref = first.setdefault(key, row)
-            row["ratio"] = round(row["ms"] / ref["ms"], 3)
+            row["ratio"] = round(row[unit] / ref[unit], 3)
             row["ratio_to"] = ref["what"]
 
 
@@ -383,8 +410,9 @@ def format_table(rows, device, cfg) -> str:
              f"{'TFLOP/s':>8s}  vs"]
     lines.append("-" * len(lines[0]))
     for r in rows:
-        if "ms" in r:
-            ms, ratio, vs = f"{r['ms']:.4g}", f"{r['ratio']:.2f}x", r["ratio_to"]
+        if "ms" in r or "mb" in r:
+            ms = f"{r['ms']:.4g}" if "ms" in r else f"{r['mb']:.5g} MB"
+            ratio, vs = f"{r['ratio']:.2f}x", r["ratio_to"]
         else:
             ms, ratio, vs = "-", "", r.get("skipped") or r.get("error", "")
         tflops = f"{r['tflops']:.3g}" if "tflops" in r else ""
@@ -399,9 +427,11 @@ def _panels(rows):
         for d in dict.fromkeys(r["d"] for r in rows):
             series: dict = {}
             for r in rows:
-                if r["mode"] == mode and r["d"] == d and "ms" in r:
-                    series.setdefault(r["what"], []).append((r["T"], r["ms"]))
+                value = r.get("mb", r.get("ms"))
+                if r["mode"] == mode and r["d"] == d and value is not None:
+                    series.setdefault(r["what"], []).append((r["T"], value))
             if series:
-                panels.append(dict(title=f"{mode} d={d}", xlabel="T", ylabel="ms", logx=True,
+                unit = "MB" if mode == "mem" else "ms"
+                panels.append(dict(title=f"{mode} d={d}", xlabel="T", ylabel=unit, logx=True,
                                    logy=True, series=series))
     return panels
