@@ -13,8 +13,8 @@ import warnings
 # torch warns at import when the optional NumPy is absent; hladsl never needs it.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from hladsl.errors import AlgebraError, SpecCheckError, SpecError, SpecErrors, SpecSyntaxError
-from hladsl.version import __version__
+from hladsl.errors import AlgebraError, SpecCheckError, SpecError, SpecErrors, SpecSyntaxError  # noqa: E402 (after the warning filter)
+from hladsl.version import __version__  # noqa: E402
 
 __all__ = ["load", "compile_spec", "SpecError", "SpecSyntaxError", "SpecCheckError",
            "SpecErrors", "AlgebraError", "__version__"]

@@ -9,6 +9,7 @@ from hladsl.api import compile_spec
 from hladsl.errors import SpecError
 from hladsl.frontend.printer import to_text
 from hladsl.frontend.specs import load_ast
+from hladsl.ir.precision import precision_plan
 from hladsl.ir.backward import backward_text
 from hladsl.ir.checks import serial_flops
 from hladsl.ir.lower import bind_params
@@ -161,6 +162,7 @@ def _program_text(prog) -> str:
                          if prog.is_packed(n)))
     for d in prog.derived:
         lines.append(f"derived {d.name}[{','.join(d.poly.free)}] = {d.poly.text()}")
+    lines += precision_plan(prog).describe()
     lines.append("output terms (parallel over chunks):")
     for t in prog.output:
         lines += term_lines(t)

@@ -136,7 +136,8 @@ def test_unshipped_spec_goes_through_the_whole_pipeline(tmp_path, gated, normali
     op.chunk_size = 16
     q, k, v, g = _rand(40, 3, 2, 3, gated)
     ref = keykey_oracle(q, k, v, g, normalize)
-    batched = lambda x: None if x is None else x[None, :, None]
+    def batched(x):
+        return None if x is None else x[None, :, None]
     o, _ = op(batched(q), batched(k), batched(v), g=batched(g), scale=1.0)
     assert ((o[0, :, 0] - ref).norm() / ref.norm()).item() <= 1e-9
     s, _ = op.serial(batched(q), batched(k), batched(v), g=batched(g), scale=1.0)
@@ -199,6 +200,7 @@ def test_same_delta_different_decays(tmp_path, normalize):
     ref = w @ v
     if normalize:
         ref = ref / (w.sum(1, keepdim=True) + 1e-6)
-    b = lambda x: x[None, :, None]
+    def b(x):
+        return x[None, :, None]
     o, _ = op(b(q), b(k), b(v), g=b(g), scale=1.0)
     assert ((o[0, :, 0] - ref).norm() / ref.norm()).item() <= 1e-9

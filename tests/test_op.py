@@ -77,7 +77,8 @@ def make_inputs(B, T, H, d, dv, gate="random", seed=0, dtype=F64):
     k = torch.randn(B, T, H, d, generator=rng, dtype=F64) / d ** 0.5
     v = torch.randn(B, T, H, dv, generator=rng, dtype=F64)
     g = make_gate(gate, B, T, H, rng)
-    cast = (lambda x: None if x is None else x.to(dtype))
+    def cast(x):
+        return (None if x is None else x.to(dtype))
     return cast(q), cast(k), cast(v), cast(g)
 
 

@@ -58,6 +58,7 @@ class Block:
         self._from_dot: set[str] = set()     # temps computed from a matmul result
         self._stateful: set[str] = set()     # temps that read a carried state or derived carry
         self.chained = False                 # a matmul reads (a function of) a matmul result
+        self.exact = False                   # matmuls reading carried states stay fp32 (ir.precision)
 
     # -- plumbing ---------------------------------------------------------------------------
     @property
@@ -163,10 +164,11 @@ class Block:
             left = f"tl.reshape({left}, ({self._group(free_a)}, {self._group(summed)}))"
         if len(free_b) > 1 or len(summed) > 1:
             right = f"tl.reshape({right}, ({self._group(summed)}, {self._group(free_b)}))"
-        # carried states stay fp32: higher-order outputs are small differences of
-        # large carry terms (HLA3's SK SQ P - G1 - G2 - G3), which bf16 rounding of
-        # a state destroys. Only token x token products go to the tensor cores in bf16.
-        dtype = "tl.float32" if self.reads_state(a.var) or self.reads_state(b.var) else "DOT"
+        # the precision plan (ir.precision): in a sum whose carry terms cancel (HLA3's
+        # SK SQ P - G1 - G2 - G3) and in the states feeding it, products reading carried
+        # states stay fp32-accurate; everything else goes to the tensor cores (DOT)
+        exact = self.exact and (self.reads_state(a.var) or self.reads_state(b.var))
+        dtype = "tl.float32" if exact else "DOT"
         expr = f"_dot({left}, {right}, {dtype}, PREC)"
         idx = tuple(free_a + free_b)
         if len(free_a) > 1 or len(free_b) > 1:

@@ -58,6 +58,7 @@ class _TransposingBlock(Block):
 
     def contract(self, a: Tile, b: Tile, out) -> Tile:
         key, names = self._canonical(a, b, out)
+        key = (key, self.exact)     # an exact network does not reuse a rounded product
         hit = self._products.get(key)
         if hit is not None and hit[2] in ("pre", self.section):
             var, canon = hit[0], hit[1]
@@ -136,6 +137,7 @@ class _BwdLowering(_Lowering):
             t = g.term
             dims = self.index_dims(t.operands)
             block.section = "loop" if any(d in tiled for d in dims.values()) else "pre"
+            block.exact = self.exact_network(g)
             block.lines.append("")
             block.note(g.text())
             block.note(f"    <- {t.source}")
@@ -156,7 +158,13 @@ class _BwdLowering(_Lowering):
             mag = abs(float(t.coef))
             value = value if mag == 1.0 else f"{mag!r} * ({value})"
             block.lines.append(f"{acc} {'-' if t.coef < 0 else '+'}= {value}")
-        block.section = "pre"
+        block.section, block.exact = "pre", False
+
+    def exact_network(self, g: GradTerm) -> bool:
+        """A gradient network is as exact as the forward sum whose cotangent it reads."""
+        ct = g.cotangent.name
+        return self.exact_sum({"num": "num", "den": "den"}.get(ct) or
+                              ("nx_" + ct[4:] if ct.startswith("end_") else ct))
 
     @staticmethod
     def _broadcast(g: GradTerm, value: str, sizes: dict) -> str:
@@ -190,7 +198,8 @@ class _BwdLowering(_Lowering):
             prod = " * ".join([dspow] + [vals[s] for s in range(int(o.power)) if s != r])
             onehot = block.define(f"tl.where(({cols[r]}[:, None] == offs_{base}[None, :]) & ({valid})[:, None], 1.0, 0.0)",
                                   f"one-hot [α, {base}] of slot {r + 1}")
-            parts.append(f"_dot({prod}, {onehot}, tl.float32, PREC)")
+            # the one-hot side is exact in any dtype: the tensor cores take it as DOT
+            parts.append(f"_dot({prod}, {onehot}, DOT, PREC)")
         block.note(f"d{x}[T,i] += Σ_α d{o.text()} Σ_r [α_r = i] Π_(s≠r) {x}[T,α_s]")
         return " + ".join(parts)
 

@@ -24,6 +24,7 @@ from hladsl.codegen.templates import render_template
 from hladsl.codegen.steps import Block, Tile, comment
 from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
+from hladsl.ir.precision import precision_plan
 from hladsl.version import __version__
 from hladsl.ir.operands import Kind, Operand, exhaustive
 
@@ -74,6 +75,7 @@ class _Lowering:
         self.state_dims = {_ident("summary", s.name): program.state_dims(s.name)
                            for s in alg.streaming}
         self.packed = {_ident("packed dim", pd.name): pd for pd in program.packed}
+        self.precision = precision_plan(program)
         self._accs = 0
         self.derived_dims = {}
         for d in program.derived:
@@ -199,6 +201,7 @@ class _Lowering:
         dim are looped over in tiles: every step reading a tile runs in the loop,
         and the first step that sums the index away accumulates across tiles."""
         block = self.block
+        block.exact = self.exact_sum(acc)
         start = {k: len(v) for k, v in block.sections.items()}
         for n, t in enumerate(terms):
             head = f"{t.coef:+g} · {t.source}"
@@ -235,8 +238,17 @@ class _Lowering:
             if scale_end and t.carry_weight:
                 value = f"{value} * tl.exp({int(t.carry_weight)} * lam_end)"
             self._accumulate(block, acc, value, float(t.coef), first=n == 0)
-        block.section = "pre"
+        block.section, block.exact = "pre", False
         return {k: "\n".join(v[start[k]:]).strip("\n") for k, v in block.sections.items()}
+
+    def exact_sum(self, acc: str) -> bool:
+        """Do the products of the sum accumulated in ``acc`` (num, den, nx_<state>,
+        dr_<derived>) reading carried states stay fp32 (``ir.precision``)?"""
+        plan = self.precision
+        if acc in ("num", "den"):
+            return plan.exact_output
+        kind, _, name = acc.partition("_")
+        return name in {"nx": plan.exact_states, "dr": plan.exact_derived}[kind]
 
     def _accumulate_tiles(self, r: Tile) -> Tile:
         """Σ over the loop's tiles of ``r``: an fp32 accumulator zeroed before the loop."""
@@ -291,6 +303,7 @@ class _Lowering:
             block.lines.append("")
             block.note(f"{d.name}[{','.join(d.poly.free)}] = {d.poly.text()}")
             block.sizes = {i: f"B_{dim}" for i, dim in dims.items()}
+            block.exact = self.exact_sum(f"dr_{d.name}")
             for n, m in enumerate(d.poly.terms):
                 tiles = [Tile(f"st_{f.name}", f.indices) for f in m.factors]
                 pl = plan(tuple(f.indices for f in m.factors), d.poly.free,
@@ -299,6 +312,7 @@ class _Lowering:
                     tiles.append(block.contract(tiles[s.left], tiles[s.right], s.indices))
                 value = block.reduce(tiles[pl.result], d.poly.free).var
                 self._accumulate(block, f"dr_{d.name}", value, float(m.coef), first=n == 0)
+        block.exact = False
         return "\n".join(block.lines[start:]).lstrip("\n")
 
 

@@ -127,8 +127,9 @@ def launch(kernel, grid, args: dict, may_fall_back: bool) -> None:
     if not may_fall_back:
         kernel[grid](**args)
         return
-    key = (id(kernel), tuple(sorted((k, str(v)) for k, v in args.items()
-                                    if not isinstance(v, torch.Tensor))))
+    # no sort, str() only for the odd non-number (tl dtypes): this runs on every launch
+    key = (id(kernel), tuple((k, v if isinstance(v, (int, float, str)) else str(v))
+                             for k, v in args.items() if not isinstance(v, torch.Tensor)))
     from triton.runtime.errors import OutOfResources
     start = _WORKING.get(key, 0)
     for n in range(start, len(FALLBACKS)):

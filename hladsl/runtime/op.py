@@ -103,8 +103,8 @@ class Op:
             from hladsl.runtime.context_parallel import cp_call
             return cp_call(self, tokens, g, scale, initial_state, output_final_state, cu_seqlens,
                            cp_group, cp_strategy)
-        compiling = torch.compiler.is_compiling()
-        dims = check_inputs(self.algebra, tokens, g, scale, cu_seqlens, data_checks=not compiling)
+        dims = check_inputs(self.algebra, tokens, g, scale, cu_seqlens,
+                            data_checks=value_checks(tokens[self.inputs[0]]))
         first = tokens[self.inputs[0]]
         n_seq = first.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
         init = []
@@ -211,7 +211,7 @@ class Op:
             prep = _Prepared(self, tokens, g, scale, init, cu_seqlens, chunk, keep_dtype=True)
             from hladsl.runtime.triton_forward import forward_triton
             o_tiles, finals = forward_triton(prep.program, prep.tiles, prep.lam, prep.init,
-                                             self.algebra.eps, schedule=schedule)
+                                             self.algebra.eps, schedule=schedule, out_dtype=prep.dtype)
             return prep.finish(o_tiles, finals)
         return launch.fitting_chunk(key, self._chunk(first), run)
 
@@ -237,51 +237,28 @@ class Op:
         return [torch.zeros_like(x) if d is None else d.contiguous() for x, d in zip(leaves, got)]
 
     def _backward_triton(self, tokens, g, scale, init, cu_seqlens, schedule, grad_o, grad_states):
-        """The generated backward kernels between the VJPs of the (linear, cheap) torch
-        preparation and finish: every product runs inside a kernel."""
+        """The generated backward kernels between the (linear, cheap) transposes of the
+        torch preparation and finish, written out (``_Prepared``'s ``*_vjp``): every
+        product runs inside a kernel, no tracing on the host."""
         from hladsl.runtime.triton_backward import backward_triton
-        n_tok, gated = len(tokens), g is not None
-        leaves = list(tokens) + ([g] if gated else []) + list(init)
         first = tokens[0]
         key = ("backward", tuple(sorted(self._dims(dict(zip(self.inputs, tokens))).items())),
-               first.dtype, gated, schedule, str(first.device))
+               first.dtype, g is not None, schedule, str(first.device))
 
         def run(chunk):
-            held = {}
-
-            def prepare(*xs):
-                toks = dict(zip(self.inputs, xs[:n_tok]))
-                prep = held["prep"] = _Prepared(self, toks, xs[n_tok] if gated else None, scale,
-                                                list(xs[n_tok + gated:]), cu_seqlens, chunk,
-                                                keep_dtype=True)
-                return (tuple(prep.tiles[n] for n in self.inputs), (prep.lam,) if gated else (),
-                        tuple(prep.init[s] for s in self.state_names))
-
-            (tiles, lams, starts), pull_prepare = torch.func.vjp(prepare, *leaves)
-            lam = lams[0] if gated else None
-            prep = held["prep"]
-            o_like = first.new_zeros(tiles[0].shape[:4] + (prep.dims[self.out_dim],),
-                                     dtype=torch.float32)
-
-            def finish(o_tiles, *finals):
-                o, states = prep.finish(o_tiles, dict(zip(self.state_names, finals)))
-                return (o,) + tuple(states)
-            _, pull_finish = torch.func.vjp(finish, o_like, *[x.float() for x in starts])
-            lead = tiles[0].shape[:2]
-            shapes = self.state_shapes(**prep.dims)
-            d_states = tuple(o_like.new_zeros(lead + shapes[n]) if d is None else d
-                             for n, d in zip(self.state_names, grad_states))
-            d_o_tiles, *d_finals = pull_finish((grad_o,) + d_states)
+            prep = _Prepared(self, dict(zip(self.inputs, tokens)), g, scale, init, cu_seqlens, chunk,
+                             keep_dtype=True)
+            d_finals = {n: prep.final_vjp(n, d) for n, d in zip(self.state_names, grad_states)
+                        if d is not None}
             d_tiles, d_lam, d_init = backward_triton(
-                prep.program, dict(zip(self.inputs, tiles)), lam,
-                dict(zip(self.state_names, starts)), d_o_tiles,
-                dict(zip(self.state_names, d_finals)), self.algebra.eps, schedule=schedule)
-            cot = (tuple(d_tiles[n].to(t.dtype) for n, t in zip(self.inputs, tiles)),
-                   (d_lam,) if gated else (),
-                   tuple(d_init[s].to(x.dtype) for s, x in zip(self.state_names, starts)))
-            return pull_prepare(cot)
-        got = launch.fitting_chunk(key, self._chunk(first), run)
-        return [torch.zeros_like(x) if d is None else d.contiguous() for x, d in zip(leaves, got)]
+                prep.program, prep.tiles, prep.lam, prep.init, prep.output_vjp(grad_o), d_finals,
+                self.algebra.eps, schedule=schedule, grad_dtype=first.dtype)
+            grads = [prep.token_vjp(n, d_tiles[n], x) for n, x in zip(self.inputs, tokens)]
+            if g is not None:
+                grads.append(prep.gate_vjp(d_lam, g))
+            grads += [prep.init_vjp(s.name, d_init[s.name], x) for s, x in zip(self.algebra.streaming, init)]
+            return grads
+        return launch.fitting_chunk(key, self._chunk(first), run)
 
     # -- internals -----------------------------------------------------------------------
     def _run_torch(self, tokens, g, scale, init, cu_seqlens):
@@ -304,14 +281,27 @@ class Op:
     def _dims(self, tokens) -> dict[str, int]:
         return {self.algebra.inputs[n]: x.shape[-1] for n, x in tokens.items()}
 
+    def query_scale(self, x, scale) -> float:
+        return x.shape[-1] ** -0.5 if _default(scale) else float(scale)
+
     def _scaled(self, tokens, scale, dtype):
         out = {}
         for name, x in tokens.items():
             x = x.to(dtype)
             if name in self.queries:
-                x = x * (x.shape[-1] ** -0.5 if _default(scale) else float(scale))
+                x = x * self.query_scale(x, scale)
             out[name] = x
         return out
+
+
+def value_checks(x) -> bool:
+    """Check the values of g (finite, <= 0)? Reading a CUDA tensor's values waits for
+    the GPU (a host sync per call that stalls the launch queue), so on CUDA only when
+    HLADSL_CHECK_VALUES=1; never while torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return False
+    on_cuda = isinstance(x, torch.Tensor) and x.device.type == "cuda"   # x is not validated yet
+    return not on_cuda or os.environ.get("HLADSL_CHECK_VALUES") == "1"
 
 
 def _compute_dtype(x) -> torch.dtype:
@@ -329,34 +319,85 @@ class _Prepared:
         self.op, self.dtype = op, first.dtype
         self.compute = compute = _compute_dtype(first)
         self.dims = dims = op._dims(tokens)
+        self.scales = {n: op.query_scale(tokens[n], scale) for n in op.queries}
         tokens = op._scaled(tokens, scale,
                             first.dtype if keep_dtype else compute)
         gates = None if g is None else g.to(compute)
-        self.index = None
+        self.index = self.src = None
         if cu_seqlens is not None:
-            tokens, gates, self.index = _to_padded(tokens, gates, cu_seqlens)
+            tokens, gates, self.index, self.src = _to_padded(tokens, gates, cu_seqlens)
         first = tokens[op.inputs[0]]
         B, T, H = first.shape[:3]
         self.shape = (B, T, H)
         self.program = program_for(op.compilation, chunk, tuple(sorted(dims.items())),
                                    gates is not None)
-        n_chunks = max(1, -(-T // chunk))
-        pad = n_chunks * chunk - T
-        self.tiles = {}
-        for name, x in tokens.items():   # a view of the input unless T needs padding
-            if pad:
-                x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
-            self.tiles[name] = x.reshape(B, n_chunks, chunk, H, -1).permute(0, 3, 1, 2, 4)
+        self.chunk = chunk
+        self.n_chunks = n_chunks = max(1, -(-T // chunk))
+        self.pad = n_chunks * chunk - T
+        self.tiles = {name: self._tiled(x) for name, x in tokens.items()}   # views unless padded
         self.lam = None
         if gates is not None:
-            if pad:
-                gates = torch.nn.functional.pad(gates, (0, 0, 0, pad))
-            self.lam = gates.reshape(B, n_chunks, chunk, H).permute(0, 3, 1, 2).cumsum(-1)
+            self.lam = self._tiled(gates.unsqueeze(-1))[..., 0].cumsum(-1)
         self.init = {}
         for n, s in enumerate(alg.streaming):
             x = (init[n].to(compute) if init else
                  first.new_zeros((B, H) + packed_shape(s, dims), dtype=compute))
             self.init[s.name] = x if self.program.is_packed(s.name) else unpack(s, x, dims)
+
+    def _tiled(self, x):
+        """[N, T, H, dim] -> [N, H, nC, C, dim] (a view unless T needs padding)."""
+        if self.pad:
+            x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, self.pad))
+        B, _, H = self.shape
+        return x.reshape(B, self.n_chunks, self.chunk, H, -1).permute(0, 3, 1, 2, 4)
+
+    def _untiled(self, d, like):
+        """The transpose of _tiled and _to_padded: tile gradients [N, H, nC, C, dim] ->
+        the caller's [B, T, H, dim] (or varlen [1, T, H, dim]) layout."""
+        B, T, H = self.shape
+        d = d.permute(0, 2, 3, 1, 4).reshape(B, self.n_chunks * self.chunk, H, -1)[:, :T]
+        if self.index is None:
+            return d
+        out = like.new_zeros(like.shape[:-1] + d.shape[-1:], dtype=d.dtype)
+        out[0, self.src] = d.reshape(-1, *d.shape[2:])[self.index]
+        return out
+
+    # -- the transposes of the preparation and finish (all linear) ----------------------------
+    def output_vjp(self, grad_o):
+        """d o [B, T, H, dv] -> d o-tiles [N, H, nC, C, dv] (views where no padding)."""
+        if self.index is not None:
+            B, T, H = self.shape
+            flat = grad_o.new_zeros((B * T,) + grad_o.shape[2:])
+            flat[self.index] = grad_o[0]
+            grad_o = flat.reshape(B, T, *grad_o.shape[2:])
+        return self._tiled(grad_o)
+
+    def final_vjp(self, name, d):
+        """d final state (storage layout) -> the program's layout."""
+        if self.program.is_packed(name):
+            return d.float()
+        s = next(s for s in self.op.algebra.streaming if s.name == name)
+        full = self.init[name]
+        _, pull = torch.func.vjp(lambda x: pack(s, x, self.dims), full)
+        return pull(d.to(full.dtype))[0]
+
+    def token_vjp(self, name, d_tiles, x):
+        d = self._untiled(d_tiles, x)
+        if name in self.scales:
+            d = d * self.scales[name]
+        return d.to(x.dtype, memory_format=torch.contiguous_format)
+
+    def gate_vjp(self, d_lam, g):
+        """dΛ (in-chunk cumulative sums) -> dg: a reverse cumulative sum within each chunk."""
+        d = d_lam.flip(-1).cumsum(-1).flip(-1)
+        return self._untiled(d.unsqueeze(-1), g.unsqueeze(-1))[..., 0].to(g.dtype).contiguous()
+
+    def init_vjp(self, name, d, x):
+        if self.program.is_packed(name):
+            return d.to(x.dtype).contiguous()
+        s = next(s for s in self.op.algebra.streaming if s.name == name)
+        _, pull = torch.func.vjp(lambda y: unpack(s, y, self.dims), x.to(d.dtype))
+        return pull(d)[0].to(x.dtype).contiguous()
 
     def finish(self, o_tiles, finals):
         """o [B, T, H, dv] in the inputs' dtype and the final states in storage layout."""
@@ -364,7 +405,7 @@ class _Prepared:
         o = o_tiles.permute(0, 2, 3, 1, 4).reshape(B, -1, H, o_tiles.shape[-1])[:, :T]
         if self.index is not None:
             o = o.reshape(-1, *o.shape[2:])[self.index].unsqueeze(0)
-        if o.dtype != self.dtype:   # one copy: cast and lay out contiguously together
+        if o.dtype != self.dtype or not o.is_contiguous():   # one copy: cast and lay out together
             o = o.to(self.dtype, memory_format=torch.contiguous_format)
         states = [finals[s.name] if self.program.is_packed(s.name)
                   else pack(s, finals[s.name], self.dims) for s in alg.streaming]
@@ -372,7 +413,8 @@ class _Prepared:
 
 
 def _to_padded(tokens, gates, cu_seqlens):
-    """Varlen [1, T, ...] -> padded [N, Tmax, ...] plus the gather index back."""
+    """Varlen [1, T, ...] -> padded [N, Tmax, ...], the gather index back (padded rows of
+    the tokens) and the tokens' positions in the input (src)."""
     bounds = cu_seqlens.tolist()
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     t_max = max(max(lengths), 1)
@@ -389,4 +431,4 @@ def _to_padded(tokens, gates, cu_seqlens):
     if gates is not None:
         flat = gates.new_zeros((len(lengths) * t_max,) + gates.shape[2:])
         g = flat.index_copy(0, index, gates[0, src]).reshape(len(lengths), t_max, *gates.shape[2:])
-    return out, g, index
+    return out, g, index, src

@@ -45,6 +45,25 @@ def _positions(n: int, p: int) -> torch.Tensor:
                         dtype=torch.long)
 
 
+@lru_cache(maxsize=256)
+def _flat_combos(n: int, p: int) -> torch.Tensor:
+    """Row-major flat position of every packed multi-index in the full [n]^p block."""
+    return (combos(n, p) * torch.tensor([n ** (p - 1 - j) for j in range(p)])).sum(-1)
+
+
+_DEVICE_TABLES: dict = {}
+
+
+def _on_device(table, n: int, p: int, device: torch.device) -> torch.Tensor:
+    """``table(n, p)`` on ``device``, copied there once: a host-to-device copy of
+    pageable memory per call would wait for the GPU."""
+    key = (table.__name__, n, p, str(device))
+    got = _DEVICE_TABLES.get(key)
+    if got is None:
+        got = _DEVICE_TABLES[key] = table(n, p).to(device)
+    return got
+
+
 def pack(s: Summary, full: torch.Tensor, dims: dict[str, int]) -> torch.Tensor:
     """[..., *full_shape] -> [..., *packed_shape]."""
     lead = full.dim() - len(s.dims)
@@ -68,9 +87,7 @@ def _pack_group(x, lead, group, n):
     slots = [lead + g for g in group]
     rest = [k for k in range(x.dim()) if k not in slots]
     moved = x.permute(rest + slots).reshape(*[x.shape[k] for k in rest], n ** p)
-    flat = (combos(n, p).to(x.device) * torch.tensor([n ** (p - 1 - j) for j in range(p)],
-                                                      device=x.device)).sum(-1)
-    packed = moved.index_select(-1, flat)
+    packed = moved.index_select(-1, _on_device(_flat_combos, n, p, x.device))
     first = lead + group[0]
     order = list(range(packed.dim() - 1))
     order.insert(first, packed.dim() - 1)
@@ -81,7 +98,7 @@ def _unpack_group(x, lead, group, n, s):
     p = len(group)
     first = lead + group[0]
     moved = x.movedim(first, -1)
-    full = moved.index_select(-1, _positions(n, p).to(x.device))
+    full = moved.index_select(-1, _on_device(_positions, n, p, x.device))
     full = full.reshape(*moved.shape[:-1], *([n] * p))
     # put the p slots back at their positions
     base = list(range(moved.dim() - 1))

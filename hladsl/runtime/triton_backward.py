@@ -11,7 +11,8 @@ import triton
 from hladsl.codegen.triton_bwd import backward_kernels
 from hladsl.codegen.triton_gen import constexprs
 from hladsl.runtime import launch
-from hladsl.runtime.triton_forward import _packed_tables, _state_buffers, _token_args
+from hladsl.runtime.triton_forward import (_packed_tables, _state_buffers, _token_args, tile_args,
+                                           token_layout)
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime.backward_torch import check_backward_args
 
@@ -20,13 +21,15 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                     init_states: dict[str, torch.Tensor], grad_o: torch.Tensor,
                     grad_final: dict[str, torch.Tensor] | None, eps: float,
                     precision: str = "tf32x3", num_warps: int = 4, reverse_block: int | None = None,
-                    schedule: str = "auto", targets_per_program: int | None = None):
+                    schedule: str = "auto", targets_per_program: int | None = None,
+                    grad_dtype: torch.dtype = torch.float32):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16, may be strided views);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff ungated); init_states
     and grad_final: summary -> [N, H, *program.state_shape] (a missing or None
-    grad_final entry is zero); grad_o: [N, H, nC, C, dv]. Returns (d_tiles {input:
-    [N, H, nC, C, dim] fp32}, d_lam [N, H, nC, C] fp32 or None, d_init {summary:
-    [N, H, *shape] fp32}). d_lam is the gradient w.r.t. lam (dg: its reverse
+    grad_final entry is zero); grad_o: [N, H, nC, C, dv] (any float dtype and strides, unit
+    feature stride). Returns (d_tiles {input: [N, H, nC, C, dim] in ``grad_dtype``, tile views
+    of contiguous [N, nC*C, H, dim] tensors}, d_lam [N, H, nC, C] fp32 or None, d_init
+    {summary: [N, H, *shape] fp32}). d_lam is the gradient w.r.t. lam (dg: its reverse
     cumulative sum within each chunk). precision / num_warps as for forward_triton;
     reverse_block: the value-dim block of one reverse-pass program where the program
     splits it (default: small enough to fill the GPU). schedule: "two_pass" (reverse
@@ -73,20 +76,21 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     launch.launch(module.state_pass_kernel, tuple(grid), {**state_args, **common, **block}, True)
 
     # the cotangents of num (and den)
-    grad_o = grad_o.to(device=device, dtype=torch.float32).contiguous()
-    cot = {"dnum_ptr": grad_o}
+    if grad_o.stride(-1) != 1:
+        grad_o = grad_o.contiguous()
+    cot = tile_args("dnum", grad_o)    # read in place, in its dtype
     if program.normalizer:
-        dnum = torch.empty_like(grad_o)
-        dden = grad_o.new_empty(grad_o.shape[:-1])
+        dnum = torch.empty(grad_o.shape, device=device, dtype=torch.float32)
+        dden = dnum.new_empty(grad_o.shape[:-1])
         args = {**_token_args(fwd["output_inputs"], tiles, lam, program.gated), **packed,
                 **{f"starts_{n}": x for n, x in starts.items()},
-                "do_ptr": grad_o, "dnum_ptr": dnum, "dden_ptr": dden, "eps": float(eps)}
+                **tile_args("do", grad_o), **tile_args("dnum", dnum), "dden_ptr": dden, "eps": float(eps)}
         launch.launch(module.cotangent_kernel, (n_chunks, n_seq * heads), {**args, **common}, True)
-        cot = {"dnum_ptr": dnum, "dden_ptr": dden}
+        cot = {**tile_args("dnum", dnum), "dden_ptr": dden}
 
     if launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads):
         return _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final,
-                      common, first, lam, targets_per_program)
+                      common, first, lam, targets_per_program, grad_dtype)
 
     # (b) reverse state pass: d(end state) of every chunk, d initial state
     d_init, dends, rev = {}, {}, {}
@@ -113,8 +117,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             True)
 
     # (c) token and Λ gradients, parallel over chunks
-    d_tiles, d_lam, out = _grad_buffers(ctx, first, common, lam)
-    args = {**tokens, **packed, **cot, **out,
+    d_tiles, d_lam = _grad_buffers(ctx, first, common, lam, grad_dtype)
+    args = {**tokens, **packed, **cot,
             **{f"starts_{s['name']}": starts[s["name"]] for s in ctx["grad_reads"]},
             **{f"dends_{s['name']}": dends[s["name"]] for s in ctx["grad_cts"]}}
     loop = {}
@@ -124,35 +128,46 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     # the narrow loop tile matters to the bf16 guard only where a DOT-dtype dot runs on it
     dot = launch.dot_override(first, ctx["grad_chained_dots"], loop if ctx["grad_loop_dot"] else {})
     groups = ctx["grad_groups"]
+    everything = _grad_args(d_tiles, d_lam)
     for targets in launch.grad_target_sets(len(groups), targets_per_program):
-        mine = [f"dx_{g['input']}_ptr" if g["input"] else "dlam_ptr"
-                for n, g in enumerate(groups) if targets >> n & 1]
         held = [g for n, g in enumerate(groups) if targets >> n & 1]
         parts = launch.grad_parts(max(g["networks"] for g in held), sum(g["matmuls"] for g in held))
-        partial = {k: [out[k]] + [torch.empty_like(out[k]) for _ in range(parts - 1)] for k in mine}
+        # one part writes its targets in place; several write fp32 partials, summed after
+        final = {g["input"]: d_tiles[g["input"]] if g["input"] else d_lam for g in held}
+        partial = {n: [x] if parts == 1 else [torch.empty(x.shape, device=device, dtype=torch.float32)
+                                              for _ in range(parts)] for n, x in final.items()}
         for part in range(parts):
+            mine = {}
+            for n, xs in partial.items():
+                mine.update(tile_args(f"dx_{n}", xs[part]) if n else {"dlam_ptr": xs[part]})
             launch.launch(module.grad_kernel, (n_chunks, n_seq * heads),
-                          {**args, **{k: partial[k][part] for k in mine}, **common, **loop, **dot,
+                          {**args, **everything, **mine, **common, **loop, **dot,
                            "TARGETS": targets, "PART": part, "PARTS": parts}, True)
-        for k in mine:   # the parts' partial gradients
-            for x in partial[k][1:]:
-                out[k].add_(x)
+        if parts > 1:
+            for n, xs in partial.items():
+                final[n].copy_(torch.stack(xs).sum(0))
     return d_tiles, d_lam, d_init
 
 
-def _grad_buffers(ctx, first, common, lam) -> tuple[dict, torch.Tensor | None, dict]:
+def _grad_buffers(ctx, first, common, lam, dtype) -> tuple[dict, torch.Tensor | None]:
     n_seq, heads, n_chunks, chunk = first.shape[:4]
-    d_tiles = {x["name"]: torch.empty((n_seq, heads, n_chunks, chunk, common[f"D_{x['dim']}"]),
-                                      device=first.device, dtype=torch.float32) for x in ctx["inputs"]}
-    d_lam = None if lam is None else torch.empty_like(lam)
-    args = {f"dx_{n}_ptr": x for n, x in d_tiles.items()}
+    d_tiles = {x["name"]: token_layout(n_seq, heads, n_chunks, chunk, common[f"D_{x['dim']}"], dtype,
+                                       first.device) for x in ctx["inputs"]}
+    return d_tiles, None if lam is None else torch.empty_like(lam)
+
+
+def _grad_args(d_tiles, d_lam) -> dict:
+    """Every gradient buffer as a kernel argument (a launch writes only its targets')."""
+    args = {}
+    for n, x in d_tiles.items():
+        args.update(tile_args(f"dx_{n}", x))
     if d_lam is not None:
         args["dlam_ptr"] = d_lam
-    return d_tiles, d_lam, args
+    return args
 
 
 def _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final, common, first,
-           lam, targets_per_program):
+           lam, targets_per_program, grad_dtype):
     n_seq, heads = first.shape[:2]
     args, d_init = {}, {}
     for s in ctx["reverse_states"]:
@@ -163,9 +178,10 @@ def _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_f
                                   given.to(device=init.device, dtype=torch.float32).contiguous())
         args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
     args.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["fused"]["reads"]})
-    d_tiles, d_lam, out = _grad_buffers(ctx, first, common, lam)
+    d_tiles, d_lam = _grad_buffers(ctx, first, common, lam, grad_dtype)
     dot = launch.dot_override(first, ctx["fused"]["chained_dots"], {})
     for targets in launch.grad_target_sets(len(ctx["fused"]["groups"]), targets_per_program):
         launch.launch(module.fused_bwd_kernel, (n_seq * heads,),
-                      {**tokens, **packed, **args, **cot, **out, **common, **dot, "TARGETS": targets}, True)
+                      {**tokens, **packed, **args, **cot, **_grad_args(d_tiles, d_lam), **common, **dot,
+                       "TARGETS": targets}, True)
     return d_tiles, d_lam, d_init

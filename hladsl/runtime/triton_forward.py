@@ -47,12 +47,27 @@ def _token_args(inputs, tiles, lam, gated) -> dict:
     return args
 
 
+def tile_args(name: str, t: torch.Tensor) -> dict:
+    """``<name>_ptr`` and its strides over (N, H, nC, C): a tile argument the kernels
+    read or write in place (feature stride 1)."""
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name}: the feature dim must have stride 1, got strides {t.stride()}")
+    return {f"{name}_ptr": t, **{f"str_{name}_{a}": s for a, s in zip("nhct", t.stride()[:4])}}
+
+
+def token_layout(n_seq: int, heads: int, n_chunks: int, chunk: int, dim: int, dtype, device):
+    """An empty [N, H, nC, C, dim] tile view of a contiguous [N, nC*C, H, dim] tensor: the
+    layout of the op's tokens, so kernels write outputs and gradients where they go."""
+    x = torch.empty((n_seq, n_chunks * chunk, heads, dim), dtype=dtype, device=device)
+    return x.view(n_seq, n_chunks, chunk, heads, dim).permute(0, 3, 1, 2, 4)
+
+
 def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                    init_states: dict[str, torch.Tensor], eps: float, precision: str = "tf32x3",
                    state_block: int | None = None, num_warps: int = 4,
                    num_stages: int | None = None, packed_block: int | None = None,
                    state_options: dict | None = None, output_options: dict | None = None,
-                   schedule: str = "auto"):
+                   schedule: str = "auto", out_dtype: torch.dtype = torch.float32):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16; may be a strided view);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff the program is ungated);
     init_states: summary -> [N, H, *shape] as the program holds it (program.state_shape). precision: how fp32 tiles are
@@ -65,8 +80,9 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     (e.g. {"DOT": tl.float32, "num_stages": 1}). schedule: "two_pass" (state pass,
     then outputs parallel over chunks), "fused" (one kernel, no chunk-start states
     in HBM; needs a program without packed states) or "auto" (on a GPU, fused when
-    there are enough (sequence, head) pairs to fill it without chunk parallelism). Returns (o [N, H, nC, C, dv] fp32,
-    {summary: final state [N, H, *shape] fp32})."""
+    there are enough (sequence, head) pairs to fill it without chunk parallelism). Returns (o [N, H, nC, C, dv]
+    in ``out_dtype``, a tile view of a contiguous [N, nC*C, H, dv] tensor, {summary: final state
+    [N, H, *shape] fp32})."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
         raise ValueError("lam must be given exactly when the chunk program is gated")
@@ -90,7 +106,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     if fused:
         try:
             return _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block,
-                          num_stages is None, state_options)
+                          num_stages is None, state_options, out_dtype)
         except triton.runtime.errors.OutOfResources:
             if schedule == "fused":
                 raise   # auto: all states in one kernel may not fit (hla2 at d = 128): two-pass
@@ -118,7 +134,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     launch.launch(module.state_pass_kernel, tuple(grid),
             {**state_args, **common, **block, **(state_options or {})}, num_stages is None)
 
-    o, out = _output_buffer(program, ctx, first, eps)
+    o, out = _output_buffer(program, ctx, first, eps, out_dtype)
     out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated), **packed, **out)
     launch.launch(module.output_kernel, (n_chunks, n_seq * heads),
             {**out_args, **common, **(output_options or {})}, num_stages is None)
@@ -126,13 +142,13 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
 
 
 def _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block, may_fall_back,
-           options):
+           options, out_dtype):
     first = next(iter(tiles.values()))
     n_seq, heads = first.shape[:2]
     f = ctx["fused"]
     args, final = _state_buffers(ctx, init_states, first.device)
     args.update(_token_args(f["inputs"], tiles, lam, program.gated))
-    o, out = _output_buffer(program, ctx, first, eps)
+    o, out = _output_buffer(program, ctx, first, eps, out_dtype)
     args.update(out)
     grid, block = (n_seq * heads,), {}
     if f["split"]:
@@ -156,10 +172,9 @@ def _state_buffers(ctx, init_states, device) -> tuple[dict, dict]:
     return args, final
 
 
-def _output_buffer(program, ctx, first, eps) -> tuple[torch.Tensor, dict]:
+def _output_buffer(program, ctx, first, eps, dtype) -> tuple[torch.Tensor, dict]:
     n_seq, heads, n_chunks, chunk = first.shape[:4]
-    dv = dict(program.sizes)[ctx["o_dim"]]
-    o = torch.empty((n_seq, heads, n_chunks, chunk, dv), device=first.device, dtype=torch.float32)
-    return o, {"out_ptr": o, **({"eps": float(eps)} if ctx["normalize"] else {})}
+    o = token_layout(n_seq, heads, n_chunks, chunk, dict(program.sizes)[ctx["o_dim"]], dtype, first.device)
+    return o, {**tile_args("out", o), **({"eps": float(eps)} if ctx["normalize"] else {})}
 
 

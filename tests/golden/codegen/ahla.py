@@ -9,7 +9,8 @@ state_pass_kernel  grid (N*H, blocks of dv): walks the chunks of one
                    the output kernel reads, and the final state.
 output_kernel      grid (nC, N*H): one chunk each; derived carries, every output
                    term.
-Token tiles are [N, H, nC, C, dim] (any strides, unit feature stride); lam is the
+Token tiles and o are [N, H, nC, C, dim] (any strides, unit feature stride; o is
+written in its buffer's dtype, so the caller's [B, T, H, dv] output needs no copy); lam is the
 in-chunk cumulative log gate [N, H, nC, C] (gated programs only). States are
 contiguous fp32 [N, H, *shape] (starts: [N, H, nC, *shape]). Feature dims are
 padded to the power-of-two blocks B_<dim>: masked loads give zeros, which every
@@ -100,7 +101,7 @@ def state_pass_kernel(
         # [i,s0] = in_k[Tn0,i] · in_q[Tn0,s0]   (matmul over Tn0)
         t3 = _dot(tl.trans(in_k), in_q, DOT, PREC)
         # [i,e] = t3[i,s0] · st_P[s0,e]   (matmul over s0)
-        t4 = _dot(t3, st_P, tl.float32, PREC)
+        t4 = _dot(t3, st_P, DOT, PREC)
         nx_E += t4 * tl.exp(1 * lam_end)
 
         # +1 · k_n1[i] q_n1[s2] k_n0[s2] v_n0[e]   [n0 <= n1, n1 in chunk; w(n0)=1]
@@ -129,7 +130,7 @@ def output_kernel(
     lam_ptr,  # [N, H, nC, C]
     starts_P,  # P[i,e] at each chunk start: [N, H, nC, d, dv]
     starts_E,  # E[i,e] at each chunk start: [N, H, nC, d, dv]
-    out_ptr,  # o [N, H, nC, C, dv] fp32
+    out_ptr, str_out_n, str_out_h, str_out_c, str_out_t,  # o [N, H, nC, C, dv] in the output dtype (any strides, unit feature stride)
     H, n_chunks,
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
@@ -172,13 +173,13 @@ def output_kernel(
     # ---- output: o[e] = q_t[_0] E[_0,e]
     # +1 · q_t[_0] P@P[s0,e] k_n0[_0] q_n0[s0]   [n0 <= t; w(P)=1]
     # [e,Tn0] = in_q[Tn0,s0] · st_P[s0,e]   (matmul over s0)
-    t1 = _dot(tl.trans(st_P), tl.trans(in_q), tl.float32, PREC)
+    t1 = _dot(tl.trans(st_P), tl.trans(in_q), DOT, PREC)
     # [Tt,Tn0] = in_q[Tt,_0] · in_k[Tn0,_0]   (matmul over _0)
     t2 = _dot(in_q, tl.trans(in_k), DOT, PREC)
     # [Tt,Tn0] = t2[Tt,Tn0] · mask_le_w0[Tt,Tn0]   (elementwise)
     t3 = t2 * mask_le_w0
     # [Tt,e] = t1[e,Tn0] · t3[Tt,Tn0]   (matmul over Tn0)
-    t4 = _dot(t3, tl.trans(t1), tl.float32, PREC)
+    t4 = _dot(t3, tl.trans(t1), DOT, PREC)
     # [Tt,e] = t4[Tt,e] · decay_start_w1[Tt]   (elementwise)
     t5 = t4 * decay_start_w1[:, None]
     num = t5
@@ -197,12 +198,12 @@ def output_kernel(
 
     # +1 · q_t[_0] E@P[_0,e]   [carry only; w(P)=1]
     # [Tt,e] = in_q[Tt,_0] · st_E[_0,e]   (matmul over _0)
-    t9 = _dot(in_q, st_E, tl.float32, PREC)
+    t9 = _dot(in_q, st_E, DOT, PREC)
     # [Tt,e] = t9[Tt,e] · decay_start_w1[Tt]   (elementwise)
     t10 = t9 * decay_start_w1[:, None]
     num += t10
-    tl.store(out_ptr + ((pid_nh * n_chunks + i_c) * C + offs_t[:, None]) * D_dv + offs_dv[None, :],
-             num, mask=offs_dv[None, :] < D_dv)
+    tl.store(out_ptr + n * str_out_n + h * str_out_h + i_c * str_out_c + offs_t[:, None] * str_out_t + offs_dv[None, :],
+             num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
 
 @triton.jit
@@ -213,7 +214,7 @@ def fused_kernel(
     lam_ptr,  # [N, H, nC, C]
     init_P, final_P,  # P[i,e]: [d, dv]
     init_E, final_E,  # E[i,e]: [d, dv]
-    out_ptr,  # o [N, H, nC, C, dv] fp32
+    out_ptr, str_out_n, str_out_h, str_out_c, str_out_t,  # o [N, H, nC, C, dv] in the output dtype (any strides, unit feature stride)
     H, n_chunks,
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
@@ -263,13 +264,13 @@ def fused_kernel(
         # ---- output: o[e] = q_t[_0] E[_0,e]
         # +1 · q_t[_0] P@P[s0,e] k_n0[_0] q_n0[s0]   [n0 <= t; w(P)=1]
         # [e,Tn0] = in_q[Tn0,s0] · st_P[s0,e]   (matmul over s0)
-        t1 = _dot(tl.trans(st_P), tl.trans(in_q), tl.float32, PREC)
+        t1 = _dot(tl.trans(st_P), tl.trans(in_q), DOT, PREC)
         # [Tt,Tn0] = in_q[Tt,_0] · in_k[Tn0,_0]   (matmul over _0)
         t2 = _dot(in_q, tl.trans(in_k), DOT, PREC)
         # [Tt,Tn0] = t2[Tt,Tn0] · mask_le_w0[Tt,Tn0]   (elementwise)
         t3 = t2 * mask_le_w0
         # [Tt,e] = t1[e,Tn0] · t3[Tt,Tn0]   (matmul over Tn0)
-        t4 = _dot(t3, tl.trans(t1), tl.float32, PREC)
+        t4 = _dot(t3, tl.trans(t1), DOT, PREC)
         # [Tt,e] = t4[Tt,e] · decay_start_w1[Tt]   (elementwise)
         t5 = t4 * decay_start_w1[:, None]
         num = t5
@@ -288,12 +289,12 @@ def fused_kernel(
 
         # +1 · q_t[_0] E@P[_0,e]   [carry only; w(P)=1]
         # [Tt,e] = in_q[Tt,_0] · st_E[_0,e]   (matmul over _0)
-        t9 = _dot(in_q, st_E, tl.float32, PREC)
+        t9 = _dot(in_q, st_E, DOT, PREC)
         # [Tt,e] = t9[Tt,e] · decay_start_w1[Tt]   (elementwise)
         t10 = t9 * decay_start_w1[:, None]
         num += t10
-        tl.store(out_ptr + ((pid_nh * n_chunks + i_c) * C + offs_t[:, None]) * D_dv + offs_dv[None, :],
-                 num, mask=offs_dv[None, :] < D_dv)
+        tl.store(out_ptr + n * str_out_n + h * str_out_h + i_c * str_out_c + offs_t[:, None] * str_out_t + offs_dv[None, :],
+                 num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
         # ---- P: state at the end of this chunk
         # +1 · P@P[i,e]   [carry only; w(P)=1]
@@ -314,7 +315,7 @@ def fused_kernel(
         # [i,s0] = in_k[Tn0,i] · in_q[Tn0,s0]   (matmul over Tn0)
         t13 = _dot(tl.trans(in_k), in_q, DOT, PREC)
         # [i,e] = t13[i,s0] · st_P[s0,e]   (matmul over s0)
-        t14 = _dot(t13, st_P, tl.float32, PREC)
+        t14 = _dot(t13, st_P, DOT, PREC)
         nx_E += t14 * tl.exp(1 * lam_end)
 
         # +1 · k_n1[i] q_n1[s2] k_n0[s2] v_n0[e]   [n0 <= n1, n1 in chunk; w(n0)=1]

@@ -9,7 +9,8 @@ state_pass_kernel  grid (N*H, blocks of dv): walks the chunks of one
                    the output kernel reads, and the final state.
 output_kernel      grid (nC, N*H): one chunk each; derived carries, every output
                    term.
-Token tiles are [N, H, nC, C, dim] (any strides, unit feature stride); lam is the
+Token tiles and o are [N, H, nC, C, dim] (any strides, unit feature stride; o is
+written in its buffer's dtype, so the caller's [B, T, H, dv] output needs no copy); lam is the
 in-chunk cumulative log gate [N, H, nC, C] (gated programs only). States are
 contiguous fp32 [N, H, *shape] (starts: [N, H, nC, *shape]). Feature dims are
 padded to the power-of-two blocks B_<dim>: masked loads give zeros, which every
@@ -152,7 +153,7 @@ def output_kernel(
     starts_S,  # S[i,j] at each chunk start: [N, H, nC, d, d]
     starts_C,  # C[i,e] at each chunk start: [N, H, nC, d, dv]
     starts_G,  # G[i,e] at each chunk start: [N, H, nC, d, dv]
-    out_ptr,  # o [N, H, nC, C, dv] fp32
+    out_ptr, str_out_n, str_out_h, str_out_c, str_out_t,  # o [N, H, nC, C, dv] in the output dtype (any strides, unit feature stride)
     H, n_chunks,
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
@@ -206,20 +207,20 @@ def output_kernel(
     # ---- output: o[e] = q_t[_0] C[_1,e] S[_0,_1] - q_t[_0] G[_0,e]
     # +1 · q_t[_0] W0[_0,e]   [carry only]
     # [Tt,e] = in_q[Tt,_0] · dr_W0[_0,e]   (matmul over _0)
-    t2 = _dot(in_q, dr_W0, tl.float32, PREC)
+    t2 = _dot(in_q, dr_W0, DOT, PREC)
     # [Tt,e] = t2[Tt,e] · decay_start_w2[Tt]   (elementwise)
     t3 = t2 * decay_start_w2[:, None]
     num = t3
 
     # +1 · q_t[_0] q_n0[_1] v_n0[e] S@P[_0,_1]   [n0 <= t; w(n0)=1, w(P)=1]
     # [Tt,_1] = in_q[Tt,_0] · st_S[_0,_1]   (matmul over _0)
-    t4 = _dot(in_q, st_S, tl.float32, PREC)
+    t4 = _dot(in_q, st_S, DOT, PREC)
     # [Tt,Tn0] = in_q[Tn0,_1] · t4[Tt,_1]   (matmul over _1)
-    t5 = _dot(t4, tl.trans(in_q), tl.float32, PREC)
+    t5 = _dot(t4, tl.trans(in_q), DOT, PREC)
     # [Tt,Tn0] = t5[Tt,Tn0] · mask_le_w1[Tt,Tn0]   (elementwise)
     t6 = t5 * mask_le_w1
     # [Tt,e] = in_v[Tn0,e] · t6[Tt,Tn0]   (matmul over Tn0)
-    t7 = _dot(t6, in_v, tl.float32, PREC)
+    t7 = _dot(t6, in_v, DOT, PREC)
     # [Tt,e] = t7[Tt,e] · decay_start_w1[Tt]   (elementwise)
     t8 = t7 * decay_start_w1[:, None]
     num += t8
@@ -237,8 +238,8 @@ def output_kernel(
     # [Tt,e] = in_v[Tn1,e] · t12[Tt,Tn1]   (matmul over Tn1)
     t13 = _dot(t12, in_v, DOT, PREC)
     num += t13
-    tl.store(out_ptr + ((pid_nh * n_chunks + i_c) * C + offs_t[:, None]) * D_dv + offs_dv[None, :],
-             num, mask=offs_dv[None, :] < D_dv)
+    tl.store(out_ptr + n * str_out_n + h * str_out_h + i_c * str_out_c + offs_t[:, None] * str_out_t + offs_dv[None, :],
+             num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
 
 @triton.jit
@@ -250,7 +251,7 @@ def fused_kernel(
     init_S, final_S,  # S[i,j]: [d, d]
     init_C, final_C,  # C[i,e]: [d, dv]
     init_G, final_G,  # G[i,e]: [d, dv]
-    out_ptr,  # o [N, H, nC, C, dv] fp32
+    out_ptr, str_out_n, str_out_h, str_out_c, str_out_t,  # o [N, H, nC, C, dv] in the output dtype (any strides, unit feature stride)
     H, n_chunks,
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
@@ -314,20 +315,20 @@ def fused_kernel(
         # ---- output: o[e] = q_t[_0] C[_1,e] S[_0,_1] - q_t[_0] G[_0,e]
         # +1 · q_t[_0] W0[_0,e]   [carry only]
         # [Tt,e] = in_q[Tt,_0] · dr_W0[_0,e]   (matmul over _0)
-        t2 = _dot(in_q, dr_W0, tl.float32, PREC)
+        t2 = _dot(in_q, dr_W0, DOT, PREC)
         # [Tt,e] = t2[Tt,e] · decay_start_w2[Tt]   (elementwise)
         t3 = t2 * decay_start_w2[:, None]
         num = t3
 
         # +1 · q_t[_0] q_n0[_1] v_n0[e] S@P[_0,_1]   [n0 <= t; w(n0)=1, w(P)=1]
         # [Tt,_1] = in_q[Tt,_0] · st_S[_0,_1]   (matmul over _0)
-        t4 = _dot(in_q, st_S, tl.float32, PREC)
+        t4 = _dot(in_q, st_S, DOT, PREC)
         # [Tt,Tn0] = in_q[Tn0,_1] · t4[Tt,_1]   (matmul over _1)
-        t5 = _dot(t4, tl.trans(in_q), tl.float32, PREC)
+        t5 = _dot(t4, tl.trans(in_q), DOT, PREC)
         # [Tt,Tn0] = t5[Tt,Tn0] · mask_le_w1[Tt,Tn0]   (elementwise)
         t6 = t5 * mask_le_w1
         # [Tt,e] = in_v[Tn0,e] · t6[Tt,Tn0]   (matmul over Tn0)
-        t7 = _dot(t6, in_v, tl.float32, PREC)
+        t7 = _dot(t6, in_v, DOT, PREC)
         # [Tt,e] = t7[Tt,e] · decay_start_w1[Tt]   (elementwise)
         t8 = t7 * decay_start_w1[:, None]
         num += t8
@@ -345,8 +346,8 @@ def fused_kernel(
         # [Tt,e] = in_v[Tn1,e] · t12[Tt,Tn1]   (matmul over Tn1)
         t13 = _dot(t12, in_v, DOT, PREC)
         num += t13
-        tl.store(out_ptr + ((pid_nh * n_chunks + i_c) * C + offs_t[:, None]) * D_dv + offs_dv[None, :],
-                 num, mask=offs_dv[None, :] < D_dv)
+        tl.store(out_ptr + n * str_out_n + h * str_out_h + i_c * str_out_c + offs_t[:, None] * str_out_t + offs_dv[None, :],
+                 num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
         # ---- S: state at the end of this chunk
         # +1 · S@P[i,j]   [carry only; w(P)=1]

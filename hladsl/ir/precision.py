@@ -1,0 +1,98 @@
+"""The precision plan of a chunk program: which products must stay fp32-accurate.
+
+Tokens arrive in bf16/fp16 and are exact in that dtype; carried states are fp32.
+A product that reads a carried state may round the state to the tensor cores'
+dtype (one bf16 dot, relative error ~2^-9 of each product) as long as nothing
+downstream subtracts large, nearly equal values. Where a sum has carry-reading
+terms of opposite sign (HLA2's derived W = C S - G, HLA3's SK SQ P - G1 - G2 - G3)
+the result is a small difference of large terms and bf16 rounding of either side
+destroys it. So:
+
+1. a *cancelling sum* (a derived carry, the output, the normaliser or a state's
+   update) has carry-reading terms of both signs: its products reading carried
+   states are fp32-accurate;
+2. a state read by a cancelling sum is *sensitive*; so is, transitively, every state
+   read by a sensitive state's update: the products of a sensitive state's update
+   that read carried states are fp32-accurate too (else the state would enter the
+   cancelling sum with bf16 errors);
+3. every other product runs on the tensor cores in the input dtype.
+
+The backward inherits the plan: a gradient network is exact iff the forward sum
+whose cotangent it consumes is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hladsl.ir.chunk import ChunkProgram, TermProgram
+from hladsl.ir.operands import Kind
+
+_READS = (Kind.CARRY, Kind.DERIVED)
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    exact_output: bool                 # the output / normaliser sum cancels
+    exact_derived: frozenset[str]      # derived carries whose terms cancel
+    exact_states: frozenset[str]       # states whose update's carry-reading products stay fp32
+    reasons: tuple[str, ...]           # one line per exact sum, for --emit chunk
+
+    def describe(self) -> list[str]:
+        if not self.reasons:
+            return ["precision: every product runs on the tensor cores in the input dtype "
+                    "(no sum has carry-reading terms of opposite sign)"]
+        return (["precision: products reading carried states are fp32-accurate (tf32x3) in:"]
+                + [f"  {r}" for r in self.reasons]
+                + ["  every other product runs on the tensor cores in the input dtype"])
+
+
+_FACTORS = (Kind.TOKEN, Kind.POWER, Kind.CARRY, Kind.DERIVED)
+
+
+def _carries_read(terms) -> set[str]:
+    """Carried states a product reads (a lone decayed carry, S_end = exp(Λ) S, is none)."""
+    return {o.name for t in terms if sum(o.kind in _FACTORS for o in t.operands) > 1
+            for o in t.operands if o.kind is Kind.CARRY}
+
+
+def _cancels(coefs_of_carry_terms) -> bool:
+    signs = {c > 0 for c in coefs_of_carry_terms if c != 0}
+    return len(signs) == 2
+
+
+def _term_cancels(terms: tuple[TermProgram, ...]) -> bool:
+    return _cancels(t.coef for t in terms if any(o.kind in _READS for o in t.operands))
+
+
+def precision_plan(program: ChunkProgram) -> PrecisionPlan:
+    reasons = []
+    sensitive: set[str] = set()
+    exact_derived = set()
+    for d in program.derived:     # every term of a derived carry reads carried states
+        if _cancels(float(m.coef) for m in d.poly.terms):
+            exact_derived.add(d.name)
+            read = sorted({f.name for m in d.poly.terms for f in m.factors})
+            sensitive.update(read)
+            reasons.append(f"derived {d.name} (its terms cancel: {d.poly.text()})")
+    out_terms = program.output + program.normalizer
+    exact_output = _term_cancels(program.output) or _term_cancels(program.normalizer)
+    if exact_output:
+        sensitive |= _carries_read(out_terms)
+        reasons.append("the output (carry-reading terms of opposite sign)")
+    updates = dict(program.states)
+    exact_states = {name for name, terms in updates.items() if _term_cancels(terms)}
+    sensitive |= {n for name in exact_states for n in _carries_read(updates[name])}
+    for name in sorted(exact_states):
+        reasons.append(f"the update of {name} (carry-reading terms of opposite sign)")
+    frontier = sorted(sensitive)
+    while frontier:               # a sensitive state's update must not round what it reads
+        name = frontier.pop()
+        read = _carries_read(updates.get(name, ()))
+        if read and name not in exact_states:
+            exact_states.add(name)
+            reasons.append(f"the update of {name} ({name} enters a cancelling sum; it reads "
+                           f"{', '.join(sorted(read))})")
+        for n in sorted(read - sensitive):
+            sensitive.add(n)
+            frontier.append(n)
+    return PrecisionPlan(exact_output, frozenset(exact_derived), frozenset(exact_states), tuple(reasons))
