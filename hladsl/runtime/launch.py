@@ -20,6 +20,7 @@ Rules:
   dim they loop over in narrow tiles (``grad_loop_tile``); a target with many
   networks over several programs (``grad_parts``).
 * decode step: warps from the fp32 state elements a program holds (``step_warps``);
+  the value-dim block, and with it one launch or the phase split (``step_value_block``);
   inputs of more than ``STEP_MAX_TOKENS`` tokens run as consecutive launches when the
   kernel sums outputs in a [T, value block] register tile.
 """
@@ -205,3 +206,23 @@ def step_warps(elements: int) -> int:
     while warps < 16 and elements > warps * 1600:
         warps *= 2
     return warps
+
+
+STEP_PHASED_BLOCK = 16
+
+
+def step_value_block(size: int, splittable: bool, phased: bool) -> int:
+    """The decode step's block of the value dim (padded ``size`` when unsplit).
+    Specs whose states all hold the value dim (linear, ahla, power) run whole:
+    one program per (row, head) reaches 0.85-1.07 of copy bandwidth on the H100
+    at d = dv = 64. Specs with value-free states (hla2's S, hla3's SK and SQ,
+    every normalizer state) run as the phase split in blocks of
+    STEP_PHASED_BLOCK: one program holding every state (up to 24576 fp32 at
+    d = dv = 64, 16 warps at 127 registers: one program an SM) reached only
+    0.32-0.46; in blocks the value states shrink to [d, 16] tiles, so several
+    programs fit an SM and keep more loads in flight, while the blocks of one
+    (row, head) run side by side and share the value-free states' reads in L2."""
+    width = block_size(size)
+    if phased and not splittable:
+        return min(width, STEP_PHASED_BLOCK)
+    return width
