@@ -71,7 +71,7 @@ def variants(plan, sweep: bool):
         return [{}]
     out = [{}] + [{"num_warps": w} for w in (2, 4, 8, 16)]
     if splittable(plan) or phase_splittable(plan):      # one launch, or the phase split
-        out += [{"block_v": bv, "num_warps": w} for bv in (16, 32, 64) for w in (2, 4, 8)]
+        out += [{"block_v": bv, "num_warps": w} for bv in (16, 32, 64) for w in (4, 8, 16)]
     if plan.packed:
         out += [{"packed_rows": r, "num_warps": w} for r in (16, 32, 128) for w in (4, 8)]
     return out

@@ -22,6 +22,13 @@ whole state in fp32 registers and walks the T tokens; each packed dim then gets
 a loop over blocks of its rows, each block walking the T tokens again (a row
 state's update reads only the same rows, the token and ρ_t). Outputs of row
 states are summed over the blocks in a [T, value block] accumulator.
+
+Phase split (``phase_splittable``): where some states lack the value dim (HLA2's
+S, every normalizer state), programs may still own blocks of it if step_kernel
+never writes those value-free states: it reads their old values and forms the
+token-updated ones in registers; a second kernel, state_kernel (its regions the
+value-free updates alone), then updates them in place. The runtime launches both
+on one stream when ``runtime.launch.step_value_block`` splits the value dim.
 """
 from __future__ import annotations
 
