@@ -1,7 +1,7 @@
 """Decode-step timings on the GPU (the bar: a step moves its state at >= 60% of copy bandwidth).
 
     python benchmarks/step_bench.py --out step.json [--sweep] [--specs linear,hla2]
-    python benchmarks/step_bench.py --out regs.json --compile-only   # no GPU needed
+    python benchmarks/step_bench.py --out regs.json --compile-only [--block-v 32]   # no GPU needed
 
 For every shipped spec (bf16 tokens, fp32 state, B = 64, H = 16, d = dv = 64, one
 gated token): the generated step kernel's time, the state bytes it moves (read +
@@ -26,7 +26,7 @@ import triton
 import triton.testing
 
 import hladsl
-from hladsl.codegen.step_gen import splittable, step_plan
+from hladsl.codegen.step_gen import phase_splittable, splittable, step_plan
 from hladsl.runtime.step import run_step
 
 SPECS = [("linear", {}), ("hla2", {}), ("ahla", {}), ("hla3", {}), ("hla3_masked", {}),
@@ -70,8 +70,8 @@ def variants(plan, sweep: bool):
     if not sweep:
         return [{}]
     out = [{}] + [{"num_warps": w} for w in (2, 4, 8, 16)]
-    if splittable(plan):
-        out += [{"block_v": bv, "num_warps": w} for bv in (16, 32) for w in (2, 4)]
+    if splittable(plan) or phase_splittable(plan):      # one launch, or the phase split
+        out += [{"block_v": bv, "num_warps": w} for bv in (16, 32, 64) for w in (4, 8, 16)]
     if plan.packed:
         out += [{"packed_rows": r, "num_warps": w} for r in (16, 32, 128) for w in (4, 8)]
     return out
@@ -149,67 +149,90 @@ def latency_b1(name, H, d, dv):
                     lambda: op.step(q, k, v, g=g, state=state)) * 1e3)
 
 
-def compile_only(B, H, d, T=1, warps=None) -> list[dict]:
-    """Compile every spec's step kernel for sm_90 without a GPU (Triton's own
-    ptxas) and report registers and spills per thread at the default launch."""
+def compile_only(B, H, d, T=1, warps=None, block_v=None) -> list[dict]:
+    """Compile every spec's step kernels for sm_90 without a GPU (Triton's own
+    ptxas) and report registers and spills per thread at the default launch
+    (value block from launch.step_value_block unless ``block_v``; with the phase
+    split also state_kernel, the second launch)."""
+    from hladsl.codegen.step_gen import PACKED_ROWS, step_kernel
+    from hladsl.codegen.triton_gen import block_size
+    from hladsl.runtime import launch
+    from hladsl.runtime.step import _warps
+    rows = []
+    for name, params in SPECS:
+        alg = hladsl.load(name, **params).algebra
+        module, ctx = step_kernel(alg, {"d": d, "dv": d}, True)
+        plan = step_plan(alg, {"d": d, "dv": d})
+        width = block_v or launch.step_value_block(d, ctx["split"], ctx["phased"])
+        phased = ctx["phased"] and width < block_size(d)
+        consts = {f"str_{x['name']}_f": 1 for x in ctx["inputs"]}
+        consts.update({f"str_{s['name']}_{s['axes'] - 1}": 1 for s in ctx["states"]})
+        for dim, n in ctx["sizes"]:
+            consts[f"D_{dim}"], consts[f"B_{dim}"] = n, block_size(n)
+        consts[f"B_{plan.value_dim}"] = width
+        for pd in ctx["packed"]:
+            consts[f"D_{pd['name']}"], consts[f"B_{pd['name']}"] = pd["size"], PACKED_ROWS
+        consts.update(T_BLOCK=max(2, triton.next_power_of_2(T)), INDEXED=False, ACC=tl_float32())
+        if ctx["phased"]:
+            consts["STORE_FREE"] = not phased
+        if T == 1:
+            consts["T"] = 1
+        everything = [n for n, _ in plan.states]
+        nw = warps or _warps(plan, width, PACKED_ROWS, everything)
+        label = name + "".join(f" {k}={v}" for k, v in params.items())
+        row = dict(spec=label, block_v=width, launches=2 if phased else 1, warps=nw,
+                   resources=_resources(module.step_kernel, consts, nw))
+        if phased:
+            free_warps = warps or _warps(plan, block_size(d), PACKED_ROWS, ctx["free"])
+            row.update(state_warps=free_warps, state_resources=_resources(
+                module.state_kernel, consts, free_warps))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def tl_float32():
+    import triton.language as tl
+    return tl.float32
+
+
+def _resources(fn, consts: dict, warps: int) -> list[str]:
+    """cuobjdump's REG/STACK/... line of ``fn`` compiled for sm_90 with ``consts``."""
     import glob
     import os
     import subprocess
     import tempfile
 
-    import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
-    from hladsl.codegen.step_gen import PACKED_ROWS, step_kernel
-    from hladsl.codegen.triton_gen import block_size
-    from hladsl.runtime.step import _warps
     cuobjdump = glob.glob(os.path.join(os.path.dirname(triton.__file__),
                                        "backends/nvidia/bin/cuobjdump"))[0]
-    rows = []
-    for name, params in SPECS:
-        alg = hladsl.load(name, **params).algebra
-        module, ctx = step_kernel(alg, {"d": d, "dv": d}, True)
-        fn = module.step_kernel
-        consts = {f"str_{x['name']}_f": 1 for x in ctx["inputs"]}
-        consts.update({f"str_{s['name']}_{s['axes'] - 1}": 1 for s in ctx["states"]})
-        for dim, n in ctx["sizes"]:
-            consts[f"D_{dim}"], consts[f"B_{dim}"] = n, block_size(n)
-        for pd in ctx["packed"]:
-            consts[f"D_{pd['name']}"], consts[f"B_{pd['name']}"] = pd["size"], PACKED_ROWS
-        consts.update(T_BLOCK=max(2, triton.next_power_of_2(T)), INDEXED=False, ACC=tl.float32)
-        if T == 1:
-            consts["T"] = 1
-        sig = {}
-        for p in fn.params:
-            n = p.name
-            if n in consts or p.is_constexpr:
-                sig[n] = "constexpr"
-            elif n.endswith(("_idx", "rows_ptr")):
-                sig[n] = "*i32"
-            elif n.startswith("in_"):
-                sig[n] = "*bf16"
-            elif n.endswith(("_ptr", "_mult")):
-                sig[n] = "*fp32"
-            else:
-                sig[n] = "fp32" if n == "eps" else "i32"
-        nw = warps or _warps(step_plan(alg, {"d": d, "dv": d}), block_size(d), PACKED_ROWS)
-        # as a launch specialises them: pointers and strides divisible by 16
-        aligned = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
-                   if t != "constexpr" and n not in ("T", "H", "eps") and not n.startswith("str_g")}
-        src = ASTSource(fn=fn, signature=sig, attrs=aligned,
-                        constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": nw})
-        with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
-            f.write(kernel.asm["cubin"])
-        info = subprocess.run([cuobjdump, "--dump-resource-usage", f.name],
-                              capture_output=True, text=True, check=False).stdout
-        os.unlink(f.name)
-        usage = [line.strip() for line in info.splitlines() if "REG:" in line]
-        rows.append(dict(spec=name + "".join(f" {k}={v}" for k, v in params.items()), warps=nw,
-                         resources=usage))
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
+    consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+    sig = {}
+    for p in fn.params:
+        n = p.name
+        if n in consts or p.is_constexpr:
+            sig[n] = "constexpr"
+        elif n.endswith(("_idx", "rows_ptr")):
+            sig[n] = "*i32"
+        elif n.startswith("in_"):
+            sig[n] = "*bf16"
+        elif n.endswith(("_ptr", "_mult")):
+            sig[n] = "*fp32"
+        else:
+            sig[n] = "fp32" if n == "eps" else "i32"
+    # as a launch specialises them: pointers and strides divisible by 16
+    aligned = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+               if t != "constexpr" and n not in ("T", "H", "eps") and not n.startswith("str_g")}
+    src = ASTSource(fn=fn, signature=sig, attrs=aligned,
+                    constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    info = subprocess.run([cuobjdump, "--dump-resource-usage", f.name],
+                          capture_output=True, text=True, check=False).stdout
+    os.unlink(f.name)
+    return [line.strip() for line in info.splitlines() if "REG:" in line]
 
 
 def table(rows, latencies) -> str:
@@ -241,12 +264,14 @@ def main():
     parser.add_argument("-B", type=int, default=64)
     parser.add_argument("-H", type=int, default=16)
     parser.add_argument("-d", type=int, default=64)
+    parser.add_argument("--block-v", type=int, default=None,
+                        help="--compile-only at this value block (default: the launch rule's)")
     parser.add_argument("--compile-only", action="store_true",
                         help="compile the kernels for sm_90 (no GPU needed): registers, spills")
     args = parser.parse_args()
     if args.compile_only:
         rows = [r for w in ([None] + ([2, 4, 8, 16] if args.sweep else []))
-                for r in compile_only(args.B, args.H, args.d, warps=w)]
+                for r in compile_only(args.B, args.H, args.d, warps=w, block_v=args.block_v)]
         with open(args.out, "w") as f:
             json.dump({"triton": triton.__version__, "compile_only": rows}, f, indent=1)
         return

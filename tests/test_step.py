@@ -10,7 +10,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import hladsl  # noqa: E402
-from hladsl.codegen.step_gen import step_plan, step_source  # noqa: E402
+from hladsl.codegen.step_gen import (  # noqa: E402
+    phase_splittable,
+    splittable,
+    step_plan,
+    step_source,
+    value_free,
+)
 from hladsl.runtime.step import run_step  # noqa: E402
 
 SPECS = [("linear", {}), ("hla2", {}), ("ahla", {}), ("hla3", {}), ("hla3_masked", {}),
@@ -105,46 +111,126 @@ def test_triton_step_value_blocks(spec, params):
     _triton_check(spec, params, True, False, pieces=(1, 1), d=4, dv=20, block_v=16)
 
 
-def test_triton_step_long_input_in_launches(monkeypatch):
+@pytest.mark.parametrize("dv,block_v", [(5, None), (20, 16)], ids=["whole", "phase_split"])
+def test_triton_step_long_input_in_launches(monkeypatch, dv, block_v):
     """Kernels with packed dims take at most launch.STEP_MAX_TOKENS tokens a launch;
-    longer inputs run as consecutive launches on the updated state."""
+    longer inputs run as consecutive launches on the updated state (split: both
+    launches per piece, power's z a value-free row state)."""
     from hladsl.runtime import launch
     monkeypatch.setattr(launch, "STEP_MAX_TOKENS", 2)
-    _triton_check("power", {"p": 2}, True, True, pieces=(5,), d=4, dv=5)
+    _triton_check("power", {"p": 2}, True, True, pieces=(5,), d=4, dv=dv, block_v=block_v)
 
 
-def test_value_blocks_refused_when_a_state_lacks_the_value_dim():
-    """hla2's S has no dv: every block would need all of it while block 0
-    rewrites it in place, so its step is never split."""
+@pytest.mark.parametrize("normalize", [False, True], ids=["plain", "normalized"])
+@pytest.mark.parametrize("gated", [False, True], ids=["ungated", "gated"])
+@pytest.mark.parametrize("spec,params", SPECS, ids=IDS)
+def test_triton_step_value_blocks_every_spec(spec, params, gated, normalize):
+    """dv = 20 in blocks of 16 (two blocks, the second one ragged), multi-token
+    pieces. Specs whose states all hold dv split in one launch; the others
+    (hla2's S, hla3's SK/SQ, every normalizer state) run the phase split:
+    step_kernel over the value blocks reading the old value-free states, then
+    state_kernel updating them in place. Under the interpreter the programs run
+    one after another, so a block that wrote S in place would feed the next
+    block the new S and fail here."""
+    op = hladsl.load(spec, normalize=normalize, **params)
+    plan = step_plan(op.algebra, {"d": 4, "dv": 20})
+    assert splittable(plan) or phase_splittable(plan)
+    assert phase_splittable(plan) == bool(value_free(plan))
+    _triton_check(spec, params, gated, normalize, pieces=(1, 3), d=4, dv=20, block_v=16)
+
+
+def test_phase_split_is_the_default_for_value_free_states(monkeypatch):
+    """The launch rule splits hla2 (S has no dv) into value blocks and two launches:
+    state_kernel runs once per step, after step_kernel."""
+    from hladsl.codegen.step_gen import step_kernel
+    from hladsl.runtime import launch
+    monkeypatch.setattr(launch, "STEP_PHASED_BLOCK", 16)
+    assert launch.step_value_block(20, False, True) == 16
+    assert launch.step_value_block(20, True, False) == 32       # linear: whole, one launch
+    assert launch.step_value_block(20, False, False) == 32
+    op = hladsl.load("hla2")
+    module, ctx = step_kernel(op.algebra, {"d": 4, "dv": 20}, True)
+    assert ctx["phased"] and ctx["free"] == ["S"]
+    calls = []
+    for name in ("step_kernel", "state_kernel"):
+        kernel = getattr(module, name)
+
+        class Spy:
+            arg_names = kernel.arg_names
+
+            def __getitem__(self, grid, name=name, kernel=kernel):
+                def run(**kwargs):
+                    calls.append((name, grid, kwargs.get("STORE_FREE")))
+                    return kernel[grid](**kwargs)
+                return run
+        monkeypatch.setattr(module, name, Spy())
+    _triton_check("hla2", {}, True, False, pieces=(2,), d=4, dv=20)
+    assert calls == [("step_kernel", (2 * 2 * 2,), False), ("state_kernel", (2 * 2,), None)]
+
+
+VALUE_SUM_SPEC = """
+mechanism value_sum {
+  dims d, dv
+  input q[d], k[d], v[dv]
+  param normalize = true, eps = 1e-6
+  state S[i, e] = k[i] v[e]
+  state z[i] = k[i]
+  output o[e] = q[i] S[i, e]
+  normalizer = q[i] S[i, e] v[e] + q[i] z[i]
+}
+"""
+
+
+def test_value_blocks_refused_when_a_term_sums_the_value_dim(tmp_path):
+    """A normalizer summing S over dv needs every block of S in each program:
+    neither split is legal, so block_v is refused and the default runs whole."""
+    path = tmp_path / "value_sum.hla"
+    path.write_text(VALUE_SUM_SPEC)
+    op = hladsl.load(str(path))
+    plan = step_plan(op.algebra, {"d": 4, "dv": 20})
+    assert value_free(plan) == ("z",) and not splittable(plan) and not phase_splittable(plan)
+    q, k, v = (torch.rand(2, 1, 2, n, dtype=torch.float32) for n in (4, 4, 20))
+    state = {name: torch.zeros((2, 2) + shape) for name, shape in op.state_shapes(4, 20).items()}
     with pytest.raises(ValueError, match="cannot split"):
-        _triton_check("hla2", {}, True, True, pieces=(1,), d=4, dv=20, block_v=16)
+        run_step(op.algebra, {"q": q, "k": k, "v": v}, None, state, backend="triton", block_v=16)
+    o = run_step(op.algebra, {"q": q, "k": k, "v": v}, None, state, backend="triton")
+    state64 = {name: torch.zeros((2, 2) + shape, dtype=torch.float64)
+               for name, shape in op.state_shapes(4, 20).items()}
+    ref = run_step(op.algebra, {"q": q.double(), "k": k.double(), "v": v.double()}, None, state64)
+    assert _rel(ref, o) < 1e-5
 
 
+@pytest.mark.parametrize("block_v", [None, 16], ids=["whole", "phase_split"])
 @pytest.mark.parametrize("spec,params", [("hla2", {}), ("power", {"p": 2})], ids=["hla2", "power"])
-def test_triton_step_float64_strided_tokens(spec, params):
+def test_triton_step_float64_strided_tokens(spec, params, block_v):
     """fp64 states run the kernel in fp64 (ACC); tokens may be any strided view."""
     op = hladsl.load(spec, normalize=True, **params)
-    q, k, v, g, init = _problem(op, True, True, B=2, T=3, H=2, d=4, dv=5)
+    dv = 5 if block_v is None else 20
+    q, k, v, g, init = _problem(op, True, True, B=2, T=3, H=2, d=4, dv=dv)
     ref, final = op(q, k, v, g=g, initial_state=init, output_final_state=True)
     state = {name: x.clone() for name, x in init.items()}
     k_strided = k.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)    # [B, T, H, d] view
     assert not k_strided.is_contiguous()
     o = run_step(op.algebra, {"q": q * 4 ** -0.5, "k": k_strided, "v": v}, g, state,
-                 backend="triton")
+                 backend="triton", block_v=block_v)
     assert o.dtype == torch.float64 and _rel(ref, o) < 1e-10
     for name, x in state.items():
         assert _rel(final[name], x) < 1e-10, name
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend,dv", [("torch", 5), ("triton", 5), ("triton", 20)],
+                         ids=["torch", "triton", "triton_phase_split"])
 @pytest.mark.parametrize("spec,params", [("hla2", {}), ("power", {"p": 2})], ids=["hla2", "power"])
-def test_state_indices_pool(spec, params, backend):
+def test_state_indices_pool(spec, params, backend, dv, monkeypatch):
     """A shuffled pool of state slots: row b reads and writes slot idx[b]; the same
-    rows as separate calls, the other slots untouched."""
+    rows as separate calls, the other slots untouched. At dv = 20 the default
+    launch is the phase split (two value blocks, then the value-free states)."""
+    from hladsl.runtime import launch
+    monkeypatch.setattr(launch, "STEP_PHASED_BLOCK", 16)
     op = hladsl.load(spec, normalize=True, **params)
     dtype = torch.float64 if backend == "torch" else torch.float32
     gen = torch.Generator().manual_seed(1)
-    B, T, H, d, dv, N = 3, 2, 2, 4, 5, 6
+    B, T, H, d, N = 3, 2, 2, 4, 6
     q, k, v = (torch.rand(B, T, H, n, generator=gen, dtype=dtype) for n in (d, d, dv))
     g = -torch.rand(B, T, H, generator=gen, dtype=dtype) * 0.2
     pool = {}

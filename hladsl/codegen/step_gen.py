@@ -22,6 +22,13 @@ whole state in fp32 registers and walks the T tokens; each packed dim then gets
 a loop over blocks of its rows, each block walking the T tokens again (a row
 state's update reads only the same rows, the token and ρ_t). Outputs of row
 states are summed over the blocks in a [T, value block] accumulator.
+
+Phase split (``phase_splittable``): where some states lack the value dim (HLA2's
+S, every normalizer state), programs may still own blocks of it if step_kernel
+never writes those value-free states: it reads their old values and forms the
+token-updated ones in registers; a second kernel, state_kernel (its regions the
+value-free updates alone), then updates them in place. The runtime launches both
+on one stream when ``runtime.launch.step_value_block`` splits the value dim.
 """
 from __future__ import annotations
 
@@ -291,9 +298,30 @@ def splittable(p: StepPlan) -> bool:
     exactly once and every term keeps it free (each block needs only the same
     block). A state without it would have to be recomputed by every block, and
     the block that writes it back in place could overwrite it before another
-    block has read it."""
+    block has read it (``phase_splittable`` is the way around that)."""
+    return not value_free(p) and _value_blocks_own(p)
+
+
+def value_free(p: StepPlan) -> tuple[str, ...]:
+    """The states that do not hold the value dim (HLA2's S, every normalizer state)."""
+    return tuple(name for name, _ in p.states if p.value_dim not in p.dims_of(name))
+
+
+def phase_splittable(p: StepPlan) -> bool:
+    """Can the step run as two launches, launch 1 split over blocks of the value
+    dim and launch 2 updating the value-free states? Yes when some states lack
+    the value dim, the others hold it once and every term keeps it free: a
+    block then forms the value-free states' new values in registers from the
+    old ones without another block's data, and no value-free state's update
+    reads a state with the value dim (its result lacks the dim, so such a read
+    would sum over it), so launch 2 never reads what launch 1 overwrote."""
+    return bool(value_free(p)) and _value_blocks_own(p)
+
+
+def _value_blocks_own(p: StepPlan) -> bool:
+    """Every state holding the value dim holds it once, every term keeps it free."""
     dv = p.value_dim
-    if any(list(p.dims_of(name)).count(dv) != 1 for name, _ in p.states):
+    if any(list(p.dims_of(name)).count(dv) > 1 for name, _ in p.states):
         return False
     terms = [t for _, ts in p.states for t in ts] + list(p.output) + list(p.normalizer)
     return all({i for i, d in p.index_dims(t).items() if d == dv} <= set(t.output) for t in terms)
@@ -461,6 +489,7 @@ def kernel_context(plan: StepPlan, gated: bool) -> dict:
     for pd in plan.packed:
         _ident("packed dim", pd.name)
     _check_phases(plan)
+    phased = phase_splittable(plan)
     packed = [{"name": pd.name, "base": pd.base, "power": pd.power, "size": pd.size}
               for pd in plan.packed]
     return {
@@ -476,6 +505,10 @@ def kernel_context(plan: StepPlan, gated: bool) -> dict:
         "direct": not plan.packed,
         "value_dim": plan.value_dim,
         "split": splittable(plan),
+        "phased": phased,
+        "free": list(value_free(plan)) if phased else [],
+        "state_regions": _regions(plan, gated, only=set(value_free(plan)), outputs=False)
+        if phased else [],
         "equations": serial_text(alg),
     }
 
@@ -497,17 +530,20 @@ def _check_phases(plan: StepPlan) -> None:
                              f"{t.source} reads {sorted(_reads([t]))}")
 
 
-def _regions(plan: StepPlan, gated: bool) -> list[dict]:
-    """The token-loop bodies: whole states first, then one per packed dim."""
+def _regions(plan: StepPlan, gated: bool, only: set[str] | None = None,
+             outputs: bool = True) -> list[dict]:
+    """The token-loop bodies: whole states first, then one per packed dim. With
+    ``only``, the updates of those states alone; with ``outputs`` False, no
+    output code (the value-free launch of a phase split)."""
     alg = plan.algebra
     equations = {s.name: line for s, line in zip(alg.streaming, serial_text(alg))}
-    groups = [("", [s.name for s in alg.streaming if not plan.row_dim(s.name)])]
-    groups += [(pd.name, [s.name for s in alg.streaming if plan.row_dim(s.name) == pd.name])
-               for pd in plan.packed]
+    names_of = [s.name for s in alg.streaming if only is None or s.name in only]
+    groups = [("", [n for n in names_of if not plan.row_dim(n)])]
+    groups += [(pd.name, [n for n in names_of if plan.row_dim(n) == pd.name]) for pd in plan.packed]
     regions, temps = [], 0
     for rd, names in groups:
         outs = {key: tuple(t for t in terms if {plan.row_dim(n) for n in _reads([t])} <= {rd}
-                           and (rd == "" or _reads([t])))
+                           and (rd == "" or _reads([t]))) if outputs else ()
                 for key, terms in (("num", plan.output), ("den", plan.normalizer))}
         if not names and not any(outs.values()):
             continue
@@ -527,7 +563,8 @@ def _regions(plan: StepPlan, gated: bool) -> list[dict]:
         regions.append({"row_dim": rd, "states": names, "code": region.block.text(),
                         "inputs": [{"name": x, "dim": d} for x, d in region.inputs.items()],
                         "rhos": sorted(region.rhos), "num": bool(outs["num"]),
-                        "den": bool(outs["den"]), "weighted": region.weighted})
+                        "den": bool(outs["den"]), "outputs": outputs,
+                        "weighted": region.weighted})
     return regions
 
 

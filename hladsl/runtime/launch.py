@@ -20,6 +20,7 @@ Rules:
   dim they loop over in narrow tiles (``grad_loop_tile``); a target with many
   networks over several programs (``grad_parts``).
 * decode step: warps from the fp32 state elements a program holds (``step_warps``);
+  the value-dim block, and with it one launch or the phase split (``step_value_block``);
   inputs of more than ``STEP_MAX_TOKENS`` tokens run as consecutive launches when the
   kernel sums outputs in a [T, value block] register tile.
 """
@@ -198,11 +199,41 @@ def grad_loop_tile(chunk: int, width: int) -> int:
 STEP_MAX_TOKENS = 64
 
 
+STEP_ELEMENTS_PER_WARP = 3200
+
+
 def step_warps(elements: int) -> int:
-    """4, 8 or 16 warps, about 1600 fp32 state elements a warp: compiled for sm_90
-    (benchmarks/step_bench.py --compile-only) this keeps every shipped spec below
-    170 registers a thread without spills at d = dv = 64."""
+    """4, 8 or 16 warps, about STEP_ELEMENTS_PER_WARP fp32 state elements a warp.
+    The H100 sweep of run 27 (benchmarks/RESULTS.md; B = 64, H = 16, d = dv = 64)
+    found fewer warps faster than the former 1600 a warp wherever they differ:
+    ahla (8192 elements) 1.36 of copy bandwidth at 4 warps, 0.97 at 8; hla2 and
+    hla3_masked (12288) 0.57 and 0.50 at 4, 0.46 at 8; hla3 (24576) 0.40 at 8,
+    0.32 at 16. Compiled for sm_90 (benchmarks/step_bench.py --compile-only) no
+    shipped step kernel spills at d = dv = 64 under this rule."""
     warps = 4
-    while warps < 16 and elements > warps * 1600:
+    while warps < 16 and elements > warps * STEP_ELEMENTS_PER_WARP:
         warps *= 2
     return warps
+
+
+STEP_PHASED_BLOCK = 32
+
+
+def step_value_block(size: int, splittable: bool, phased: bool) -> int:
+    """The decode step's block of the value dim (padded ``size`` when unsplit).
+    Specs whose states all hold the value dim (linear, ahla, power) run whole:
+    one program per (row, head) reaches 0.85-1.14 of copy bandwidth on the H100
+    at d = dv = 64 (run 27). Specs with value-free states (hla2's S, hla3's SK and
+    SQ, every normalizer state) run as the phase split in blocks of
+    STEP_PHASED_BLOCK: one program holding every state (up to 24576 fp32 at
+    d = dv = 64: one or two programs an SM) reached only 0.32-0.46; in blocks the
+    value states shrink to [d, 32] tiles, so more programs fit an SM and keep more
+    loads in flight, and the blocks of one (row, head) run side by side and share
+    the value-free states' reads in L2. 32, not 16: a 32-wide fp32 row is one
+    128-byte line, and in run 27's sweep 16-wide blocks were slower than 32-wide
+    ones for every spec that splits (linear 0.75 vs 0.94, ahla 0.84 vs 1.31,
+    power p = 2 0.67 vs 1.08)."""
+    width = block_size(size)
+    if phased and not splittable:
+        return min(width, STEP_PHASED_BLOCK)
+    return width

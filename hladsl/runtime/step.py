@@ -7,7 +7,10 @@ Both backends run the same plan (``codegen.step_gen.step_plan``): row states
 held whole. "torch" evaluates each term with batched einsums over (batch, head),
 looping over the T tokens; "triton" launches the one generated kernel
 (``codegen.step_gen``), which allocates nothing but o and never syncs with the
-host, so a decode step can be captured in a CUDA graph.
+host, so a decode step can be captured in a CUDA graph. Where some states lack
+the value dim (HLA2's S) and the launch rule splits the value dim, it is two
+launches on one stream: step_kernel over value blocks (reading, never writing,
+those states), then state_kernel updating them in place (``launch.step_value_block``).
 """
 from __future__ import annotations
 
@@ -176,14 +179,23 @@ def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps
     dv = dict(plan.sizes)[plan.value_dim]
     o = torch.empty((B, T, H, dv), device=first.device, dtype=dtype)
     args, rows = _kernel_args(plan, ctx, tokens, g, state, state_indices, o, packed_rows)
-    width = block_size(dv)
-    if block_v is not None:
-        if not ctx["split"] and block_v < width:
-            raise ValueError(f"{plan.algebra.name}'s step cannot split {plan.value_dim} (block_v)")
-        width = block_size(block_v)
+    full = block_size(dv)
+    if block_v is None:
+        width = launch.step_value_block(dv, ctx["split"], ctx["phased"])
+    elif not (ctx["split"] or ctx["phased"]) and block_v < full:
+        raise ValueError(f"{plan.algebra.name}'s step cannot split {plan.value_dim} (block_v)")
+    else:
+        width = min(block_size(block_v), full)
     args[f"B_{plan.value_dim}"] = width
-    grid = (B * H, triton.cdiv(dv, width))
-    warps = num_warps or _warps(plan, width, rows)
+    # phase split: more than one value block while some states lack the value dim
+    # (step_kernel leaves those to state_kernel, launched after it on the same stream)
+    phased = ctx["phased"] and width < full
+    if ctx["phased"]:
+        args["STORE_FREE"] = not phased
+    grid = (B * H * triton.cdiv(dv, width),)
+    everything = [name for name, _ in plan.states]
+    warps = num_warps or _warps(plan, width, rows, everything)
+    free_warps = num_warps or _warps(plan, full, rows, ctx["free"])
     # kernels with packed dims sum outputs in a [T, value block] register tile:
     # longer inputs run as consecutive launches of launch.STEP_MAX_TOKENS (the state carries over)
     span = T if ctx["direct"] else launch.STEP_MAX_TOKENS
@@ -195,6 +207,10 @@ def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps
         if g is not None:
             piece["g_ptr"] = g[:, a:a + n]
         module.step_kernel[grid](**piece, num_warps=warps)
+        if phased:
+            kernel = module.state_kernel
+            kernel[(B * H,)](**{k: v for k, v in piece.items() if k in kernel.arg_names},
+                             num_warps=free_warps)
     return o
 
 
@@ -235,14 +251,14 @@ def _kernel_args(plan, ctx, tokens, g, state, state_indices, o, packed_rows):
     return args, rows
 
 
-def _warps(plan: StepPlan, width: int, rows: int) -> int:
-    """Warps for the fp32 state elements one program holds at a time (its whole
-    states at this value block, or one block of ``rows`` packed rows; the rule is
-    ``launch.step_warps``)."""
+def _warps(plan: StepPlan, width: int, rows: int, names) -> int:
+    """Warps for the fp32 elements of the states ``names`` one program holds at a
+    time (its whole states at this value block, or one block of ``rows`` packed
+    rows; the rule is ``launch.step_warps``)."""
     from hladsl.codegen.triton_gen import block_size
     sizes = dict(plan.sizes)
     whole, blocks = 0, {}
-    for name, _ in plan.states:
+    for name in names:
         n = 1
         for d in plan.dims_of(name):
             n *= (width if d == plan.value_dim else rows if d in plan.packed_names()
