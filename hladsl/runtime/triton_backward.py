@@ -132,20 +132,21 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     for targets in launch.grad_target_sets(len(groups), targets_per_program):
         held = [g for n, g in enumerate(groups) if targets >> n & 1]
         parts = launch.grad_parts(max(g["networks"] for g in held), sum(g["matmuls"] for g in held))
-        # one part writes its targets in place; several write fp32 partials, summed after
+        # one part writes its targets in place; several sum into one fp32 buffer (part p > 0
+        # adds to what the parts before it stored), cast into the target after the last
         final = {g["input"]: d_tiles[g["input"]] if g["input"] else d_lam for g in held}
-        partial = {n: [x] if parts == 1 else [torch.empty(x.shape, device=device, dtype=torch.float32)
-                                              for _ in range(parts)] for n, x in final.items()}
+        sums = {n: x if parts == 1 or x.dtype == torch.float32 else
+                torch.empty(x.shape, device=device, dtype=torch.float32) for n, x in final.items()}
+        mine = {}
+        for n, x in sums.items():
+            mine.update(tile_args(f"dx_{n}", x) if n else {"dlam_ptr": x})
         for part in range(parts):
-            mine = {}
-            for n, xs in partial.items():
-                mine.update(tile_args(f"dx_{n}", xs[part]) if n else {"dlam_ptr": xs[part]})
             launch.launch(module.grad_kernel, (n_chunks, n_seq * heads),
                           {**args, **everything, **mine, **common, **loop, **dot,
                            "TARGETS": targets, "PART": part, "PARTS": parts}, True)
-        if parts > 1:
-            for n, xs in partial.items():
-                final[n].copy_(torch.stack(xs).sum(0))
+        for n, x in sums.items():
+            if x is not final[n]:
+                final[n].copy_(x)
     return d_tiles, d_lam, d_init
 
 
