@@ -45,14 +45,19 @@ def kernel_label(kernel) -> str:
            f"{getattr(fn, '__name__', type(kernel).__name__)}"
 
 
+_CONSTEXPRS: dict = {}   # id(kernel) -> (kernel, its constexpr names): asked at every launch
+
+
 def constexpr_names(kernel) -> tuple[str, ...] | None:
     """The kernel's tl.constexpr parameters (None when it does not say: a fake kernel)."""
+    hit = _CONSTEXPRS.get(id(kernel))
+    if hit is not None and hit[0] is kernel:
+        return hit[1]
     params = getattr(kernel, "params", None)
-    if params is None:
-        params = getattr(getattr(kernel, "fn", None), "params", None)
-    if params is None:
-        return None
-    return tuple(p.name for p in params if getattr(p, "is_constexpr", False))
+    names = None if params is None else tuple(
+        p.name for p in params if getattr(p, "is_constexpr", False))
+    _CONSTEXPRS[id(kernel)] = (kernel, names)
+    return names
 
 
 def variant(kernel, args: dict) -> tuple:
@@ -124,6 +129,9 @@ def numbering() -> str:
 
 def first_launch(kernel, args: dict, launch) -> None:
     """``launch()``; the first launch of a variant timed for a progress line."""
+    if quiet():
+        launch()
+        return
     key = variant(kernel, args)
     if key in _SEEN:
         launch()
