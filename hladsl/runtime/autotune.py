@@ -85,6 +85,7 @@ class Tuner:
         self.path = Path(path)
         self.timer = timer or _do_bench
         self._table: dict | None = None
+        self._fast: dict = {}   # a caller's cheap hashable key -> winner (no JSON per launch)
 
     def _read(self) -> dict:
         try:
@@ -94,10 +95,17 @@ class Tuner:
         entries = data.get("entries") if isinstance(data, dict) else None
         return entries if isinstance(entries, dict) else {}
 
-    def lookup(self, key: dict) -> dict | None:
+    def lookup(self, key: dict, fast=None) -> dict | None:
+        """The stored winner for ``key`` (None: not tuned yet); ``fast``, a hashable
+        the caller builds cheaply for the same launch, skips the key's JSON next time."""
+        if fast is not None and fast in self._fast:
+            return self._fast[fast]
         if self._table is None:
             self._table = self._read()
-        return self._table.get(_key_text(key))
+        winner = self._table.get(_key_text(key))
+        if winner is not None and fast is not None:
+            self._fast[fast] = winner
+        return winner
 
     def tune(self, key: dict, candidates: list[dict], run: Callable[[dict], object],
              line: str = "") -> dict:
@@ -150,7 +158,8 @@ def tuner_for(path: Path) -> Tuner:
 @dataclass(frozen=True)
 class Session:
     tuner: Tuner
-    shape: dict   # the shape class every key of this call carries
+    shape: dict        # the shape class every key of this call carries
+    shape_text: str    # the same, hashable (for the tuner's fast keys)
 
 
 _session: contextvars.ContextVar = contextvars.ContextVar("hladsl_autotune", default=None)
@@ -188,7 +197,7 @@ def session(flag: bool, first: torch.Tensor, dims: dict, gated: bool, cu_seqlens
 def tuning(tuner: Tuner, shape: dict):
     """Launches inside tune with ``tuner`` for the shape class ``shape``, whatever the
     device (``session`` decides when; the tests use this on CPU with a fake timer)."""
-    token = _session.set(Session(tuner, shape))
+    token = _session.set(Session(tuner, shape, _key_text(shape)))
     try:
         yield _session.get()
     finally:
@@ -228,16 +237,18 @@ def tunes_schedule(source: Callable[[dict], str]):
         @functools.wraps(runner)
         def tuned(*args, **kwargs):
             tuning = current()
+            if tuning is None:
+                return runner(*args, **kwargs)
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-            if tuning is None or bound.arguments.get("schedule") != "auto":
+            if bound.arguments.get("schedule") != "auto":
                 return runner(*args, **kwargs)
 
             def run(candidate):
                 call = dict(bound.arguments, schedule=candidate["schedule"])
                 return runner(**call)
             key = {"runner": runner.__name__, "source": source(bound.arguments), **tuning.shape}
-            winner = tuning.tuner.lookup(key)
+            winner = tuning.tuner.lookup(key, (runner.__name__, key["source"], tuning.shape_text))
             if winner is None:
                 line = f"hladsl: tuning the schedule of {progress.module_label(key['source'])}..."
                 winner = tuning.tuner.tune(key, [{"schedule": "fused"}, {"schedule": "two_pass"}],

@@ -240,7 +240,9 @@ def _tuned(kernel, grid, args: dict, tiling: Tiling | None) -> bool:
         return g, {**args, **block, **tensors, "num_warps": candidate["num_warps"],
                    "num_stages": candidate["num_stages"]}
 
-    winner = tuning.tuner.lookup(key)
+    fast = (id(kernel), tuning.shape_text, grid,
+            tuple((k, str(v)) for k, v in args.items() if not isinstance(v, torch.Tensor)))
+    winner = tuning.tuner.lookup(key, fast)
     if winner is None:
         candidates = tune_candidates(tiling)
         try:
