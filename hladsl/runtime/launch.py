@@ -19,6 +19,9 @@ Rules:
   (``grad_target_sets``), so that one target's tiles are live at a time; the packed
   dim they loop over in narrow tiles (``grad_loop_tile``); a target with many
   networks over several programs (``grad_parts``).
+* autotuning (optional, ``runtime.autotune``): the candidates a tuned launch times
+  (``tune_candidates``: warps, stages, and the state-pass / reverse-pass value-dim
+  block where ``split_blocks`` allows splitting); the schedule is tuned by the runners.
 * decode step: warps from the fp32 state elements a program holds (``step_warps``);
   the value-dim block, and with it one launch or the phase split (``step_value_block``);
   inputs of more than ``STEP_MAX_TOKENS`` tokens run as consecutive launches when the
@@ -26,8 +29,12 @@ Rules:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from hladsl.codegen.triton_gen import block_size
+from hladsl.runtime import autotune, progress
 
 # triton is imported inside the rules that need it: the torch path never imports it
 # (and the Triton interpreter must be chosen before triton is first imported)
@@ -57,7 +64,7 @@ def fitting_chunk(key, chunk: int, run):
     asked = chunk
     while True:
         try:
-            out = run(chunk)
+            out = progress.counted((key, chunk), lambda size=chunk: run(size))
         except OutOfResources:
             if chunk <= MIN_CHUNK:
                 raise
@@ -124,9 +131,17 @@ FALLBACKS = ({}, {"num_stages": 1}, {"num_stages": 1, "num_warps": 8})
 _WORKING: dict = {}    # (kernel, constexprs) -> the first fallback that compiled
 
 
-def launch(kernel, grid, args: dict, may_fall_back: bool) -> None:
+def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None = None) -> None:
+    """``kernel[grid](**args)``; where ``may_fall_back`` (the caller fixed no stages),
+    with the FALLBACKS on OutOfResources, or tuned under an autotuning session
+    (``tiling``: the value-dim blocks the tuner may choose, from ``split_blocks``)."""
+    if progress.dry_run():
+        progress.record(kernel, args)
+        return
+    if may_fall_back and autotune.current() is not None and _tuned(kernel, grid, args, tiling):
+        return
     if not may_fall_back:
-        kernel[grid](**args)
+        progress.first_launch(kernel, args, lambda: kernel[grid](**args))
         return
     # no sort, str() only for the odd non-number (tl dtypes): this runs on every launch
     key = (id(kernel), tuple((k, v if isinstance(v, (int, float, str)) else str(v))
@@ -134,14 +149,121 @@ def launch(kernel, grid, args: dict, may_fall_back: bool) -> None:
     from triton.runtime.errors import OutOfResources
     start = _WORKING.get(key, 0)
     for n in range(start, len(FALLBACKS)):
+        options = {**args, **FALLBACKS[n]}
         try:
-            kernel[grid](**{**args, **FALLBACKS[n]})
+            progress.first_launch(kernel, options, lambda a=options: kernel[grid](**a))
         except OutOfResources:
             if n == len(FALLBACKS) - 1:
                 raise
             continue
         _WORKING[key] = n
         return
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """The value-dim blocks of a split grid a tuned launch may choose: B_<dim> ->
+    widths to try, and ``retile(widths) -> (grid, block arguments)`` for a choice
+    (the block arguments include the dot dtype the widths need)."""
+    choices: dict[str, tuple[int, ...]]
+    retile: Callable[[dict], tuple[tuple, dict]]
+    sets: tuple[str, ...] = ("DOT",)   # further arguments retile decides
+
+
+def split_blocks(programs: int, splits, program, common: dict, first, chained: bool,
+                 width: int | None = None) -> tuple[tuple, dict, Tiling]:
+    """Grid (programs, blocks of each split dim), block arguments and the Tiling of a
+    state-pass-like kernel. A packed dim keeps its tile (common's B_); any other
+    split dim takes ``width`` or ``state_block``'s rule (each dim seeing the
+    programs of the ones before it); the dot dtype follows ``dot_override``. The
+    tuner may try other widths where the rule may narrow (``tune_widths``)."""
+    sizes = dict(program.sizes)
+    packed = {pd.name for pd in program.packed}
+    narrow = narrow_ok(first, chained)
+    widths, n = {}, programs
+    for dim in splits:
+        if dim in packed:
+            w = common[f"B_{dim}"]
+        else:
+            w = width or state_block(sizes[dim], n, first.device, narrow)
+        widths[dim] = w
+        n *= -(-common[f"D_{dim}"] // w)
+
+    def retile(chosen: dict) -> tuple[tuple, dict]:
+        block = {f"B_{d}": chosen.get(f"B_{d}", w) for d, w in widths.items()}
+        grid = (programs,) + tuple(-(-common[f"D_{d}"] // block[f"B_{d}"]) for d in widths)
+        return grid, {**block, **dot_override(first, chained, block)}
+
+    choices = {} if width or not narrow else {
+        f"B_{d}": tune_widths(w, sizes[d]) for d, w in widths.items() if d not in packed}
+    grid, block = retile({})
+    return grid, block, Tiling(choices, retile)
+
+
+# Autotuning candidates (runtime.autotune times each; OutOfResources skips one).
+# Warps: 4 is the default, 8 halves the registers a thread holds (the wide
+# states). Stages: 1 keeps one chunk's tiles in shared memory, 2-3 pipeline the
+# token loads of the chunk loops.
+TUNE_WARPS = (4, 8)
+TUNE_STAGES = (1, 2, 3)
+
+
+def tune_widths(default: int, size: int) -> tuple[int, ...]:
+    """Value-dim blocks a tuned state / reverse pass tries: the rule's width, half
+    and double it, within [16, the padded dim]: narrower means more programs (fill
+    the GPU), wider fewer re-reads of the token tiles."""
+    return tuple(w for w in (default // 2, default, default * 2) if 16 <= w <= block_size(size))
+
+
+def tune_candidates(tiling: Tiling | None) -> list[dict]:
+    """Every launch config a tuned launch times: warps x stages x block widths."""
+    blocks = [{}]
+    for name, widths in (tiling.choices.items() if tiling else ()):
+        blocks = [{**b, name: w} for b in blocks for w in widths]
+    return [{"num_warps": w, "num_stages": s, **b}
+            for b in blocks for w in TUNE_WARPS for s in TUNE_STAGES]
+
+
+def _tuned(kernel, grid, args: dict, tiling: Tiling | None) -> bool:
+    """Launch with the tuned config of this launch's shape class (timed now if it is
+    new); False when tuning cannot be done (no memory for scratch copies, a stale
+    winner that no longer fits): the caller then uses the heuristics."""
+    from triton.runtime.errors import OutOfResources
+    tuning = autotune.current()
+    decided = {"num_warps", "num_stages"} | (set(tiling.choices) | set(tiling.sets) if tiling else set())
+    names = progress.constexpr_names(kernel) or tuple(
+        k for k, v in args.items() if not isinstance(v, torch.Tensor))
+    key = {"kernel": autotune.kernel_source(kernel), **tuning.shape,
+           "constexprs": {n: str(args[n]) for n in names if n in args and n not in decided}}
+
+    def configured(candidate: dict, tensors: dict) -> tuple[tuple, dict]:
+        blocks = {k: v for k, v in candidate.items() if k not in ("num_warps", "num_stages")}
+        g, block = tiling.retile(blocks) if tiling else (grid, {})
+        return g, {**args, **block, **tensors, "num_warps": candidate["num_warps"],
+                   "num_stages": candidate["num_stages"]}
+
+    fast = (id(kernel), tuning.shape_text, grid,
+            tuple((k, str(v)) for k, v in args.items() if not isinstance(v, torch.Tensor)))
+    winner = tuning.tuner.lookup(key, fast)
+    if winner is None:
+        candidates = tune_candidates(tiling)
+        try:
+            scratch = autotune.scratch_copies(args)
+        except torch.cuda.OutOfMemoryError:
+            return False
+
+        def trial(candidate):
+            g, options = configured(candidate, scratch)
+            progress.first_launch(kernel, options, lambda: kernel[g](**options))
+        winner = tuning.tuner.tune(key, candidates, trial,
+                                   progress.tuning_line(kernel, len(candidates)))
+        del scratch
+    g, options = configured(winner, {})
+    try:
+        progress.first_launch(kernel, options, lambda: kernel[g](**options))
+    except OutOfResources:
+        return False
+    return True
 
 
 GRAD_TARGETS_PER_PROGRAM = 1

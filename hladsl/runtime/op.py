@@ -18,7 +18,7 @@ import torch
 
 from hladsl.errors import SpecError
 from hladsl.ir.pipeline import Compilation, program_for
-from hladsl.runtime import chunk_torch, launch
+from hladsl.runtime import autotune, chunk_torch, launch
 from hladsl.runtime.packing import pack, packed_shape, unpack
 from hladsl.runtime.validate import check_inputs, check_state
 
@@ -73,6 +73,7 @@ class Op:
         self.backend = backend
         self.chunk_size = chunk_size
         self.schedule = "auto"            # Triton: "two_pass", "fused" or "auto" (runtime.launch)
+        self.autotune = False             # time launch configs per shape class (runtime.autotune)
         self.inputs = tuple(alg.inputs)   # declaration order
         self.queries = query_inputs(alg)
         self.out_dim = output_dim(alg)
@@ -213,7 +214,8 @@ class Op:
             o_tiles, finals = forward_triton(prep.program, prep.tiles, prep.lam, prep.init,
                                              self.algebra.eps, schedule=schedule, out_dtype=prep.dtype)
             return prep.finish(o_tiles, finals)
-        return launch.fitting_chunk(key, self._chunk(first), run)
+        with autotune.session(self.autotune, first, dims, g is not None, cu_seqlens):
+            return launch.fitting_chunk(key, self._chunk(first), run)
 
     def backward_impl(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str,
                       grad_o, grad_states: list):
@@ -258,7 +260,9 @@ class Op:
                 grads.append(prep.gate_vjp(d_lam, g))
             grads += [prep.init_vjp(s.name, d_init[s.name], x) for s, x in zip(self.algebra.streaming, init)]
             return grads
-        return launch.fitting_chunk(key, self._chunk(first), run)
+        with autotune.session(self.autotune, first, self._dims(dict(zip(self.inputs, tokens))), g is not None,
+                              cu_seqlens):
+            return launch.fitting_chunk(key, self._chunk(first), run)
 
     # -- internals -----------------------------------------------------------------------
     def _run_torch(self, tokens, g, scale, init, cu_seqlens):

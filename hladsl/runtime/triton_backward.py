@@ -3,20 +3,18 @@ Triton counterpart of ``backward_torch.backward_torch`` (same calling
 convention, the layouts of ``triton_forward.forward_triton``)."""
 from __future__ import annotations
 
-from math import prod
-
 import torch
-import triton
 
 from hladsl.codegen.triton_bwd import backward_kernels
 from hladsl.codegen.triton_gen import constexprs
-from hladsl.runtime import launch
+from hladsl.runtime import autotune, launch
 from hladsl.runtime.triton_forward import (_packed_tables, _state_buffers, _token_args, tile_args,
                                            token_layout)
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime.backward_torch import check_backward_args
 
 
+@autotune.tunes_schedule(lambda a: backward_kernels(a["program"])[0].__name__)
 def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                     init_states: dict[str, torch.Tensor], grad_o: torch.Tensor,
                     grad_final: dict[str, torch.Tensor] | None, eps: float,
@@ -42,7 +40,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     module, ctx = backward_kernels(program)
     fwd = ctx["forward"]
     if schedule == "fused" and not ctx["fused"]:
-        raise ValueError(f"{program.algebra.name} has no fused backward (packed states)")
+        raise autotune.Unavailable(f"{program.algebra.name} has no fused backward (packed states)")
     check_backward_args(program, tiles, lam, init_states, grad_o, grad_final)
     first = tiles[next(iter(program.algebra.inputs))]
     n_seq, heads, n_chunks = first.shape[:3]
@@ -63,17 +61,9 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             starts[s["name"]] = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{s['name']}"] = starts[s["name"]]
     state_args.update(_token_args(fwd["state_inputs"], tiles, lam, program.gated), **packed)
-    grid, block = [n_seq * heads], {}
-    for dim in fwd["splits"]:
-        if dim in {pd.name for pd in program.packed}:
-            width = common[f"B_{dim}"]
-        else:
-            width = launch.state_block(dict(program.sizes)[dim], n_seq * heads * (grid[1] if len(grid) > 1 else 1),
-                                 device, launch.narrow_ok(first, fwd["state_chained_dots"]))
-        grid.append(triton.cdiv(common[f"D_{dim}"], width))
-        block[f"B_{dim}"] = width
-    block.update(launch.dot_override(first, fwd["state_chained_dots"], block))
-    launch.launch(module.state_pass_kernel, tuple(grid), {**state_args, **common, **block}, True)
+    grid, block, tiling = launch.split_blocks(n_seq * heads, fwd["splits"], program, common, first,
+                                              fwd["state_chained_dots"])
+    launch.launch(module.state_pass_kernel, grid, {**state_args, **common, **block}, True, tiling)
 
     # the cotangents of num (and den)
     if grad_o.stride(-1) != 1:
@@ -103,18 +93,10 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         rev[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
         rev[f"dends_{name}"] = dends[name] = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
     rev.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["reverse_reads"]})
-    rgrid, rblock = [n_seq * heads], {}
-    for dim in ctx["reverse_splits"]:
-        if dim in {pd.name for pd in program.packed}:
-            width = common[f"B_{dim}"]
-        else:
-            width = reverse_block or launch.state_block(dict(program.sizes)[dim], n_seq * heads * prod(rgrid[1:]),
-                                                  device, launch.narrow_ok(first, ctx["reverse_chained_dots"]))
-        rgrid.append(triton.cdiv(common[f"D_{dim}"], width))
-        rblock[f"B_{dim}"] = width
-    rblock.update(launch.dot_override(first, ctx["reverse_chained_dots"], rblock))
-    launch.launch(module.reverse_kernel, tuple(rgrid), {**tokens, **packed, **rev, **cot, **common, **rblock},
-            True)
+    rgrid, rblock, tiling = launch.split_blocks(n_seq * heads, ctx["reverse_splits"], program, common, first,
+                                                ctx["reverse_chained_dots"], reverse_block)
+    launch.launch(module.reverse_kernel, rgrid, {**tokens, **packed, **rev, **cot, **common, **rblock},
+            True, tiling)
 
     # (c) token and Λ gradients, parallel over chunks
     d_tiles, d_lam = _grad_buffers(ctx, first, common, lam, grad_dtype)

@@ -9,7 +9,7 @@ import triton.runtime.errors
 
 from hladsl.codegen.triton_gen import constexprs, kernels
 from hladsl.ir.chunk import ChunkProgram
-from hladsl.runtime import launch
+from hladsl.runtime import autotune, launch
 from hladsl.runtime.packing import combos, multiplicity
 
 
@@ -62,6 +62,7 @@ def token_layout(n_seq: int, heads: int, n_chunks: int, chunk: int, dim: int, dt
     return x.view(n_seq, n_chunks, chunk, heads, dim).permute(0, 3, 1, 2, 4)
 
 
+@autotune.tunes_schedule(lambda a: kernels(a["program"])[0].__name__)
 def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                    init_states: dict[str, torch.Tensor], eps: float, precision: str = "tf32x3",
                    state_block: int | None = None, num_warps: int = 4,
@@ -102,7 +103,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
 
     fused = launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads)
     if schedule == "fused" and not ctx["fused"]:
-        raise ValueError(f"{program.algebra.name} has no fused schedule (packed states)")
+        raise autotune.Unavailable(f"{program.algebra.name} has no fused schedule (packed states)")
     if fused:
         try:
             return _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block,
@@ -120,19 +121,10 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
     packed = _packed_tables(program, device)
     state_args.update(_token_args(ctx["state_inputs"], tiles, lam, program.gated), **packed)
-    grid, block = [n_seq * heads], {}
-    for dim in ctx["splits"]:
-        if dim in {pd.name for pd in program.packed}:
-            width = common[f"B_{dim}"]
-        else:
-            programs = n_seq * heads * (grid[1] if len(grid) > 1 else 1)
-            width = state_block or launch.state_block(dict(program.sizes)[dim], programs, device,
-                                                launch.narrow_ok(first, ctx["state_chained_dots"]))
-        grid.append(triton.cdiv(common[f"D_{dim}"], width))
-        block[f"B_{dim}"] = width
-    block.update(launch.dot_override(first, ctx["state_chained_dots"], block))
-    launch.launch(module.state_pass_kernel, tuple(grid),
-            {**state_args, **common, **block, **(state_options or {})}, num_stages is None)
+    grid, block, tiling = launch.split_blocks(n_seq * heads, ctx["splits"], program, common, first,
+                                              ctx["state_chained_dots"], state_block)
+    launch.launch(module.state_pass_kernel, grid,
+            {**state_args, **common, **block, **(state_options or {})}, num_stages is None, tiling)
 
     o, out = _output_buffer(program, ctx, first, eps, out_dtype)
     out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated), **packed, **out)
@@ -150,14 +142,10 @@ def _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_blo
     args.update(_token_args(f["inputs"], tiles, lam, program.gated))
     o, out = _output_buffer(program, ctx, first, eps, out_dtype)
     args.update(out)
-    grid, block = (n_seq * heads,), {}
-    if f["split"]:
-        dv = dict(program.sizes)[f["split"]]
-        width = state_block or launch.state_block(dv, n_seq * heads, first.device,
-                                            launch.narrow_ok(first, f["chained_dots"]))
-        grid, block = (n_seq * heads, triton.cdiv(dv, width)), {f"B_{f['split']}": width}
-    block.update(launch.dot_override(first, f["chained_dots"], block))
-    launch.launch(module.fused_kernel, grid, {**args, **common, **block, **(options or {})}, may_fall_back)
+    grid, block, tiling = launch.split_blocks(n_seq * heads, [f["split"]] if f["split"] else [], program,
+                                              common, first, f["chained_dots"], state_block)
+    launch.launch(module.fused_kernel, grid, {**args, **common, **block, **(options or {})}, may_fall_back,
+                  tiling)
     return o, final
 
 
