@@ -217,7 +217,9 @@ class Mixer(nn.Module):
         tokens = {}
         for name, part in zip(self.token_inputs, proj.split(self.value_dim, dim=-1)):
             part = part.reshape(B, T, H, self.head_dim)
-            tokens[name] = fmap(part) if name in self.mapped_inputs else part
+            # a feature map may compute in fp32 (autocast runs norms in fp32): the op takes
+            # every token input in one dtype, the projections'
+            tokens[name] = fmap(part).to(part.dtype) if name in self.mapped_inputs else part
         g = self._log_gate(x)
         if mask is not None:   # padded tokens: zero delta, no decay (module docstring)
             m = mask.unsqueeze(-1)

@@ -274,3 +274,14 @@ def test_mqar_example_runs_and_writes_its_plot(tmp_path):
     assert all(0 <= r["accuracy"] <= 1 and r["state_bytes"] > 0 for r in results)
     assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "m.json").exists()
+
+
+def test_feature_map_in_fp32_under_autocast_feeds_the_op_one_dtype(monkeypatch):
+    """CUDA autocast runs norms in fp32, so an l2 feature map returns fp32 while v stays
+    bf16 (examples/mqar.py on the H100): the layer casts the mapped inputs back."""
+    import hladsl.nn as hnn
+    l2 = hnn.FEATURE_MAPS["l2"]
+    monkeypatch.setitem(hnn.FEATURE_MAPS, "l2", lambda x: l2(x).float())
+    layer = hnn.Mixer("linear", 32, 2, feature_map="l2").to(torch.bfloat16)
+    y = layer(torch.randn(1, 8, 32, dtype=torch.bfloat16))
+    assert y.dtype == torch.bfloat16 and torch.isfinite(y.float()).all()

@@ -338,7 +338,7 @@ def step_warps(elements: int) -> int:
     return warps
 
 
-STEP_PHASED_BLOCK = 32
+STEP_PHASED_BLOCK = None   # None: run whole (measured, below); a width turns the phase split on
 
 
 def step_value_block(size: int, splittable: bool, phased: bool) -> int:
@@ -354,8 +354,12 @@ def step_value_block(size: int, splittable: bool, phased: bool) -> int:
     the value-free states' reads in L2. 32, not 16: a 32-wide fp32 row is one
     128-byte line, and in run 27's sweep 16-wide blocks were slower than 32-wide
     ones for every spec that splits (linear 0.75 vs 0.94, ahla 0.84 vs 1.31,
-    power p = 2 0.67 vs 1.08)."""
+    power p = 2 0.67 vs 1.08). Measured (run 33, H100, B = 64, H = 16, d = dv = 64): the
+    phase split at 32 gave hla2 0.43, hla3 0.28, hla3_masked 0.42 of copy bandwidth, the
+    whole kernel at 4 warps 0.55, 0.39 (8 warps), 0.54 in the same sweep: the second
+    launch re-reads and re-gathers the value-free states. So it is off by default
+    (``STEP_PHASED_BLOCK = None``); the split path stays tested and selectable."""
     width = block_size(size)
-    if phased and not splittable:
+    if phased and not splittable and STEP_PHASED_BLOCK:
         return min(width, STEP_PHASED_BLOCK)
     return width

@@ -52,7 +52,7 @@ def tile_args(name: str, t: torch.Tensor) -> dict:
     read or write in place (feature stride 1)."""
     if t.stride(-1) != 1:
         raise ValueError(f"{name}: the feature dim must have stride 1, got strides {t.stride()}")
-    return {f"{name}_ptr": t, **{f"str_{name}_{a}": s for a, s in zip("nhct", t.stride()[:4])}}
+    return {f"{name}_ptr": t, **{f"sio_{name}_{a}": s for a, s in zip("nhct", t.stride()[:4])}}
 
 
 def token_layout(n_seq: int, heads: int, n_chunks: int, chunk: int, dim: int, dtype, device):

@@ -130,7 +130,7 @@ def output_kernel(
     lam_ptr,  # [N, H, nC, C]
     starts_P,  # P[i,e] at each chunk start: [N, H, nC, d, dv]
     starts_E,  # E[i,e] at each chunk start: [N, H, nC, d, dv]
-    out_ptr, str_out_n, str_out_h, str_out_c, str_out_t,  # o [N, H, nC, C, dv] in the output dtype (any strides, unit feature stride)
+    out_ptr, sio_out_n, sio_out_h, sio_out_c, sio_out_t,  # o [N, H, nC, C, dv] in the output dtype (any strides, unit feature stride)
     H, n_chunks,
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
@@ -202,7 +202,7 @@ def output_kernel(
     # [Tt,e] = t9[Tt,e] · decay_start_w1[Tt]   (elementwise)
     t10 = t9 * decay_start_w1[:, None]
     num += t10
-    tl.store(out_ptr + n * str_out_n + h * str_out_h + i_c * str_out_c + offs_t[:, None] * str_out_t + offs_dv[None, :],
+    tl.store(out_ptr + n * sio_out_n + h * sio_out_h + i_c * sio_out_c + offs_t[:, None] * sio_out_t + offs_dv[None, :],
              num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
 
@@ -214,7 +214,7 @@ def fused_kernel(
     lam_ptr,  # [N, H, nC, C]
     init_P, final_P,  # P[i,e]: [d, dv]
     init_E, final_E,  # E[i,e]: [d, dv]
-    out_ptr, str_out_n, str_out_h, str_out_c, str_out_t,  # o [N, H, nC, C, dv] in the output dtype (any strides, unit feature stride)
+    out_ptr, sio_out_n, sio_out_h, sio_out_c, sio_out_t,  # o [N, H, nC, C, dv] in the output dtype (any strides, unit feature stride)
     H, n_chunks,
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
@@ -293,7 +293,7 @@ def fused_kernel(
         # [Tt,e] = t9[Tt,e] · decay_start_w1[Tt]   (elementwise)
         t10 = t9 * decay_start_w1[:, None]
         num += t10
-        tl.store(out_ptr + n * str_out_n + h * str_out_h + i_c * str_out_c + offs_t[:, None] * str_out_t + offs_dv[None, :],
+        tl.store(out_ptr + n * sio_out_n + h * sio_out_h + i_c * sio_out_c + offs_t[:, None] * sio_out_t + offs_dv[None, :],
                  num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
         # ---- P: state at the end of this chunk

@@ -153,7 +153,7 @@ def output_kernel(
     starts_S,  # S[i,j] at each chunk start: [N, H, nC, d, d]
     starts_C,  # C[i,e] at each chunk start: [N, H, nC, d, dv]
     starts_G,  # G[i,e] at each chunk start: [N, H, nC, d, dv]
-    out_ptr, str_out_n, str_out_h, str_out_c, str_out_t,  # o [N, H, nC, C, dv] in the output dtype (any strides, unit feature stride)
+    out_ptr, sio_out_n, sio_out_h, sio_out_c, sio_out_t,  # o [N, H, nC, C, dv] in the output dtype (any strides, unit feature stride)
     H, n_chunks,
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
@@ -238,7 +238,7 @@ def output_kernel(
     # [Tt,e] = in_v[Tn1,e] · t12[Tt,Tn1]   (matmul over Tn1)
     t13 = _dot(t12, in_v, DOT, PREC)
     num += t13
-    tl.store(out_ptr + n * str_out_n + h * str_out_h + i_c * str_out_c + offs_t[:, None] * str_out_t + offs_dv[None, :],
+    tl.store(out_ptr + n * sio_out_n + h * sio_out_h + i_c * sio_out_c + offs_t[:, None] * sio_out_t + offs_dv[None, :],
              num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
 
@@ -251,7 +251,7 @@ def fused_kernel(
     init_S, final_S,  # S[i,j]: [d, d]
     init_C, final_C,  # C[i,e]: [d, dv]
     init_G, final_G,  # G[i,e]: [d, dv]
-    out_ptr, str_out_n, str_out_h, str_out_c, str_out_t,  # o [N, H, nC, C, dv] in the output dtype (any strides, unit feature stride)
+    out_ptr, sio_out_n, sio_out_h, sio_out_c, sio_out_t,  # o [N, H, nC, C, dv] in the output dtype (any strides, unit feature stride)
     H, n_chunks,
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
@@ -346,7 +346,7 @@ def fused_kernel(
         # [Tt,e] = in_v[Tn1,e] · t12[Tt,Tn1]   (matmul over Tn1)
         t13 = _dot(t12, in_v, DOT, PREC)
         num += t13
-        tl.store(out_ptr + n * str_out_n + h * str_out_h + i_c * str_out_c + offs_t[:, None] * str_out_t + offs_dv[None, :],
+        tl.store(out_ptr + n * sio_out_n + h * sio_out_h + i_c * sio_out_c + offs_t[:, None] * sio_out_t + offs_dv[None, :],
                  num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
         # ---- S: state at the end of this chunk
