@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import time
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -184,6 +185,7 @@ def main(argv=None):
             model, steps, acc = train_one(spec, head_dim, cfg, args.device, start + 0.9 * share)
         except Exception as exc:   # report and go on: one failure must not hide the rest
             print(f"    failed: {type(exc).__name__}: {exc}", flush=True)
+            traceback.print_exc()
             failed.append(dict(spec=spec, head_dim=head_dim, error=f"{type(exc).__name__}: {exc}"))
             continue
         state = model.blocks[0].mixer.state_bytes()   # one layer, all heads, fp32

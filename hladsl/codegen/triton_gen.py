@@ -395,6 +395,7 @@ def kernel_context(program: ChunkProgram) -> dict:
     num = low.terms(program.output, "num", out_defs, tiled=frozenset(tiled))
     den = (low.terms(program.normalizer, "den", out_defs, tiled=frozenset(tiled))
            if program.normalizer else {"pre": "", "loop": "", "post": ""})
+    output_chained = low.block.chained
     packed = [{"name": pd.name, "base": pd.base, "power": pd.power, "size": pd.size}
               for pd in program.packed]
     loop = None
@@ -424,6 +425,7 @@ def kernel_context(program: ChunkProgram) -> dict:
         "o_dim": o_dim,
         "splits": splits,
         "state_chained_dots": state_chained,
+        "output_chained_dots": output_chained,
         "fused": fused,
         "output_text": comment(f"{alg.output_name}[{o_index}] = {alg.output.text()}"),
         "normalizer_text": comment(alg.normalizer.text()) if alg.normalizer is not None else "",

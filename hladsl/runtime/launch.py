@@ -112,13 +112,22 @@ def narrow_ok(first, chained_dots: bool) -> bool:
     return first.dtype not in TENSOR_CORE_DTYPES or not chained_dots
 
 
-def dot_override(first, chained_dots: bool, block: dict) -> dict:
-    """Chains of bf16/fp16 dots at a narrow chunk or block run with fp32 tiles: the
-    Hopper miscompile of ``_state_block`` also strikes at C = 32 (hla3 at d = 128
-    needs C = 32 to fit shared memory, and its bf16 state pass then faults)."""
+def feature_blocks(program, common: dict) -> dict:
+    """The B_<dim> tile widths of the program's feature dims (not the packed ones)."""
+    return {f"B_{d}": common[f"B_{d}"] for d in program.algebra.dims}
+
+
+def dot_override(first, chained_dots: bool, block: dict, features: dict | None = None) -> dict:
+    """Chains of bf16/fp16 dots at a narrow chunk, block or feature dim run with fp32
+    tiles: the Hopper miscompile of ``_state_block`` also strikes at C = 32 (hla3 at
+    d = 128 needs C = 32 to fit shared memory, and its bf16 state pass then faults)
+    and at feature dims of 32 (hla2's output kernel at d = 32, once the precision plan
+    sent its state products to bf16: an illegal address, examples/mqar.py, run 37).
+    ``features``: ``feature_blocks`` of the launch."""
     chunk = first.shape[3]
+    widths = list(block.values()) + list((features or {}).values())
     if chained_dots and first.dtype in TENSOR_CORE_DTYPES and (
-            chunk < 64 or any(w < 64 for w in block.values())):
+            chunk < 64 or any(w < 64 for w in widths)):
         import triton.language as tl
         return {"DOT": tl.float32}
     return {}
@@ -192,7 +201,7 @@ def split_blocks(programs: int, splits, program, common: dict, first, chained: b
     def retile(chosen: dict) -> tuple[tuple, dict]:
         block = {f"B_{d}": chosen.get(f"B_{d}", w) for d, w in widths.items()}
         grid = (programs,) + tuple(-(-common[f"D_{d}"] // block[f"B_{d}"]) for d in widths)
-        return grid, {**block, **dot_override(first, chained, block)}
+        return grid, {**block, **dot_override(first, chained, block, feature_blocks(program, common))}
 
     choices = {} if width or not narrow else {
         f"B_{d}": tune_widths(w, sizes[d]) for d, w in widths.items() if d not in packed}

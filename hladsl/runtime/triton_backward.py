@@ -75,7 +75,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         args = {**_token_args(fwd["output_inputs"], tiles, lam, program.gated), **packed,
                 **{f"starts_{n}": x for n, x in starts.items()},
                 **tile_args("do", grad_o), **tile_args("dnum", dnum), "dden_ptr": dden, "eps": float(eps)}
-        launch.launch(module.cotangent_kernel, (n_chunks, n_seq * heads), {**args, **common}, True)
+        dot = launch.dot_override(first, fwd["output_chained_dots"], {}, launch.feature_blocks(program, common))
+        launch.launch(module.cotangent_kernel, (n_chunks, n_seq * heads), {**args, **common, **dot}, True)
         cot = {**tile_args("dnum", dnum), "dden_ptr": dden}
 
     if launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads):
@@ -108,7 +109,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         pd = f"B_{ctx['grad_loop_dim']}"
         loop[pd] = launch.grad_loop_tile(first.shape[3], common[pd])
     # the narrow loop tile matters to the bf16 guard only where a DOT-dtype dot runs on it
-    dot = launch.dot_override(first, ctx["grad_chained_dots"], loop if ctx["grad_loop_dot"] else {})
+    dot = launch.dot_override(first, ctx["grad_chained_dots"], loop if ctx["grad_loop_dot"] else {},
+                              launch.feature_blocks(program, common))
     groups = ctx["grad_groups"]
     everything = _grad_args(d_tiles, d_lam)
     for targets in launch.grad_target_sets(len(groups), targets_per_program):
@@ -162,7 +164,7 @@ def _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_f
         args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
     args.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["fused"]["reads"]})
     d_tiles, d_lam = _grad_buffers(ctx, first, common, lam, grad_dtype)
-    dot = launch.dot_override(first, ctx["fused"]["chained_dots"], {})
+    dot = launch.dot_override(first, ctx["fused"]["chained_dots"], {}, launch.feature_blocks(program, common))
     for targets in launch.grad_target_sets(len(ctx["fused"]["groups"]), targets_per_program):
         launch.launch(module.fused_bwd_kernel, (n_seq * heads,),
                       {**tokens, **packed, **args, **cot, **_grad_args(d_tiles, d_lam), **common, **dot,

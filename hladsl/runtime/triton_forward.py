@@ -128,8 +128,9 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
 
     o, out = _output_buffer(program, ctx, first, eps, out_dtype)
     out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated), **packed, **out)
+    dot = launch.dot_override(first, ctx["output_chained_dots"], {}, launch.feature_blocks(program, common))
     launch.launch(module.output_kernel, (n_chunks, n_seq * heads),
-            {**out_args, **common, **(output_options or {})}, num_stages is None)
+            {**out_args, **common, **dot, **(output_options or {})}, num_stages is None)
     return o, final
 
 
