@@ -140,6 +140,19 @@ FALLBACKS = ({}, {"num_stages": 1}, {"num_stages": 1, "num_warps": 8})
 _WORKING: dict = {}    # (kernel, constexprs) -> the first fallback that compiled
 
 
+def _fallback_key(kernel, args: dict) -> tuple:
+    """What decides whether a launch fits the GPU: the kernel, its constexprs and the launch
+    options (strides and sizes do not change its shared memory). Runs on every launch: no
+    sort, str() only for the odd non-number (tl dtypes)."""
+    names = progress.constexpr_names(kernel)
+    if names is not None:
+        items = [(k, args.get(k)) for k in names + ("num_warps", "num_stages")]
+    else:   # a kernel that does not list its constexprs: every non-tensor argument
+        items = [(k, v) for k, v in args.items() if not isinstance(v, torch.Tensor)]
+    return (id(kernel), tuple((k, v if v is None or isinstance(v, (int, float, str)) else str(v))
+                              for k, v in items))
+
+
 def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None = None) -> None:
     """``kernel[grid](**args)``; where ``may_fall_back`` (the caller fixed no stages),
     with the FALLBACKS on OutOfResources, or tuned under an autotuning session
@@ -152,9 +165,7 @@ def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None 
     if not may_fall_back:
         progress.first_launch(kernel, args, lambda: kernel[grid](**args))
         return
-    # no sort, str() only for the odd non-number (tl dtypes): this runs on every launch
-    key = (id(kernel), tuple((k, v if isinstance(v, (int, float, str)) else str(v))
-                             for k, v in args.items() if not isinstance(v, torch.Tensor)))
+    key = _fallback_key(kernel, args)
     from triton.runtime.errors import OutOfResources
     start = _WORKING.get(key, 0)
     for n in range(start, len(FALLBACKS)):

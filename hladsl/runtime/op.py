@@ -378,9 +378,9 @@ class _Prepared:
 
     def final_vjp(self, name, d):
         """d final state (storage layout) -> the program's layout."""
-        if self.program.is_packed(name):
-            return d.float()
         s = next(s for s in self.op.algebra.streaming if s.name == name)
+        if self.program.is_packed(name) or not s.symmetric:   # the same layout
+            return d.float()
         full = self.init[name]
         _, pull = torch.func.vjp(lambda x: pack(s, x, self.dims), full)
         return pull(d.to(full.dtype))[0]
@@ -397,9 +397,9 @@ class _Prepared:
         return self._untiled(d.unsqueeze(-1), g.unsqueeze(-1))[..., 0].to(g.dtype).contiguous()
 
     def init_vjp(self, name, d, x):
-        if self.program.is_packed(name):
-            return d.to(x.dtype).contiguous()
         s = next(s for s in self.op.algebra.streaming if s.name == name)
+        if self.program.is_packed(name) or not s.symmetric:   # the same layout
+            return d.to(x.dtype).contiguous()
         _, pull = torch.func.vjp(lambda y: unpack(s, y, self.dims), x.to(d.dtype))
         return pull(d)[0].to(x.dtype).contiguous()
 
