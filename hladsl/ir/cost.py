@@ -5,8 +5,8 @@ kernel of the two-pass schedule, read off the chunk program's contraction plans
 FLOPs are 2 × the planned multiply-adds (elementwise steps count once each);
 bytes count what a kernel must move through HBM at least once per chunk: the
 token tiles it reads (``token_bytes`` each element), the cumulative gates, the
-chunk-start states it writes or reads (fp32), the output it writes (fp32, as the
-kernels write it today) and the gradients. Benchmarks divide these by measured
+chunk-start states it writes or reads (fp32), the output it writes and the token
+gradients (in the tokens' dtype, as the kernels write them). Benchmarks divide these by measured
 times for achieved TFLOP/s and GB/s.
 """
 from __future__ import annotations
@@ -74,7 +74,7 @@ def kernel_costs(program: ChunkProgram, backward: BackwardProgram | None = None,
     read = _carried(out_terms) | {f.name for d in program.derived for m in d.poly.terms
                                   for f in m.factors}
     flops = program.flops()
-    o_bytes = C * output_size(program) * FP32
+    o_bytes = C * output_size(program) * token_bytes
     rows = [
         KernelCost("state_pass", 2 * flops["state"] / C,
                    (tokens(_inputs(state_terms)) + lam + states(read)) / C,
@@ -93,7 +93,7 @@ def kernel_costs(program: ChunkProgram, backward: BackwardProgram | None = None,
                        "d-state pass: reads dO and starts, writes d(end state) per chunk"),
             KernelCost("gradient", 2 * b["gradient"] / C,
                        (tokens(every) + lam + o_bytes + states(read) + d_states
-                        + sum(C * dims[alg.inputs[n]] for n in every) * FP32 + lam) / C,
+                        + tokens(every) + lam) / C,
                        "token and Λ gradients: reads dO, starts and d-states, writes d tokens"),
         ]
     return rows
