@@ -65,3 +65,43 @@ def test_triton_backend_on_cpu_needs_the_interpreter(monkeypatch):
     q = torch.randn(1, 4, 1, 4)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         op(q, q, q)
+
+
+@pytest.mark.parametrize("name,params", [("linear", {}), ("hla2", {})])
+def test_varlen_lays_sequences_in_one_row_of_chunks(name, params):
+    """cu_seqlens: one long sequence beside short and empty ones costs their total length
+    in chunks (not count × longest), and each sequence, gated, from its own initial state,
+    gives what it gives alone (forward, final state, gradients; float64 torch reference)."""
+    from hladsl.runtime import op as op_module
+    gen = torch.Generator().manual_seed(3)
+    lengths, C, H, d = [37, 0, 5, 16], 16, 2, 8
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
+    T = sum(lengths)
+    q, k, v, g = _inputs(name, gen, 1, T, H, d, d, True, False)
+    tri = hladsl.load(name, backend="triton", chunk_size=C, **params)
+    ref = hladsl.load(name, backend="torch", chunk_size=C, **params)
+    shapes = tri.state_shapes(d, d)
+    init = {n: 0.1 * torch.randn(len(lengths), H, *s, generator=gen) for n, s in shapes.items()}
+    laid = op_module._to_chunk_row({"q": q}, None, cu, C)
+    assert laid[0]["q"].shape[1] == (3 + 0 + 1 + 1) * C           # Σ ceil(len / C) chunks
+    assert laid[4].tolist() == [0, 3, 3, 4, 5]
+
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    il = {n: x.clone().requires_grad_() for n, x in init.items()}
+    o, final = tri(*leaves[:3], g=leaves[3], initial_state=il, output_final_state=True, cu_seqlens=cu)
+    w = torch.randn(o.shape, generator=gen)
+    grads = torch.autograd.grad((o * w).sum() + sum(x.sum() for x in final.values()), leaves + list(il.values()))
+    for s, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        one = [x[:, a:b].double().requires_grad_() for x in (q, k, v, g)]
+        i1 = {n: x[s:s + 1].double().requires_grad_() for n, x in init.items()}
+        o1, f1 = ref(*one[:3], g=one[3], initial_state=i1, output_final_state=True)
+        want = torch.autograd.grad((o1 * w[:, a:b].double()).sum() + sum(x.sum() for x in f1.values()),
+                                   one + list(i1.values()), allow_unused=True)
+        torch.testing.assert_close(o[:, a:b].double(), o1, rtol=1e-4, atol=1e-4)
+        for n in shapes:
+            torch.testing.assert_close(final[n][s:s + 1].double(), f1[n], rtol=1e-4, atol=1e-4)
+        for got, exp in zip([x[:, a:b] for x in grads[:4]], want[:4]):
+            if b > a:
+                torch.testing.assert_close(got.double(), exp, rtol=1e-4, atol=1e-4)
+        for n, got, exp in zip(init, grads[4:], want[4:]):
+            torch.testing.assert_close(got[s:s + 1].double(), exp, rtol=1e-4, atol=1e-4)

@@ -100,8 +100,10 @@ def power_chain_rule(x: torch.Tensor, dspow: torch.Tensor, p: int, weighted: boo
     return dx
 
 
-def check_backward_args(program: ChunkProgram, tiles, lam, init_states, grad_o, grad_final) -> None:
-    """ValueError naming the argument whose tensor does not fit ``program``."""
+def check_backward_args(program: ChunkProgram, tiles, lam, init_states, grad_o, grad_final,
+                        state_rows: int | None = None) -> None:
+    """ValueError naming the argument whose tensor does not fit ``program``. ``state_rows``:
+    the states' leading dim where it is not the tiles' N (varlen: one row per sequence)."""
     alg, sizes = program.algebra, dict(program.sizes)
     missing = sorted(set(alg.inputs) - set(tiles))
     if missing:
@@ -125,7 +127,7 @@ def check_backward_args(program: ChunkProgram, tiles, lam, init_states, grad_o, 
             x = states.get(name)
             if x is None and what == "grad_final":
                 continue
-            want = lead[:2] + program.state_shape(name)
+            want = (lead[0] if state_rows is None else state_rows, lead[1]) + program.state_shape(name)
             if x is None or tuple(x.shape) != want:
                 got = "missing" if x is None else list(x.shape)
                 raise ValueError(f"{what}[{name!r}]: expected {list(want)}, got {got}")

@@ -212,7 +212,8 @@ class Op:
             prep = _Prepared(self, tokens, g, scale, init, cu_seqlens, chunk, keep_dtype=True)
             from hladsl.runtime.triton_forward import forward_triton
             o_tiles, finals = forward_triton(prep.program, prep.tiles, prep.lam, prep.init,
-                                             self.algebra.eps, schedule=schedule, out_dtype=prep.dtype)
+                                             self.algebra.eps, schedule=schedule, out_dtype=prep.dtype,
+                                             seq_chunks=prep.seq_chunks)
             return prep.finish(o_tiles, finals)
         with autotune.session(self.autotune, first, dims, g is not None, cu_seqlens):
             return launch.fitting_chunk(key, self._chunk(first), run)
@@ -254,7 +255,7 @@ class Op:
                         if d is not None}
             d_tiles, d_lam, d_init = backward_triton(
                 prep.program, prep.tiles, prep.lam, prep.init, prep.output_vjp(grad_o), d_finals,
-                self.algebra.eps, schedule=schedule, grad_dtype=first.dtype)
+                self.algebra.eps, schedule=schedule, grad_dtype=first.dtype, seq_chunks=prep.seq_chunks)
             grads = [prep.token_vjp(n, d_tiles[n], x) for n, x in zip(self.inputs, tokens)]
             if g is not None:
                 grads.append(prep.gate_vjp(d_lam, g))
@@ -327,8 +328,11 @@ class _Prepared:
         tokens = op._scaled(tokens, scale,
                             first.dtype if keep_dtype else compute)
         gates = None if g is None else g.to(compute)
-        self.index = self.src = None
-        if cu_seqlens is not None:
+        self.index = self.src = self.seq_chunks = None
+        if cu_seqlens is not None and keep_dtype:   # the kernels: sequences in one row of chunks
+            tokens, gates, self.index, self.src, self.seq_chunks = _to_chunk_row(tokens, gates,
+                                                                                cu_seqlens, chunk)
+        elif cu_seqlens is not None:
             tokens, gates, self.index, self.src = _to_padded(tokens, gates, cu_seqlens)
         first = tokens[op.inputs[0]]
         B, T, H = first.shape[:3]
@@ -343,9 +347,10 @@ class _Prepared:
         if gates is not None:
             self.lam = self._tiled(gates.unsqueeze(-1))[..., 0].cumsum(-1)
         self.init = {}
+        rows = B if self.seq_chunks is None else self.seq_chunks.numel() - 1   # one per sequence
         for n, s in enumerate(alg.streaming):
             x = (init[n].to(compute) if init else
-                 first.new_zeros((B, H) + packed_shape(s, dims), dtype=compute))
+                 first.new_zeros((rows, H) + packed_shape(s, dims), dtype=compute))
             self.init[s.name] = x if self.program.is_packed(s.name) else unpack(s, x, dims)
 
     def _tiled(self, x):
@@ -414,6 +419,32 @@ class _Prepared:
         states = [finals[s.name] if self.program.is_packed(s.name)
                   else pack(s, finals[s.name], self.dims) for s in alg.streaming]
         return o, [x.to(self.compute) for x in states]
+
+
+def _to_chunk_row(tokens, gates, cu_seqlens, chunk: int):
+    """Varlen [1, T, ...] -> one row [1, T', ...] holding each sequence padded to whole
+    chunks (T' = Σ ceil(len / C) C: the total length, not count × longest), the gather
+    index back, the tokens' positions in the input, and seq_chunks (int32 [S + 1]:
+    sequence n owns chunks seq_chunks[n] .. seq_chunks[n + 1] - 1; an empty one none)."""
+    bounds = cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    chunks = [-(-n // chunk) for n in lengths]
+    first = [0]
+    for c in chunks:
+        first.append(first[-1] + c)
+    device = next(iter(tokens.values())).device
+    rows = max(first[-1], 1) * chunk    # at least one chunk: kernels need a non-empty grid
+    index = torch.cat([torch.arange(n, device=device) + first[s] * chunk
+                       for s, n in enumerate(lengths)] + [torch.zeros(0, dtype=torch.long, device=device)])
+    src = torch.cat([torch.arange(a, a + n, device=device) for a, n in zip(bounds, lengths)]
+                    + [torch.zeros(0, dtype=torch.long, device=device)])
+
+    def lay(x):
+        flat = x.new_zeros((rows,) + x.shape[2:])
+        return flat.index_copy(0, index, x[0, src]).unsqueeze(0)
+    out = {name: lay(x) for name, x in tokens.items()}
+    seq_chunks = torch.tensor(first, dtype=torch.int32, device=device)
+    return out, None if gates is None else lay(gates), index, src, seq_chunks
 
 
 def _to_padded(tokens, gates, cu_seqlens):

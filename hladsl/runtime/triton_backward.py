@@ -9,7 +9,7 @@ from hladsl.codegen.triton_bwd import backward_kernels
 from hladsl.codegen.triton_gen import constexprs
 from hladsl.runtime import autotune, launch
 from hladsl.runtime.triton_forward import (_packed_tables, _state_buffers, _token_args, tile_args,
-                                           token_layout)
+                                           token_layout, walk_args)
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime.backward_torch import check_backward_args
 
@@ -20,7 +20,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                     grad_final: dict[str, torch.Tensor] | None, eps: float,
                     precision: str = "tf32x3", num_warps: int = 4, reverse_block: int | None = None,
                     schedule: str = "auto", targets_per_program: int | None = None,
-                    grad_dtype: torch.dtype = torch.float32):
+                    grad_dtype: torch.dtype = torch.float32, seq_chunks: torch.Tensor | None = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16, may be strided views);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff ungated); init_states
     and grad_final: summary -> [N, H, *program.state_shape] (a missing or None
@@ -36,15 +36,18 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     without packed states) or "auto" (fused on a GPU when there are enough
     (sequence, head) pairs to fill it, as forward_triton decides). targets_per_program:
     how many gradient target groups (token inputs, then Λ) one gradient program
-    computes (default: launch.grad_target_sets' rule, one)."""
+    computes (default: launch.grad_target_sets' rule, one). seq_chunks: varlen, as for
+    forward_triton (init_states, grad_final and d_init then have one row per sequence)."""
     module, ctx = backward_kernels(program)
     fwd = ctx["forward"]
     if schedule == "fused" and not ctx["fused"]:
         raise autotune.Unavailable(f"{program.algebra.name} has no fused backward (packed states)")
-    check_backward_args(program, tiles, lam, init_states, grad_o, grad_final)
     first = tiles[next(iter(program.algebra.inputs))]
     n_seq, heads, n_chunks = first.shape[:3]
     device = first.device
+    walk = walk_args(seq_chunks, n_seq, device)
+    walkers = walk.pop("walkers")    # (sequence, head) pairs the state and reverse passes walk
+    check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, walkers)
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
     common = dict(H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype), PREC=precision,
@@ -61,9 +64,9 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             starts[s["name"]] = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{s['name']}"] = starts[s["name"]]
     state_args.update(_token_args(fwd["state_inputs"], tiles, lam, program.gated), **packed)
-    grid, block, tiling = launch.split_blocks(n_seq * heads, fwd["splits"], program, common, first,
+    grid, block, tiling = launch.split_blocks(walkers * heads, fwd["splits"], program, common, first,
                                               fwd["state_chained_dots"])
-    launch.launch(module.state_pass_kernel, grid, {**state_args, **common, **block}, True, tiling)
+    launch.launch(module.state_pass_kernel, grid, {**state_args, **walk, **common, **block}, True, tiling)
 
     # the cotangents of num (and den)
     if grad_o.stride(-1) != 1:
@@ -79,7 +82,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         launch.launch(module.cotangent_kernel, (n_chunks, n_seq * heads), {**args, **common, **dot}, True)
         cot = {**tile_args("dnum", dnum), "dden_ptr": dden}
 
-    if launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads):
+    if seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads):
         return _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final,
                       common, first, lam, targets_per_program, grad_dtype)
 
@@ -94,9 +97,9 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         rev[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
         rev[f"dends_{name}"] = dends[name] = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
     rev.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["reverse_reads"]})
-    rgrid, rblock, tiling = launch.split_blocks(n_seq * heads, ctx["reverse_splits"], program, common, first,
+    rgrid, rblock, tiling = launch.split_blocks(walkers * heads, ctx["reverse_splits"], program, common, first,
                                                 ctx["reverse_chained_dots"], reverse_block)
-    launch.launch(module.reverse_kernel, rgrid, {**tokens, **packed, **rev, **cot, **common, **rblock},
+    launch.launch(module.reverse_kernel, rgrid, {**tokens, **packed, **rev, **cot, **walk, **common, **rblock},
             True, tiling)
 
     # (c) token and Λ gradients, parallel over chunks

@@ -68,7 +68,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
                    state_block: int | None = None, num_warps: int = 4,
                    num_stages: int | None = None, packed_block: int | None = None,
                    state_options: dict | None = None, output_options: dict | None = None,
-                   schedule: str = "auto", out_dtype: torch.dtype = torch.float32):
+                   schedule: str = "auto", out_dtype: torch.dtype = torch.float32,
+                   seq_chunks: torch.Tensor | None = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16; may be a strided view);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff the program is ungated);
     init_states: summary -> [N, H, *shape] as the program holds it (program.state_shape). precision: how fp32 tiles are
@@ -83,7 +84,9 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     in HBM; needs a program without packed states) or "auto" (on a GPU, fused when
     there are enough (sequence, head) pairs to fill it without chunk parallelism). Returns (o [N, H, nC, C, dv]
     in ``out_dtype``, a tile view of a contiguous [N, nC*C, H, dv] tensor, {summary: final state
-    [N, H, *shape] fp32})."""
+    [N, H, *shape] fp32}). seq_chunks (varlen, int32 [S + 1]): the tiles hold S sequences
+    in one row (N = 1), sequence n in chunks seq_chunks[n] .. seq_chunks[n+1] - 1; its
+    initial and final states are row n of [S, H, *shape]; always the two-pass schedule."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
         raise ValueError("lam must be given exactly when the chunk program is gated")
@@ -101,7 +104,9 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     if packed_block is not None:
         common.update({f"B_{pd.name}": packed_block for pd in program.packed})
 
-    fused = launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads)
+    walk = walk_args(seq_chunks, n_seq, device)
+    walkers = walk.pop("walkers")    # (sequence, head) pairs the state pass walks
+    fused = seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads)
     if schedule == "fused" and not ctx["fused"]:
         raise autotune.Unavailable(f"{program.algebra.name} has no fused schedule (packed states)")
     if fused:
@@ -121,10 +126,10 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
     packed = _packed_tables(program, device)
     state_args.update(_token_args(ctx["state_inputs"], tiles, lam, program.gated), **packed)
-    grid, block, tiling = launch.split_blocks(n_seq * heads, ctx["splits"], program, common, first,
+    grid, block, tiling = launch.split_blocks(walkers * heads, ctx["splits"], program, common, first,
                                               ctx["state_chained_dots"], state_block)
     launch.launch(module.state_pass_kernel, grid,
-            {**state_args, **common, **block, **(state_options or {})}, num_stages is None, tiling)
+            {**state_args, **walk, **common, **block, **(state_options or {})}, num_stages is None, tiling)
 
     o, out = _output_buffer(program, ctx, first, eps, out_dtype)
     out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated), **packed, **out)
@@ -132,6 +137,21 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     launch.launch(module.output_kernel, (n_chunks, n_seq * heads),
             {**out_args, **common, **dot, **(output_options or {})}, num_stages is None)
     return o, final
+
+
+_NO_TABLE: dict = {}
+
+
+def walk_args(seq_chunks, n_seq: int, device) -> dict:
+    """The walking kernels' (state pass, reverse pass) varlen arguments, and how many
+    sequences they walk."""
+    if seq_chunks is None:
+        if device not in _NO_TABLE:
+            _NO_TABLE[device] = torch.zeros(1, dtype=torch.int32, device=device)
+        return {"seq_chunks": _NO_TABLE[device], "VARLEN": False, "walkers": n_seq}
+    if n_seq != 1:
+        raise ValueError(f"varlen tiles hold every sequence in one row (N = 1), got N = {n_seq}")
+    return {"seq_chunks": seq_chunks, "VARLEN": True, "walkers": seq_chunks.numel() - 1}
 
 
 def _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block, may_fall_back,

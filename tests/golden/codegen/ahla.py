@@ -9,6 +9,9 @@ state_pass_kernel  grid (N*H, blocks of dv): walks the chunks of one
                    the output kernel reads, and the final state.
 output_kernel      grid (nC, N*H): one chunk each; derived carries, every output
                    term.
+Varlen (VARLEN): all sequences' chunks in one row (N = 1), each sequence padded to whole
+chunks; the state pass walks sequence n's chunks seq_chunks[n] .. seq_chunks[n+1] - 1 (its
+init/final states are row n), every per-chunk kernel is unchanged.
 Token tiles and o are [N, H, nC, C, dim] (any strides, unit feature stride; o is
 written in its buffer's dtype, so the caller's [B, T, H, dv] output needs no copy); lam is the
 in-chunk cumulative log gate [N, H, nC, C] (gated programs only). States are
@@ -38,6 +41,7 @@ def state_pass_kernel(
     lam_ptr,  # [N, H, nC, C]
     init_P, final_P, starts_P,  # P[i,e]: [d, dv]
     init_E, final_E, starts_E,  # E[i,e]: [d, dv]
+    seq_chunks, VARLEN: tl.constexpr,  # VARLEN: sequence n owns chunks seq_chunks[n] .. seq_chunks[n + 1] - 1
     H, n_chunks,
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
@@ -49,9 +53,18 @@ def state_pass_kernel(
     # states without a split dim are computed by every block and written by its block 0 (own_)
     n = pid_nh // H
     h = pid_nh % H
+    crow = pid_nh  # the row of per-chunk buffers (lam, starts, ...): [N*H, nC]
     offs_t = tl.arange(0, C)
     offs_d = tl.arange(0, B_d)
     offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
+
+    c_lo = 0
+    c_hi = n_chunks
+    if VARLEN:  # every sequence's chunks lie in one row per head (N = 1): walk this program's
+        c_lo = tl.load(seq_chunks + n)
+        c_hi = tl.load(seq_chunks + n + 1)
+        crow = h
+        n = n * 0  # the token row
 
     off_P = offs_d[:, None] * D_dv + offs_dv[None, :]
     msk_P = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
@@ -61,9 +74,9 @@ def state_pass_kernel(
     msk_E = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
     own_E = msk_E
     st_E = tl.load(init_E + pid_nh * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
-    for i_c in range(n_chunks):
-        tl.store(starts_P + (pid_nh * n_chunks + i_c) * (D_d * D_dv) + off_P, st_P, mask=own_P)
-        tl.store(starts_E + (pid_nh * n_chunks + i_c) * (D_d * D_dv) + off_E, st_E, mask=own_E)
+    for i_c in range(c_lo, c_hi):
+        tl.store(starts_P + (crow * n_chunks + i_c) * (D_d * D_dv) + off_P, st_P, mask=own_P)
+        tl.store(starts_E + (crow * n_chunks + i_c) * (D_d * D_dv) + off_E, st_E, mask=own_E)
         base_k = n * str_k_n + h * str_k_h + i_c * str_k_c
         in_k = tl.load(
             in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
@@ -76,8 +89,8 @@ def state_pass_kernel(
         in_q = tl.load(
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
-        lam = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + offs_t)
-        lam_end = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + C - 1)
+        lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
+        lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
 
         decay_end_w1 = tl.exp(1 * (lam_end - lam))  # exp(1(Λ_end−Λ_Tn0))
         mask_le_w1 = tl.exp(tl.where(offs_t[:, None] >= offs_t[None, :], 1 * (lam[:, None] - lam[None, :]), float("-inf")))  # M[Tn1,Tn0] = [Tn0 <= Tn1]·exp(1(Λ_Tn1−Λ_Tn0))
@@ -141,6 +154,7 @@ def output_kernel(
     pid_nh = tl.program_id(1).to(tl.int64)
     n = pid_nh // H
     h = pid_nh % H
+    crow = pid_nh  # the row of per-chunk buffers (lam, starts, ...): [N*H, nC]
     offs_t = tl.arange(0, C)
     offs_d = tl.arange(0, B_d)
     offs_dv = tl.arange(0, B_dv)
@@ -157,14 +171,14 @@ def output_kernel(
     in_v = tl.load(
         in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
         mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
-    lam = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + offs_t)
+    lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
 
     off_P = offs_d[:, None] * D_dv + offs_dv[None, :]
     msk_P = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
-    st_P = tl.load(starts_P + (pid_nh * n_chunks + i_c) * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
+    st_P = tl.load(starts_P + (crow * n_chunks + i_c) * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
     off_E = offs_d[:, None] * D_dv + offs_dv[None, :]
     msk_E = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
-    st_E = tl.load(starts_E + (pid_nh * n_chunks + i_c) * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
+    st_E = tl.load(starts_E + (crow * n_chunks + i_c) * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
 
     mask_le_w0 = tl.where(offs_t[:, None] >= offs_t[None, :], 1.0, 0.0)  # M[Tt,Tn0] = [Tn0 <= Tt]
     decay_start_w1 = tl.exp(1 * lam)  # exp(1·Λ_Tt)
@@ -228,6 +242,7 @@ def fused_kernel(
     # states without dv are computed by every block and written by its block 0 (own_)
     n = pid_nh // H
     h = pid_nh % H
+    crow = pid_nh  # the row of per-chunk buffers (lam, starts, ...): [N*H, nC]
     offs_t = tl.arange(0, C)
     offs_d = tl.arange(0, B_d)
     offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
@@ -253,8 +268,8 @@ def fused_kernel(
         in_v = tl.load(
             in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
             mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
-        lam = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + offs_t)
-        lam_end = tl.load(lam_ptr + (pid_nh * n_chunks + i_c) * C + C - 1)
+        lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
+        lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
 
         mask_le_w0 = tl.where(offs_t[:, None] >= offs_t[None, :], 1.0, 0.0)  # M[Tt,Tn0] = [Tn0 <= Tt]
         decay_start_w1 = tl.exp(1 * lam)  # exp(1·Λ_Tt)
