@@ -105,3 +105,22 @@ def test_varlen_lays_sequences_in_one_row_of_chunks(name, params):
                 torch.testing.assert_close(got.double(), exp, rtol=1e-4, atol=1e-4)
         for n, got, exp in zip(init, grads[4:], want[4:]):
             torch.testing.assert_close(got[s:s + 1].double(), exp, rtol=1e-4, atol=1e-4)
+
+
+def test_fp16_query_gradient_is_scaled_inside_the_kernel():
+    """The kernels see scaled queries (q · d^-1/2): d(scaled q) = dq / scale can pass fp16's
+    65504 where dq does not. The scale is applied before the fp16 store (hla2, gated,
+    d = 24: dq reaches ~1.9e4, d(scaled q) ~9.5e4)."""
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(2, 37, 3, 24, generator=gen) for _ in range(3)]
+    gate = -0.2 * torch.rand(2, 37, 3, generator=gen)
+    tri = hladsl.load("hla2", backend="triton", chunk_size=16)
+    ref = hladsl.load("hla2", backend="torch", chunk_size=16)
+    half = [x.half().requires_grad_() for x in xs]
+    tri(*half, g=gate.half())[0].float().pow(2).sum().backward()
+    wide = [x.double().requires_grad_() for x in xs]
+    ref(*wide, g=gate.double())[0].pow(2).sum().backward()
+    assert 65504 * 24 ** -0.5 < wide[0].grad.abs().max() < 65504   # the case this guards
+    for got, want in zip(half, wide):
+        assert torch.isfinite(got.grad).all()
+        assert ((got.grad.double() - want.grad).norm() / want.grad.norm()).item() < 1e-2

@@ -166,9 +166,11 @@ class Block:
             right = f"tl.reshape({right}, ({self._group(summed)}, {self._group(free_b)}))"
         # the precision plan (ir.precision): in a sum whose carry terms cancel (HLA3's
         # SK SQ P - G1 - G2 - G3) and in the states feeding it, products reading carried
-        # states stay fp32-accurate; everything else goes to the tensor cores (DOT)
-        exact = self.exact and (self.reads_state(a.var) or self.reads_state(b.var))
-        dtype = "tl.float32" if exact else "DOT"
+        # states stay fp32-accurate; other products reading them go to the tensor cores
+        # as SDOT (bf16; fp32 for fp16 inputs, whose range a state can exceed), token
+        # products as DOT
+        reads = self.reads_state(a.var) or self.reads_state(b.var)
+        dtype = "tl.float32" if self.exact and reads else ("SDOT" if reads else "DOT")
         expr = f"_dot({left}, {right}, {dtype}, PREC)"
         idx = tuple(free_a + free_b)
         if len(free_a) > 1 or len(free_b) > 1:

@@ -45,6 +45,15 @@ def dot_dtype(dtype: torch.dtype):
     """The tl dtype tiles of ``dtype`` enter ``tl.dot`` in (fp32 tiles: tl.float32)."""
     import triton.language as tl
     return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(dtype, tl.float32)
+
+
+def state_dot_dtype(dtype: torch.dtype):
+    """The tl dtype of products reading carried states (and d-states) outside the precision
+    plan's exact sums: bf16 for bf16 inputs (its range is fp32's); fp32 for fp16 inputs, as a
+    state (a sum over the sequence) or a d-state can pass fp16's 65504 (hla2's backward at
+    d = 24 overflowed, tests/test_op_triton.py)."""
+    import triton.language as tl
+    return tl.bfloat16 if dtype == torch.bfloat16 else tl.float32
 MIN_CHUNK = 16
 
 
@@ -129,7 +138,7 @@ def dot_override(first, chained_dots: bool, block: dict, features: dict | None =
     if chained_dots and first.dtype in TENSOR_CORE_DTYPES and (
             chunk < 64 or any(w < 64 for w in widths)):
         import triton.language as tl
-        return {"DOT": tl.float32}
+        return {"DOT": tl.float32, "SDOT": tl.float32}
     return {}
 
 
@@ -187,7 +196,7 @@ class Tiling:
     (the block arguments include the dot dtype the widths need)."""
     choices: dict[str, tuple[int, ...]]
     retile: Callable[[dict], tuple[tuple, dict]]
-    sets: tuple[str, ...] = ("DOT",)   # further arguments retile decides
+    sets: tuple[str, ...] = ("DOT", "SDOT")   # further arguments retile decides
 
 
 def split_blocks(programs: int, splits, program, common: dict, first, chained: bool,

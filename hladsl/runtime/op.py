@@ -255,8 +255,9 @@ class Op:
                         if d is not None}
             d_tiles, d_lam, d_init = backward_triton(
                 prep.program, prep.tiles, prep.lam, prep.init, prep.output_vjp(grad_o), d_finals,
-                self.algebra.eps, schedule=schedule, grad_dtype=first.dtype, seq_chunks=prep.seq_chunks)
-            grads = [prep.token_vjp(n, d_tiles[n], x) for n, x in zip(self.inputs, tokens)]
+                self.algebra.eps, schedule=schedule, grad_dtype=first.dtype, seq_chunks=prep.seq_chunks,
+                grad_scales=prep.scales)
+            grads = [prep.token_vjp(d_tiles[n], x) for n, x in zip(self.inputs, tokens)]
             if g is not None:
                 grads.append(prep.gate_vjp(d_lam, g))
             grads += [prep.init_vjp(s.name, d_init[s.name], x) for s, x in zip(self.algebra.streaming, init)]
@@ -390,11 +391,9 @@ class _Prepared:
         _, pull = torch.func.vjp(lambda x: pack(s, x, self.dims), full)
         return pull(d.to(full.dtype))[0]
 
-    def token_vjp(self, name, d_tiles, x):
-        d = self._untiled(d_tiles, x)
-        if name in self.scales:
-            d = d * self.scales[name]
-        return d.to(x.dtype, memory_format=torch.contiguous_format)
+    def token_vjp(self, d_tiles, x):
+        """The kernels applied the query scale (``grad_scales``): only the layout is left."""
+        return self._untiled(d_tiles, x).to(x.dtype, memory_format=torch.contiguous_format)
 
     def gate_vjp(self, d_lam, g):
         """dΛ (in-chunk cumulative sums) -> dg: a reverse cumulative sum within each chunk."""

@@ -20,7 +20,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                     grad_final: dict[str, torch.Tensor] | None, eps: float,
                     precision: str = "tf32x3", num_warps: int = 4, reverse_block: int | None = None,
                     schedule: str = "auto", targets_per_program: int | None = None,
-                    grad_dtype: torch.dtype = torch.float32, seq_chunks: torch.Tensor | None = None):
+                    grad_dtype: torch.dtype = torch.float32, seq_chunks: torch.Tensor | None = None,
+                    grad_scales: dict[str, float] | None = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16, may be strided views);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff ungated); init_states
     and grad_final: summary -> [N, H, *program.state_shape] (a missing or None
@@ -37,7 +38,10 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     (sequence, head) pairs to fill it, as forward_triton decides). targets_per_program:
     how many gradient target groups (token inputs, then Λ) one gradient program
     computes (default: launch.grad_target_sets' rule, one). seq_chunks: varlen, as for
-    forward_triton (init_states, grad_final and d_init then have one row per sequence)."""
+    forward_triton (init_states, grad_final and d_init then have one row per sequence).
+    grad_scales: input -> the factor the caller scaled it by before tiling (the query
+    scale): its gradient is multiplied by it inside the kernel, before the store in
+    ``grad_dtype`` (an fp16 d(scaled q) = dq / scale can overflow where dq does not)."""
     module, ctx = backward_kernels(program)
     fwd = ctx["forward"]
     if schedule == "fused" and not ctx["fused"]:
@@ -50,7 +54,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, walkers)
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
-    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype), PREC=precision,
+    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype),
+                  SDOT=launch.state_dot_dtype(first.dtype), PREC=precision,
                   num_warps=num_warps, **constexprs(program))
     packed = _packed_tables(program, device)
     tokens = _token_args(ctx["inputs"], tiles, lam, program.gated)
@@ -84,7 +89,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
 
     if seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads):
         return _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final,
-                      common, first, lam, targets_per_program, grad_dtype)
+                      common, first, lam, targets_per_program, grad_dtype, grad_scales)
 
     # (b) reverse state pass: d(end state) of every chunk, d initial state
     d_init, dends, rev = {}, {}, {}
@@ -115,7 +120,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     dot = launch.dot_override(first, ctx["grad_chained_dots"], loop if ctx["grad_loop_dot"] else {},
                               launch.feature_blocks(program, common))
     groups = ctx["grad_groups"]
-    everything = _grad_args(d_tiles, d_lam)
+    everything = _grad_args(d_tiles, d_lam, grad_scales)
     for targets in launch.grad_target_sets(len(groups), targets_per_program):
         held = [g for n, g in enumerate(groups) if targets >> n & 1]
         parts = launch.grad_parts(max(g["networks"] for g in held), sum(g["matmuls"] for g in held))
@@ -144,18 +149,20 @@ def _grad_buffers(ctx, first, common, lam, dtype) -> tuple[dict, torch.Tensor | 
     return d_tiles, None if lam is None else torch.empty_like(lam)
 
 
-def _grad_args(d_tiles, d_lam) -> dict:
-    """Every gradient buffer as a kernel argument (a launch writes only its targets')."""
+def _grad_args(d_tiles, d_lam, grad_scales=None) -> dict:
+    """Every gradient buffer as a kernel argument (a launch writes only its targets'),
+    with its input's scale."""
     args = {}
     for n, x in d_tiles.items():
         args.update(tile_args(f"dx_{n}", x))
+        args[f"gscale_{n}"] = float((grad_scales or {}).get(n, 1.0))
     if d_lam is not None:
         args["dlam_ptr"] = d_lam
     return args
 
 
 def _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final, common, first,
-           lam, targets_per_program, grad_dtype):
+           lam, targets_per_program, grad_dtype, grad_scales):
     n_seq, heads = first.shape[:2]
     args, d_init = {}, {}
     for s in ctx["reverse_states"]:
@@ -170,6 +177,6 @@ def _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_f
     dot = launch.dot_override(first, ctx["fused"]["chained_dots"], {}, launch.feature_blocks(program, common))
     for targets in launch.grad_target_sets(len(ctx["fused"]["groups"]), targets_per_program):
         launch.launch(module.fused_bwd_kernel, (n_seq * heads,),
-                      {**tokens, **packed, **args, **cot, **_grad_args(d_tiles, d_lam), **common, **dot,
+                      {**tokens, **packed, **args, **cot, **_grad_args(d_tiles, d_lam, grad_scales), **common, **dot,
                        "TARGETS": targets}, True)
     return d_tiles, d_lam, d_init

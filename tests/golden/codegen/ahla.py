@@ -46,7 +46,7 @@ def state_pass_kernel(
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
     D_dv: tl.constexpr, B_dv: tl.constexpr,
-    DOT: tl.constexpr, PREC: tl.constexpr,
+    DOT: tl.constexpr, SDOT: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_nh = tl.program_id(0).to(tl.int64)
     pid_dv = tl.program_id(1)  # this program's block of dv
@@ -114,7 +114,7 @@ def state_pass_kernel(
         # [i,s0] = in_k[Tn0,i] · in_q[Tn0,s0]   (matmul over Tn0)
         t3 = _dot(tl.trans(in_k), in_q, DOT, PREC)
         # [i,e] = t3[i,s0] · st_P[s0,e]   (matmul over s0)
-        t4 = _dot(t3, st_P, DOT, PREC)
+        t4 = _dot(t3, st_P, SDOT, PREC)
         nx_E += t4 * tl.exp(1 * lam_end)
 
         # +1 · k_n1[i] q_n1[s2] k_n0[s2] v_n0[e]   [n0 <= n1, n1 in chunk; w(n0)=1]
@@ -148,7 +148,7 @@ def output_kernel(
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
     D_dv: tl.constexpr, B_dv: tl.constexpr,
-    DOT: tl.constexpr, PREC: tl.constexpr,
+    DOT: tl.constexpr, SDOT: tl.constexpr, PREC: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     pid_nh = tl.program_id(1).to(tl.int64)
@@ -187,13 +187,13 @@ def output_kernel(
     # ---- output: o[e] = q_t[_0] E[_0,e]
     # +1 · q_t[_0] P@P[s0,e] k_n0[_0] q_n0[s0]   [n0 <= t; w(P)=1]
     # [e,Tn0] = in_q[Tn0,s0] · st_P[s0,e]   (matmul over s0)
-    t1 = _dot(tl.trans(st_P), tl.trans(in_q), DOT, PREC)
+    t1 = _dot(tl.trans(st_P), tl.trans(in_q), SDOT, PREC)
     # [Tt,Tn0] = in_q[Tt,_0] · in_k[Tn0,_0]   (matmul over _0)
     t2 = _dot(in_q, tl.trans(in_k), DOT, PREC)
     # [Tt,Tn0] = t2[Tt,Tn0] · mask_le_w0[Tt,Tn0]   (elementwise)
     t3 = t2 * mask_le_w0
     # [Tt,e] = t1[e,Tn0] · t3[Tt,Tn0]   (matmul over Tn0)
-    t4 = _dot(t3, tl.trans(t1), DOT, PREC)
+    t4 = _dot(t3, tl.trans(t1), SDOT, PREC)
     # [Tt,e] = t4[Tt,e] · decay_start_w1[Tt]   (elementwise)
     t5 = t4 * decay_start_w1[:, None]
     num = t5
@@ -212,7 +212,7 @@ def output_kernel(
 
     # +1 · q_t[_0] E@P[_0,e]   [carry only; w(P)=1]
     # [Tt,e] = in_q[Tt,_0] · st_E[_0,e]   (matmul over _0)
-    t9 = _dot(in_q, st_E, DOT, PREC)
+    t9 = _dot(in_q, st_E, SDOT, PREC)
     # [Tt,e] = t9[Tt,e] · decay_start_w1[Tt]   (elementwise)
     t10 = t9 * decay_start_w1[:, None]
     num += t10
@@ -233,7 +233,7 @@ def fused_kernel(
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
     D_dv: tl.constexpr, B_dv: tl.constexpr,
-    DOT: tl.constexpr, PREC: tl.constexpr,
+    DOT: tl.constexpr, SDOT: tl.constexpr, PREC: tl.constexpr,
 ):
     """The single-kernel schedule: walks the chunks of one (sequence, head, dv-block),
     each chunk's outputs from the states in registers, then the next states."""
@@ -279,13 +279,13 @@ def fused_kernel(
         # ---- output: o[e] = q_t[_0] E[_0,e]
         # +1 · q_t[_0] P@P[s0,e] k_n0[_0] q_n0[s0]   [n0 <= t; w(P)=1]
         # [e,Tn0] = in_q[Tn0,s0] · st_P[s0,e]   (matmul over s0)
-        t1 = _dot(tl.trans(st_P), tl.trans(in_q), DOT, PREC)
+        t1 = _dot(tl.trans(st_P), tl.trans(in_q), SDOT, PREC)
         # [Tt,Tn0] = in_q[Tt,_0] · in_k[Tn0,_0]   (matmul over _0)
         t2 = _dot(in_q, tl.trans(in_k), DOT, PREC)
         # [Tt,Tn0] = t2[Tt,Tn0] · mask_le_w0[Tt,Tn0]   (elementwise)
         t3 = t2 * mask_le_w0
         # [Tt,e] = t1[e,Tn0] · t3[Tt,Tn0]   (matmul over Tn0)
-        t4 = _dot(t3, tl.trans(t1), DOT, PREC)
+        t4 = _dot(t3, tl.trans(t1), SDOT, PREC)
         # [Tt,e] = t4[Tt,e] · decay_start_w1[Tt]   (elementwise)
         t5 = t4 * decay_start_w1[:, None]
         num = t5
@@ -304,7 +304,7 @@ def fused_kernel(
 
         # +1 · q_t[_0] E@P[_0,e]   [carry only; w(P)=1]
         # [Tt,e] = in_q[Tt,_0] · st_E[_0,e]   (matmul over _0)
-        t9 = _dot(in_q, st_E, DOT, PREC)
+        t9 = _dot(in_q, st_E, SDOT, PREC)
         # [Tt,e] = t9[Tt,e] · decay_start_w1[Tt]   (elementwise)
         t10 = t9 * decay_start_w1[:, None]
         num += t10
@@ -330,7 +330,7 @@ def fused_kernel(
         # [i,s0] = in_k[Tn0,i] · in_q[Tn0,s0]   (matmul over Tn0)
         t13 = _dot(tl.trans(in_k), in_q, DOT, PREC)
         # [i,e] = t13[i,s0] · st_P[s0,e]   (matmul over s0)
-        t14 = _dot(t13, st_P, DOT, PREC)
+        t14 = _dot(t13, st_P, SDOT, PREC)
         nx_E += t14 * tl.exp(1 * lam_end)
 
         # +1 · k_n1[i] q_n1[s2] k_n0[s2] v_n0[e]   [n0 <= n1, n1 in chunk; w(n0)=1]

@@ -47,7 +47,7 @@ def state_pass_kernel(
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
     D_dv: tl.constexpr, B_dv: tl.constexpr,
-    DOT: tl.constexpr, PREC: tl.constexpr,
+    DOT: tl.constexpr, SDOT: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_nh = tl.program_id(0).to(tl.int64)
     pid_dv = tl.program_id(1)  # this program's block of dv
@@ -171,7 +171,7 @@ def output_kernel(
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
     D_dv: tl.constexpr, B_dv: tl.constexpr,
-    DOT: tl.constexpr, PREC: tl.constexpr,
+    DOT: tl.constexpr, SDOT: tl.constexpr, PREC: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     pid_nh = tl.program_id(1).to(tl.int64)
@@ -221,20 +221,20 @@ def output_kernel(
     # ---- output: o[e] = q_t[_0] C[_1,e] S[_0,_1] - q_t[_0] G[_0,e]
     # +1 · q_t[_0] W0[_0,e]   [carry only]
     # [Tt,e] = in_q[Tt,_0] · dr_W0[_0,e]   (matmul over _0)
-    t2 = _dot(in_q, dr_W0, DOT, PREC)
+    t2 = _dot(in_q, dr_W0, SDOT, PREC)
     # [Tt,e] = t2[Tt,e] · decay_start_w2[Tt]   (elementwise)
     t3 = t2 * decay_start_w2[:, None]
     num = t3
 
     # +1 · q_t[_0] q_n0[_1] v_n0[e] S@P[_0,_1]   [n0 <= t; w(n0)=1, w(P)=1]
     # [Tt,_1] = in_q[Tt,_0] · st_S[_0,_1]   (matmul over _0)
-    t4 = _dot(in_q, st_S, DOT, PREC)
+    t4 = _dot(in_q, st_S, SDOT, PREC)
     # [Tt,Tn0] = in_q[Tn0,_1] · t4[Tt,_1]   (matmul over _1)
-    t5 = _dot(t4, tl.trans(in_q), DOT, PREC)
+    t5 = _dot(t4, tl.trans(in_q), SDOT, PREC)
     # [Tt,Tn0] = t5[Tt,Tn0] · mask_le_w1[Tt,Tn0]   (elementwise)
     t6 = t5 * mask_le_w1
     # [Tt,e] = in_v[Tn0,e] · t6[Tt,Tn0]   (matmul over Tn0)
-    t7 = _dot(t6, in_v, DOT, PREC)
+    t7 = _dot(t6, in_v, SDOT, PREC)
     # [Tt,e] = t7[Tt,e] · decay_start_w1[Tt]   (elementwise)
     t8 = t7 * decay_start_w1[:, None]
     num += t8
@@ -270,7 +270,7 @@ def fused_kernel(
     C: tl.constexpr,
     D_d: tl.constexpr, B_d: tl.constexpr,
     D_dv: tl.constexpr, B_dv: tl.constexpr,
-    DOT: tl.constexpr, PREC: tl.constexpr,
+    DOT: tl.constexpr, SDOT: tl.constexpr, PREC: tl.constexpr,
 ):
     """The single-kernel schedule: walks the chunks of one (sequence, head, dv-block),
     each chunk's outputs from the states in registers, then the next states."""
@@ -330,20 +330,20 @@ def fused_kernel(
         # ---- output: o[e] = q_t[_0] C[_1,e] S[_0,_1] - q_t[_0] G[_0,e]
         # +1 · q_t[_0] W0[_0,e]   [carry only]
         # [Tt,e] = in_q[Tt,_0] · dr_W0[_0,e]   (matmul over _0)
-        t2 = _dot(in_q, dr_W0, DOT, PREC)
+        t2 = _dot(in_q, dr_W0, SDOT, PREC)
         # [Tt,e] = t2[Tt,e] · decay_start_w2[Tt]   (elementwise)
         t3 = t2 * decay_start_w2[:, None]
         num = t3
 
         # +1 · q_t[_0] q_n0[_1] v_n0[e] S@P[_0,_1]   [n0 <= t; w(n0)=1, w(P)=1]
         # [Tt,_1] = in_q[Tt,_0] · st_S[_0,_1]   (matmul over _0)
-        t4 = _dot(in_q, st_S, DOT, PREC)
+        t4 = _dot(in_q, st_S, SDOT, PREC)
         # [Tt,Tn0] = in_q[Tn0,_1] · t4[Tt,_1]   (matmul over _1)
-        t5 = _dot(t4, tl.trans(in_q), DOT, PREC)
+        t5 = _dot(t4, tl.trans(in_q), SDOT, PREC)
         # [Tt,Tn0] = t5[Tt,Tn0] · mask_le_w1[Tt,Tn0]   (elementwise)
         t6 = t5 * mask_le_w1
         # [Tt,e] = in_v[Tn0,e] · t6[Tt,Tn0]   (matmul over Tn0)
-        t7 = _dot(t6, in_v, DOT, PREC)
+        t7 = _dot(t6, in_v, SDOT, PREC)
         # [Tt,e] = t7[Tt,e] · decay_start_w1[Tt]   (elementwise)
         t8 = t7 * decay_start_w1[:, None]
         num += t8
