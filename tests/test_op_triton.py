@@ -124,3 +124,15 @@ def test_fp16_query_gradient_is_scaled_inside_the_kernel():
     for got, want in zip(half, wide):
         assert torch.isfinite(got.grad).all()
         assert ((got.grad.double() - want.grad).norm() / want.grad.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("bounds", [[3, 10, 20], [0, 10, 15], [0, 12, 8, 20]])
+def test_bad_cu_seqlens_are_refused_without_value_checks(monkeypatch, bounds):
+    """On CUDA the value checks are off (they sync); the varlen layout reads cu_seqlens
+    anyway and refuses bounds that would give a wrong-shaped output."""
+    from hladsl.runtime import op as op_module
+    monkeypatch.setattr(op_module, "value_checks", lambda x: False)
+    op = hladsl.load("linear", backend="triton", chunk_size=16)
+    q = torch.randn(1, 20, 2, 8)
+    with pytest.raises(ValueError, match="cu_seqlens must rise from 0 to T = 20"):
+        op(q, q, q, cu_seqlens=torch.tensor(bounds))

@@ -425,7 +425,7 @@ def _to_chunk_row(tokens, gates, cu_seqlens, chunk: int):
     chunks (T' = Σ ceil(len / C) C: the total length, not count × longest), the gather
     index back, the tokens' positions in the input, and seq_chunks (int32 [S + 1]:
     sequence n owns chunks seq_chunks[n] .. seq_chunks[n + 1] - 1; an empty one none)."""
-    bounds = cu_seqlens.tolist()
+    bounds = _checked_bounds(cu_seqlens, next(iter(tokens.values())).shape[1])
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     chunks = [-(-n // chunk) for n in lengths]
     first = [0]
@@ -446,10 +446,19 @@ def _to_chunk_row(tokens, gates, cu_seqlens, chunk: int):
     return out, None if gates is None else lay(gates), index, src, seq_chunks
 
 
+def _checked_bounds(cu_seqlens, T: int) -> list[int]:
+    """cu_seqlens as a list, checked here whatever the device: reading it syncs anyway
+    (the layout depends on it), and bad bounds would silently give a wrong-shaped o."""
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0 or bounds[-1] != T or any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens must rise from 0 to T = {T}, got {bounds}")
+    return bounds
+
+
 def _to_padded(tokens, gates, cu_seqlens):
     """Varlen [1, T, ...] -> padded [N, Tmax, ...], the gather index back (padded rows of
     the tokens) and the tokens' positions in the input (src)."""
-    bounds = cu_seqlens.tolist()
+    bounds = _checked_bounds(cu_seqlens, next(iter(tokens.values())).shape[1])
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     t_max = max(max(lengths), 1)
     device = next(iter(tokens.values())).device

@@ -9,7 +9,7 @@ from hladsl.codegen.triton_bwd import backward_kernels
 from hladsl.codegen.triton_gen import constexprs
 from hladsl.runtime import autotune, launch
 from hladsl.runtime.triton_forward import (_packed_tables, _state_buffers, _token_args, tile_args,
-                                           token_layout, walk_args)
+                                           token_layout, walk_args, per_chunk_alloc)
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime.backward_torch import check_backward_args
 
@@ -66,7 +66,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     for s in fwd["states"]:
         if s["read"]:
             init = state_args[f"init_{s['name']}"]
-            starts[s["name"]] = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
+            starts[s["name"]] = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{s['name']}"] = starts[s["name"]]
     state_args.update(_token_args(fwd["state_inputs"], tiles, lam, program.gated), **packed)
     grid, block, tiling = launch.split_blocks(walkers * heads, fwd["splits"], program, common, first,
@@ -100,7 +100,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         rev[f"dfinal_{name}"] = (torch.zeros_like(init) if given is None else
                                  given.to(device=device, dtype=torch.float32).contiguous())
         rev[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
-        rev[f"dends_{name}"] = dends[name] = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
+        rev[f"dends_{name}"] = dends[name] = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
     rev.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["reverse_reads"]})
     rgrid, rblock, tiling = launch.split_blocks(walkers * heads, ctx["reverse_splits"], program, common, first,
                                                 ctx["reverse_chained_dots"], reverse_block)

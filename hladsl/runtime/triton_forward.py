@@ -123,7 +123,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     for s in ctx["states"]:
         if s["read"]:
             init = state_args[f"init_{s['name']}"]
-            starts = init.new_empty((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
+            starts = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
     packed = _packed_tables(program, device)
     state_args.update(_token_args(ctx["state_inputs"], tiles, lam, program.gated), **packed)
@@ -138,6 +138,12 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     launch.launch(module.output_kernel, (n_chunks, n_seq * heads),
             {**out_args, **common, **dot, **(output_options or {})}, num_stages is None)
     return o, final
+
+
+def per_chunk_alloc(like: torch.Tensor, seq_chunks):
+    """The allocator of per-chunk state buffers: zeros for varlen (an all-empty batch keeps
+    one chunk no sequence owns, whose outputs are discarded but must not read garbage)."""
+    return like.new_empty if seq_chunks is None else like.new_zeros
 
 
 _NO_TABLE: dict = {}

@@ -55,6 +55,7 @@ def state_pass_kernel(
     n = pid_nh // H
     h = pid_nh % H
     crow = pid_nh  # the row of per-chunk buffers (lam, starts, ...): [N*H, nC]
+    zero64 = pid_nh * 0  # chunk offsets (zero64 + i_c) * stride in 64 bits: a row can pass 2^31 elements
     offs_t = tl.arange(0, C)
     offs_d = tl.arange(0, B_d)
     offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
@@ -83,15 +84,15 @@ def state_pass_kernel(
         tl.store(starts_S + (crow * n_chunks + i_c) * (D_d * D_d) + off_S, st_S, mask=own_S)
         tl.store(starts_C + (crow * n_chunks + i_c) * (D_d * D_dv) + off_C, st_C, mask=own_C)
         tl.store(starts_G + (crow * n_chunks + i_c) * (D_d * D_dv) + off_G, st_G, mask=own_G)
-        base_k = n * str_k_n + h * str_k_h + i_c * str_k_c
+        base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
         in_k = tl.load(
             in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
-        base_q = n * str_q_n + h * str_q_h + i_c * str_q_c
+        base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
         in_q = tl.load(
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
-        base_v = n * str_v_n + h * str_v_h + i_c * str_v_c
+        base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
         in_v = tl.load(
             in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
             mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
@@ -178,19 +179,20 @@ def output_kernel(
     n = pid_nh // H
     h = pid_nh % H
     crow = pid_nh  # the row of per-chunk buffers (lam, starts, ...): [N*H, nC]
+    zero64 = pid_nh * 0  # chunk offsets (zero64 + i_c) * stride in 64 bits: a row can pass 2^31 elements
     offs_t = tl.arange(0, C)
     offs_d = tl.arange(0, B_d)
     offs_dv = tl.arange(0, B_dv)
 
-    base_q = n * str_q_n + h * str_q_h + i_c * str_q_c
+    base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
     in_q = tl.load(
         in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
-    base_v = n * str_v_n + h * str_v_h + i_c * str_v_c
+    base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
     in_v = tl.load(
         in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
         mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
-    base_k = n * str_k_n + h * str_k_h + i_c * str_k_c
+    base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
     in_k = tl.load(
         in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
@@ -252,7 +254,7 @@ def output_kernel(
     # [Tt,e] = in_v[Tn1,e] · t12[Tt,Tn1]   (matmul over Tn1)
     t13 = _dot(t12, in_v, DOT, PREC)
     num += t13
-    tl.store(out_ptr + n * sio_out_n + h * sio_out_h + i_c * sio_out_c + offs_t[:, None] * sio_out_t + offs_dv[None, :],
+    tl.store(out_ptr + n * sio_out_n + h * sio_out_h + (zero64 + i_c) * sio_out_c + offs_t[:, None] * sio_out_t + offs_dv[None, :],
              num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
 
@@ -280,6 +282,7 @@ def fused_kernel(
     n = pid_nh // H
     h = pid_nh % H
     crow = pid_nh  # the row of per-chunk buffers (lam, starts, ...): [N*H, nC]
+    zero64 = pid_nh * 0  # chunk offsets (zero64 + i_c) * stride in 64 bits: a row can pass 2^31 elements
     offs_t = tl.arange(0, C)
     offs_d = tl.arange(0, B_d)
     offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
@@ -297,15 +300,15 @@ def fused_kernel(
     own_G = msk_G
     st_G = tl.load(init_G + pid_nh * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
     for i_c in range(n_chunks):
-        base_q = n * str_q_n + h * str_q_h + i_c * str_q_c
+        base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
         in_q = tl.load(
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
-        base_v = n * str_v_n + h * str_v_h + i_c * str_v_c
+        base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
         in_v = tl.load(
             in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
             mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
-        base_k = n * str_k_n + h * str_k_h + i_c * str_k_c
+        base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
         in_k = tl.load(
             in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
@@ -361,7 +364,7 @@ def fused_kernel(
         # [Tt,e] = in_v[Tn1,e] · t12[Tt,Tn1]   (matmul over Tn1)
         t13 = _dot(t12, in_v, DOT, PREC)
         num += t13
-        tl.store(out_ptr + n * sio_out_n + h * sio_out_h + i_c * sio_out_c + offs_t[:, None] * sio_out_t + offs_dv[None, :],
+        tl.store(out_ptr + n * sio_out_n + h * sio_out_h + (zero64 + i_c) * sio_out_c + offs_t[:, None] * sio_out_t + offs_dv[None, :],
                  num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
         # ---- S: state at the end of this chunk
