@@ -41,19 +41,23 @@ from hladsl.runtime import autotune, progress
 TENSOR_CORE_DTYPES = (torch.bfloat16, torch.float16)
 
 
-def dot_dtype(dtype: torch.dtype):
-    """The tl dtype tiles of ``dtype`` enter ``tl.dot`` in (fp32 tiles: tl.float32)."""
+def dot_dtype(dtype: torch.dtype, device=None):
+    """The tl dtype tiles of ``dtype`` enter ``tl.dot`` in (fp32 tiles: tl.float32). On CPU
+    tensors (the Triton interpreter) always fp32: Triton 3.9's interpreter multiplies bf16
+    dot operands wrongly (relative errors ~1e9 for linear in bf16)."""
     import triton.language as tl
+    if device is not None and device.type == "cpu":
+        return tl.float32
     return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(dtype, tl.float32)
 
 
-def state_dot_dtype(dtype: torch.dtype):
+def state_dot_dtype(dtype: torch.dtype, device=None):
     """The tl dtype of products reading carried states (and d-states) outside the precision
     plan's exact sums: bf16 for bf16 inputs (its range is fp32's); fp32 for fp16 inputs, as a
     state (a sum over the sequence) or a d-state can pass fp16's 65504 (hla2's backward at
     d = 24 overflowed, tests/test_op_triton.py)."""
     import triton.language as tl
-    return tl.bfloat16 if dtype == torch.bfloat16 else tl.float32
+    return tl.bfloat16 if dot_dtype(dtype, device) == tl.bfloat16 else tl.float32
 MIN_CHUNK = 16
 
 

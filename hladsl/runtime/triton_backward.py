@@ -54,8 +54,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, walkers)
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
-    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype),
-                  SDOT=launch.state_dot_dtype(first.dtype), PREC=precision,
+    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype, first.device),
+                  SDOT=launch.state_dot_dtype(first.dtype, first.device), PREC=precision,
                   num_warps=num_warps, **constexprs(program))
     packed = _packed_tables(program, device)
     tokens = _token_args(ctx["inputs"], tiles, lam, program.gated)

@@ -97,8 +97,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     device = first.device
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
-    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype),
-                  SDOT=launch.state_dot_dtype(first.dtype), PREC=precision,
+    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype, first.device),
+                  SDOT=launch.state_dot_dtype(first.dtype, first.device), PREC=precision,
                   num_warps=num_warps, **constexprs(program))
     if num_stages is not None:
         common["num_stages"] = num_stages
