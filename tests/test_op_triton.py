@@ -82,9 +82,9 @@ def test_varlen_lays_sequences_in_one_row_of_chunks(name, params):
     ref = hladsl.load(name, backend="torch", chunk_size=C, **params)
     shapes = tri.state_shapes(d, d)
     init = {n: 0.1 * torch.randn(len(lengths), H, *s, generator=gen) for n, s in shapes.items()}
-    laid = op_module._to_chunk_row({"q": q}, None, cu, C)
-    assert laid[0]["q"].shape[1] == (3 + 0 + 1 + 1) * C           # Σ ceil(len / C) chunks
-    assert laid[4].tolist() == [0, 3, 3, 4, 5]
+    laid = op_module._varlen_layout({"q": q}, None, cu, C, one_row=True)
+    assert laid[0]["q"].shape[:2] == (1, (3 + 0 + 1 + 1) * C)     # Σ ceil(len / C) chunks
+    assert laid[3].tolist() == [0, 3, 3, 4, 5]
 
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
     il = {n: x.clone().requires_grad_() for n, x in init.items()}

@@ -329,12 +329,10 @@ class _Prepared:
         tokens = op._scaled(tokens, scale,
                             first.dtype if keep_dtype else compute)
         gates = None if g is None else g.to(compute)
-        self.index = self.src = self.seq_chunks = None
-        if cu_seqlens is not None and keep_dtype:   # the kernels: sequences in one row of chunks
-            tokens, gates, self.index, self.src, self.seq_chunks = _to_chunk_row(tokens, gates,
-                                                                                cu_seqlens, chunk)
-        elif cu_seqlens is not None:
-            tokens, gates, self.index, self.src = _to_padded(tokens, gates, cu_seqlens)
+        self.index = self.seq_chunks = None
+        if cu_seqlens is not None:   # the kernels: one row of chunks; the torch path: padded rows
+            tokens, gates, self.index, self.seq_chunks = _varlen_layout(tokens, gates, cu_seqlens, chunk,
+                                                                        one_row=keep_dtype)
         first = tokens[op.inputs[0]]
         B, T, H = first.shape[:3]
         self.shape = (B, T, H)
@@ -361,16 +359,14 @@ class _Prepared:
         B, _, H = self.shape
         return x.reshape(B, self.n_chunks, self.chunk, H, -1).permute(0, 3, 1, 2, 4)
 
-    def _untiled(self, d, like):
-        """The transpose of _tiled and _to_padded: tile gradients [N, H, nC, C, dim] ->
+    def _untiled(self, d):
+        """The transpose of _tiled and _varlen_layout: tile gradients [N, H, nC, C, dim] ->
         the caller's [B, T, H, dim] (or varlen [1, T, H, dim]) layout."""
         B, T, H = self.shape
         d = d.permute(0, 2, 3, 1, 4).reshape(B, self.n_chunks * self.chunk, H, -1)[:, :T]
         if self.index is None:
             return d
-        out = like.new_zeros(like.shape[:-1] + d.shape[-1:], dtype=d.dtype)
-        out[0, self.src] = d.reshape(-1, *d.shape[2:])[self.index]
-        return out
+        return d.reshape(-1, *d.shape[2:])[self.index].unsqueeze(0)
 
     # -- the transposes of the preparation and finish (all linear) ----------------------------
     def output_vjp(self, grad_o):
@@ -384,7 +380,7 @@ class _Prepared:
 
     def final_vjp(self, name, d):
         """d final state (storage layout) -> the program's layout."""
-        s = next(s for s in self.op.algebra.streaming if s.name == name)
+        s = self.op.algebra.summary(name)
         if self.program.is_packed(name) or not s.symmetric:   # the same layout
             return d.float()
         full = self.init[name]
@@ -393,15 +389,15 @@ class _Prepared:
 
     def token_vjp(self, d_tiles, x):
         """The kernels applied the query scale (``grad_scales``): only the layout is left."""
-        return self._untiled(d_tiles, x).to(x.dtype, memory_format=torch.contiguous_format)
+        return self._untiled(d_tiles).to(x.dtype, memory_format=torch.contiguous_format)
 
     def gate_vjp(self, d_lam, g):
         """dΛ (in-chunk cumulative sums) -> dg: a reverse cumulative sum within each chunk."""
         d = d_lam.flip(-1).cumsum(-1).flip(-1)
-        return self._untiled(d.unsqueeze(-1), g.unsqueeze(-1))[..., 0].to(g.dtype).contiguous()
+        return self._untiled(d.unsqueeze(-1))[..., 0].to(g.dtype).contiguous()
 
     def init_vjp(self, name, d, x):
-        s = next(s for s in self.op.algebra.streaming if s.name == name)
+        s = self.op.algebra.summary(name)
         if self.program.is_packed(name) or not s.symmetric:   # the same layout
             return d.to(x.dtype).contiguous()
         _, pull = torch.func.vjp(lambda y: unpack(s, y, self.dims), x.to(d.dtype))
@@ -420,32 +416,6 @@ class _Prepared:
         return o, [x.to(self.compute) for x in states]
 
 
-def _to_chunk_row(tokens, gates, cu_seqlens, chunk: int):
-    """Varlen [1, T, ...] -> one row [1, T', ...] holding each sequence padded to whole
-    chunks (T' = Σ ceil(len / C) C: the total length, not count × longest), the gather
-    index back, the tokens' positions in the input, and seq_chunks (int32 [S + 1]:
-    sequence n owns chunks seq_chunks[n] .. seq_chunks[n + 1] - 1; an empty one none)."""
-    bounds = _checked_bounds(cu_seqlens, next(iter(tokens.values())).shape[1])
-    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
-    chunks = [-(-n // chunk) for n in lengths]
-    first = [0]
-    for c in chunks:
-        first.append(first[-1] + c)
-    device = next(iter(tokens.values())).device
-    rows = max(first[-1], 1) * chunk    # at least one chunk: kernels need a non-empty grid
-    index = torch.cat([torch.arange(n, device=device) + first[s] * chunk
-                       for s, n in enumerate(lengths)] + [torch.zeros(0, dtype=torch.long, device=device)])
-    src = torch.cat([torch.arange(a, a + n, device=device) for a, n in zip(bounds, lengths)]
-                    + [torch.zeros(0, dtype=torch.long, device=device)])
-
-    def lay(x):
-        flat = x.new_zeros((rows,) + x.shape[2:])
-        return flat.index_copy(0, index, x[0, src]).unsqueeze(0)
-    out = {name: lay(x) for name, x in tokens.items()}
-    seq_chunks = torch.tensor(first, dtype=torch.int32, device=device)
-    return out, None if gates is None else lay(gates), index, src, seq_chunks
-
-
 def _checked_bounds(cu_seqlens, T: int) -> list[int]:
     """cu_seqlens as a list, checked here whatever the device: reading it syncs anyway
     (the layout depends on it), and bad bounds would silently give a wrong-shaped o."""
@@ -455,23 +425,33 @@ def _checked_bounds(cu_seqlens, T: int) -> list[int]:
     return bounds
 
 
-def _to_padded(tokens, gates, cu_seqlens):
-    """Varlen [1, T, ...] -> padded [N, Tmax, ...], the gather index back (padded rows of
-    the tokens) and the tokens' positions in the input (src)."""
-    bounds = _checked_bounds(cu_seqlens, next(iter(tokens.values())).shape[1])
+def _varlen_layout(tokens, gates, cu_seqlens, chunk: int, one_row: bool):
+    """Varlen [1, T, ...] (sequences back to back) -> the layout the chunk programs run:
+    ``one_row`` (the kernels): every sequence in one row [1, T', ...], each padded to whole
+    chunks (T' = Σ ceil(len / C) C: their total length, not count × longest), with
+    seq_chunks (int32 [S + 1]: sequence n owns chunks seq_chunks[n] .. seq_chunks[n+1] - 1);
+    else (the torch path, whose state pass has no sequence boundaries) one padded row per
+    sequence [S, Tmax, ...], seq_chunks None. Also the gather index of the tokens' rows."""
+    first_token = next(iter(tokens.values()))
+    bounds = _checked_bounds(cu_seqlens, first_token.shape[1])
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
-    t_max = max(max(lengths), 1)
-    device = next(iter(tokens.values())).device
-    rows = [torch.arange(length, device=device) + n * t_max for n, length in enumerate(lengths)]
-    index = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long, device=device)
-    src = torch.cat([torch.arange(a, a + n, device=device) for a, n in zip(bounds, lengths)])
-    out = {}
-    for name, x in tokens.items():
-        flat = x.new_zeros((len(lengths) * t_max,) + x.shape[2:])
-        flat = flat.index_copy(0, index, x[0, src])
-        out[name] = flat.reshape(len(lengths), t_max, *x.shape[2:])
-    g = None
-    if gates is not None:
-        flat = gates.new_zeros((len(lengths) * t_max,) + gates.shape[2:])
-        g = flat.index_copy(0, index, gates[0, src]).reshape(len(lengths), t_max, *gates.shape[2:])
-    return out, g, index, src
+    device = first_token.device
+    if one_row:
+        chunks = [0]
+        for n in lengths:
+            chunks.append(chunks[-1] + -(-n // chunk))
+        starts = [c * chunk for c in chunks[:-1]]
+        lead = (1, max(chunks[-1], 1) * chunk)    # at least one chunk: kernels need a grid
+        seq_chunks = torch.tensor(chunks, dtype=torch.int32, device=device)
+    else:
+        t_max = max(max(lengths), 1)
+        starts = [n * t_max for n in range(len(lengths))]
+        lead, seq_chunks = (len(lengths), t_max), None
+    index = torch.cat([torch.arange(n, device=device) + a for a, n in zip(starts, lengths)]
+                      + [torch.zeros(0, dtype=torch.long, device=device)])
+
+    def lay(x):   # bounds rise from 0 to T: x[0] is every token, in order
+        flat = x.new_zeros((lead[0] * lead[1],) + x.shape[2:])
+        return flat.index_copy(0, index, x[0]).reshape(*lead, *x.shape[2:])
+    out = {name: lay(x) for name, x in tokens.items()}
+    return out, None if gates is None else lay(gates), index, seq_chunks
