@@ -29,7 +29,7 @@ from hladsl.bench import parse_spec  # noqa: E402
 from hladsl.runtime import launch  # noqa: E402
 
 WARPS = (4, 8)
-STAGES = (1, 2, 3)
+STAGES = (2, 3, 4)
 WIDTHS = (16, 32, 64)
 
 

@@ -59,6 +59,13 @@ class Block:
         self._stateful: set[str] = set()     # temps that read a carried state or derived carry
         self.chained = False                 # a matmul reads (a function of) a matmul result
         self.exact = False                   # matmuls reading carried states stay fp32 (ir.precision)
+        # token tiles as the kernel loads them: an fp32 tile -> the same tile in the input
+        # dtype (dots read it as is: bf16 straight from the load into the tensor cores), and a
+        # tile -> the expression loading (or computing) it transposed, instead of a register
+        # transpose, whose layout change goes through shared memory every chunk
+        self.raw: dict[str, str] = {}
+        self.transposed: dict[str, str] = {}
+        self._elementwise: dict[str, tuple] = {}   # a 2-D product temp -> (factors, its indices)
 
     # -- plumbing ---------------------------------------------------------------------------
     @property
@@ -74,6 +81,8 @@ class Block:
     def define(self, expr: str, why: str = "") -> str:
         """A temp holding ``expr``: an earlier one with the same expression (the
         inputs of a kernel region are never reassigned), else a new one."""
+        if expr in self.raw:      # a loaded tile is never copied into a temp
+            return expr
         known = self._known.get(expr)
         if known is not None and known[1] in ("pre", self.section):
             if why:
@@ -106,9 +115,31 @@ class Block:
         if t.indices == order:
             return t.var
         perm = tuple(t.indices.index(i) for i in order)
+        if len(perm) == 2 and t.var in self.transposed:
+            return self._load_transposed(t.var)
+        if len(perm) == 2 and t.var in self._elementwise:
+            # an elementwise product is recomputed from its factors arranged so (a transposed
+            # token tile is a load; a register transpose of the product is a layout change)
+            a, b, idx = self._elementwise[t.var]
+            named = dict(zip(idx, t.indices))    # CSE may hand it out under other index names
+            a, b = (Tile(f.var, tuple(named[i] for i in f.indices)) for f in (a, b))
+            return self.define(self._broadcast(a, b, order)[0])
         if len(perm) == 2:
             return f"tl.trans({t.var})"
         return f"tl.permute({t.var}, {perm})"
+
+    def _load_transposed(self, var: str) -> str:
+        """``var`` transposed, loaded (or computed) so, once per kernel region, before any
+        loop over tiles; a loaded tile keeps its input-dtype twin for dots."""
+        section, self.section = self.section, "pre"
+        if var not in self.raw:
+            out = self.define(self.transposed[var], f"{var}ᵀ, computed transposed")
+        else:
+            raw = self.define(self.transposed[var], f"{var}ᵀ, loaded transposed in the input dtype")
+            out = self.define(f"{raw}.to(tl.float32)")
+            self.raw[out] = raw
+        self.section = section
+        return out
 
     def _group(self, idx) -> str:
         return " * ".join(self.sizes[i] for i in idx)
@@ -147,6 +178,10 @@ class Block:
         else:
             why = f"{head}   ({'sum over ' + ','.join(summed) if summed else 'elementwise'})"
             expr, idx = self._broadcast(a, b, out)
+            if not summed and len(out) == 2:
+                var = self.define(expr, why)
+                self._elementwise.setdefault(var, (a, b, idx))
+                return Tile(var, idx)
         return self._ordered(Tile(self.define(expr, why), idx), out)
 
     def _presum(self, t: Tile, other: Tile, out) -> Tile:
@@ -160,6 +195,7 @@ class Block:
             a, b, free_a, free_b = b, a, free_b, free_a
         left = self.arrange(a, free_a + summed)
         right = self.arrange(b, summed + free_b)
+        left, right = self.raw.get(left, left), self.raw.get(right, right)
         if len(free_a) > 1 or len(summed) > 1:
             left = f"tl.reshape({left}, ({self._group(free_a)}, {self._group(summed)}))"
         if len(free_b) > 1 or len(summed) > 1:

@@ -110,6 +110,17 @@ class _BwdLowering(_Lowering):
     def _cotangent_dims(self, o):
         return dict(zip(o.indices, self.ct_dims[o.name]))
 
+    def _cotangent_tile(self, o, defs):
+        tile = Tile(f"ct_{o.name}", o.indices)
+        if o.name == "num":   # token-shaped [C, o]: read as the token tiles are (load_cotangents)
+            d = self.o_dim
+            self.block.raw[tile.var] = "raw_num"
+            self.block.transposed[tile.var] = (
+                f"tl.load(dnum_ptr + n * sio_dnum_n + h * sio_dnum_h + (zero64 + i_c) * sio_dnum_c"
+                f" + offs_{d}[:, None] + offs_t[None, :] * sio_dnum_t, mask=offs_{d}[:, None] < D_{d},"
+                f" other=0.0)")
+        return tile
+
     def region(self) -> None:
         super().region()
         self.block = _TransposingBlock()

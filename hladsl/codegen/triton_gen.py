@@ -127,9 +127,14 @@ class _Lowering:
     def operand(self, o: Operand, defs: dict) -> Tile:
         return _OPERAND_TILE[o.kind](self, o, defs)
 
-    @staticmethod
-    def _token_tile(o, defs):
-        return Tile(f"in_{o.name}", o.indices)
+    def _token_tile(self, o, defs):
+        x, dim = o.name, self.input_dim[o.name]
+        var = f"in_{x}"
+        self.block.raw[var] = f"raw_{x}"      # the template loads both (load_chunk)
+        self.block.transposed[var] = (
+            f"tl.load(in_{x}_ptr + base_{x} + offs_{dim}[:, None] + offs_t[None, :] * str_{x}_t, "
+            f"mask=offs_{dim}[:, None] < D_{dim}, other=0.0)")
+        return Tile(var, o.indices)
 
     def _power_tile(self, o, defs):
         return self.power(o)
@@ -142,18 +147,18 @@ class _Lowering:
     def _derived_tile(o, defs):
         return Tile(f"dr_{o.name}", o.indices)
 
-    @staticmethod
-    def _mask_tile(o, defs):
+    def _mask_tile(self, o, defs):
         rel = {"<=": "le", "<": "lt"}[o.rel]
         var = f"mask_{rel}_w{int(o.weight)}"
-        if var not in defs:
-            keep = f"offs_t[:, None] {'>=' if o.rel == '<=' else '>'} offs_t[None, :]"
+        def mask(row, col):   # M[row, col] = [col (<=|<) row] · exp(w (Λ_row − Λ_col))
+            keep = f"offs_t{row} {'>=' if o.rel == '<=' else '>'} offs_t{col}"
             if o.weight:
-                expr = (f"tl.exp(tl.where({keep}, {int(o.weight)} * (lam[:, None] - lam[None, :]), "
+                return (f"tl.exp(tl.where({keep}, {int(o.weight)} * (lam{row} - lam{col}), "
                         f"float(\"-inf\")))")
-            else:
-                expr = f"tl.where({keep}, 1.0, 0.0)"
-            defs[var] = (comment(o.text()), expr)
+            return f"tl.where({keep}, 1.0, 0.0)"
+        if var not in defs:
+            defs[var] = (comment(o.text()), mask("[:, None]", "[None, :]"))
+        self.block.transposed[var] = mask("[None, :]", "[:, None]")   # computed so, not transposed
         return Tile(var, o.indices)
 
     @staticmethod
@@ -325,13 +330,13 @@ _INDEX_DIMS = exhaustive({
     "the Triton lowering (index dims)")
 
 _OPERAND_TILE = exhaustive({
-    Kind.TOKEN: lambda self, o, defs: _Lowering._token_tile(o, defs),
+    Kind.TOKEN: lambda self, o, defs: self._token_tile(o, defs),
     Kind.POWER: _Lowering._power_tile,
     Kind.CARRY: lambda self, o, defs: _Lowering._carry_tile(o, defs),
     Kind.DERIVED: lambda self, o, defs: _Lowering._derived_tile(o, defs),
-    Kind.MASK: lambda self, o, defs: _Lowering._mask_tile(o, defs),
+    Kind.MASK: lambda self, o, defs: self._mask_tile(o, defs),
     Kind.DECAY: lambda self, o, defs: _Lowering._decay_tile(o, defs),
-    Kind.COTANGENT: lambda self, o, defs: _Lowering._cotangent_tile(o, defs)},
+    Kind.COTANGENT: lambda self, o, defs: self._cotangent_tile(o, defs)},
     "the Triton lowering (operand tiles)")
 
 

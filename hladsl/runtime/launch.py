@@ -13,6 +13,8 @@ Rules:
 * state-pass block of the value dim: narrow enough to fill the GPU
   (``state_block``), except where Hopper miscompiles narrow chained dots.
 * fp32 tiles for chains of bf16/fp16 dots at a narrow chunk or block (``dot_override``).
+* warps of a state-pass / reverse-pass program from the fp32 state elements it holds
+  (``walker_warps``).
 * schedule: fused (one kernel) when there are enough (sequence, head) pairs to
   fill the GPU without chunk parallelism, else two-pass (``use_fused``).
 * gradient kernels: one gradient target group (a token input, or Λ) per program
@@ -29,6 +31,7 @@ Rules:
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -225,12 +228,27 @@ def split_blocks(programs: int, splits, program, common: dict, first, chained: b
     def retile(chosen: dict) -> tuple[tuple, dict]:
         block = {f"B_{d}": chosen.get(f"B_{d}", w) for d, w in widths.items()}
         grid = (programs,) + tuple(-(-common[f"D_{d}"] // block[f"B_{d}"]) for d in widths)
-        return grid, {**block, **dot_override(first, chained, block, feature_blocks(program, common))}
+        held = sum(math.prod(block.get(f"B_{d}", common.get(f"B_{d}", 1)) for d in program.state_dims(s.name))
+                   for s in program.algebra.streaming)
+        return grid, {**block, "num_warps": walker_warps(held),
+                      **dot_override(first, chained, block, feature_blocks(program, common))}
 
     choices = {} if width or not narrow else {
         f"B_{d}": tune_widths(w, sizes[d]) for d, w in widths.items() if d not in packed}
     grid, block = retile({})
     return grid, block, Tiling(choices, retile)
+
+
+WALKER_ELEMENTS_PER_4_WARPS = 8192
+
+
+def walker_warps(elements: int) -> int:
+    """Warps of a state-pass / reverse-pass program holding ``elements`` fp32 state
+    elements in registers: 4, or 8 beyond WALKER_ELEMENTS_PER_4_WARPS (64 registers a
+    thread at 4 warps), where 4 warps spill. Measured on the H100 (benchmarks/kernel_sweep.py,
+    B = 2, H = 16, T = 4096, d = dv = 64): hla2 (12288) state pass 657 -> 531 µs, reverse
+    1387 -> 1027 µs at 8 warps; ahla (8192) is faster at 4 (144 vs 206 µs)."""
+    return 8 if elements > WALKER_ELEMENTS_PER_4_WARPS else 4
 
 
 # Autotuning candidates (runtime.autotune times each; OutOfResources skips one).

@@ -28,7 +28,7 @@ def _dot(a, b, DOT: tl.constexpr, PREC: tl.constexpr):
     """a @ b with fp32 accumulation: bf16/fp16 inputs go to the tensor cores in
     their dtype (DOT); fp32 tiles at precision PREC ("ieee", "tf32x3" or "tf32")."""
     if DOT == tl.float32:
-        return tl.dot(a, b, input_precision=PREC)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
     else:
         return tl.dot(a.to(DOT), b.to(DOT))
 
@@ -79,17 +79,20 @@ def state_pass_kernel(
         tl.store(starts_P + (crow * n_chunks + i_c) * (D_d * D_dv) + off_P, st_P, mask=own_P)
         tl.store(starts_E + (crow * n_chunks + i_c) * (D_d * D_dv) + off_E, st_E, mask=own_E)
         base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
-        in_k = tl.load(
+        raw_k = tl.load(  # the input dtype: dots read it as is
             in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
-            mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+            mask=offs_d[None, :] < D_d, other=0.0)
+        in_k = raw_k.to(tl.float32)
         base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
-        in_v = tl.load(
+        raw_v = tl.load(  # the input dtype: dots read it as is
             in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
-            mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
+            mask=offs_dv[None, :] < D_dv, other=0.0)
+        in_v = raw_v.to(tl.float32)
         base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
-        in_q = tl.load(
+        raw_q = tl.load(  # the input dtype: dots read it as is
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
-            mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+            mask=offs_d[None, :] < D_d, other=0.0)
+        in_q = raw_q.to(tl.float32)
         lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
         lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
 
@@ -101,34 +104,46 @@ def state_pass_kernel(
         nx_P = st_P * tl.exp(1 * lam_end)
 
         # +1 · k_n0[i] v_n0[e]   [n0 in chunk; w(n0)=1]
+        # in_kᵀ, loaded transposed in the input dtype
+        t1 = tl.load(in_k_ptr + base_k + offs_d[:, None] + offs_t[None, :] * str_k_t, mask=offs_d[:, None] < D_d, other=0.0)
+        t2 = t1.to(tl.float32)
         # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
-        t1 = tl.trans(in_k) * decay_end_w1[None, :]
-        # [i,e] = in_v[Tn0,e] · t1[i,Tn0]   (matmul over Tn0)
-        t2 = _dot(t1, in_v, DOT, PREC)
-        nx_P += t2
+        t3 = t2 * decay_end_w1[None, :]
+        # [i,e] = in_v[Tn0,e] · t3[i,Tn0]   (matmul over Tn0)
+        t4 = _dot(t3, raw_v, DOT, PREC)
+        nx_P += t4
 
         # ---- E: state at the end of this chunk
         # +1 · E@P[i,e]   [carry only; w(P)=1]
         nx_E = st_E * tl.exp(1 * lam_end)
 
         # +1 · P@P[s0,e] k_n0[i] q_n0[s0]   [n0 in chunk; w(P)=1]
+        # in_kᵀ, loaded transposed in the input dtype   = t1, computed above
         # [i,s0] = in_k[Tn0,i] · in_q[Tn0,s0]   (matmul over Tn0)
-        t3 = _dot(tl.trans(in_k), in_q, DOT, PREC)
-        # [i,e] = t3[i,s0] · st_P[s0,e]   (matmul over s0)
-        t4 = _dot(t3, st_P, SDOT, PREC)
-        nx_E += t4 * tl.exp(1 * lam_end)
+        t5 = _dot(t1, raw_q, DOT, PREC)
+        # [i,e] = t5[i,s0] · st_P[s0,e]   (matmul over s0)
+        t6 = _dot(t5, st_P, SDOT, PREC)
+        nx_E += t6 * tl.exp(1 * lam_end)
 
         # +1 · k_n1[i] q_n1[s2] k_n0[s2] v_n0[e]   [n0 <= n1, n1 in chunk; w(n0)=1]
+        # in_kᵀ, loaded transposed in the input dtype   = t1, computed above
         # [Tn1,Tn0] = in_q[Tn1,s2] · in_k[Tn0,s2]   (matmul over s2)
-        t5 = _dot(in_q, tl.trans(in_k), DOT, PREC)
-        # [Tn1,Tn0] = t5[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
-        t6 = t5 * mask_le_w1
-        # [e,Tn1] = in_v[Tn0,e] · t6[Tn1,Tn0]   (matmul over Tn0)
-        t7 = _dot(tl.trans(in_v), tl.trans(t6), DOT, PREC)
-        # [i,Tn1] = in_k[Tn1,i] · decay_end_w1[Tn1]   (elementwise)   = t1, computed above
-        # [i,e] = t7[e,Tn1] · t1[i,Tn1]   (matmul over Tn1)
-        t8 = _dot(t1, tl.trans(t7), DOT, PREC)
-        nx_E += t8
+        t7 = _dot(raw_q, t1, DOT, PREC)
+        # [Tn1,Tn0] = t7[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
+        t8 = t7 * mask_le_w1
+        # in_vᵀ, loaded transposed in the input dtype
+        t9 = tl.load(in_v_ptr + base_v + offs_dv[:, None] + offs_t[None, :] * str_v_t, mask=offs_dv[:, None] < D_dv, other=0.0)
+        t10 = t9.to(tl.float32)
+        # mask_le_w1ᵀ, computed transposed
+        t11 = tl.exp(tl.where(offs_t[None, :] >= offs_t[:, None], 1 * (lam[None, :] - lam[:, None]), float("-inf")))
+        t12 = tl.trans(t7) * t11
+        # [e,Tn1] = in_v[Tn0,e] · t8[Tn1,Tn0]   (matmul over Tn0)
+        t13 = _dot(t9, t12, DOT, PREC)
+        # in_kᵀ, loaded transposed in the input dtype   = t1, computed above
+        # [i,Tn1] = in_k[Tn1,i] · decay_end_w1[Tn1]   (elementwise)   = t3, computed above
+        # [i,e] = t13[e,Tn1] · t3[i,Tn1]   (matmul over Tn1)
+        t14 = _dot(t3, tl.trans(t13), DOT, PREC)
+        nx_E += t14
 
         st_P = nx_P
         st_E = nx_E
@@ -162,17 +177,20 @@ def output_kernel(
     offs_dv = tl.arange(0, B_dv)
 
     base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
-    in_q = tl.load(
+    raw_q = tl.load(  # the input dtype: dots read it as is
         in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
-        mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+        mask=offs_d[None, :] < D_d, other=0.0)
+    in_q = raw_q.to(tl.float32)
     base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
-    in_k = tl.load(
+    raw_k = tl.load(  # the input dtype: dots read it as is
         in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
-        mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+        mask=offs_d[None, :] < D_d, other=0.0)
+    in_k = raw_k.to(tl.float32)
     base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
-    in_v = tl.load(
+    raw_v = tl.load(  # the input dtype: dots read it as is
         in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
-        mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
+        mask=offs_dv[None, :] < D_dv, other=0.0)
+    in_v = raw_v.to(tl.float32)
     lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
 
     off_P = offs_d[:, None] * D_dv + offs_dv[None, :]
@@ -188,36 +206,50 @@ def output_kernel(
 
     # ---- output: o[e] = q_t[_0] E[_0,e]
     # +1 · q_t[_0] P@P[s0,e] k_n0[_0] q_n0[s0]   [n0 <= t; w(P)=1]
+    # in_qᵀ, loaded transposed in the input dtype
+    t1 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
+    t2 = t1.to(tl.float32)
     # [e,Tn0] = in_q[Tn0,s0] · st_P[s0,e]   (matmul over s0)
-    t1 = _dot(tl.trans(st_P), tl.trans(in_q), SDOT, PREC)
+    t3 = _dot(tl.trans(st_P), t1, SDOT, PREC)
+    # in_kᵀ, loaded transposed in the input dtype
+    t4 = tl.load(in_k_ptr + base_k + offs_d[:, None] + offs_t[None, :] * str_k_t, mask=offs_d[:, None] < D_d, other=0.0)
+    t5 = t4.to(tl.float32)
     # [Tt,Tn0] = in_q[Tt,_0] · in_k[Tn0,_0]   (matmul over _0)
-    t2 = _dot(in_q, tl.trans(in_k), DOT, PREC)
-    # [Tt,Tn0] = t2[Tt,Tn0] · mask_le_w0[Tt,Tn0]   (elementwise)
-    t3 = t2 * mask_le_w0
-    # [Tt,e] = t1[e,Tn0] · t3[Tt,Tn0]   (matmul over Tn0)
-    t4 = _dot(t3, tl.trans(t1), SDOT, PREC)
-    # [Tt,e] = t4[Tt,e] · decay_start_w1[Tt]   (elementwise)
-    t5 = t4 * decay_start_w1[:, None]
-    num = t5
+    t6 = _dot(raw_q, t4, DOT, PREC)
+    # [Tt,Tn0] = t6[Tt,Tn0] · mask_le_w0[Tt,Tn0]   (elementwise)
+    t7 = t6 * mask_le_w0
+    # [Tt,e] = t3[e,Tn0] · t7[Tt,Tn0]   (matmul over Tn0)
+    t8 = _dot(t7, tl.trans(t3), SDOT, PREC)
+    # [Tt,e] = t8[Tt,e] · decay_start_w1[Tt]   (elementwise)
+    t9 = t8 * decay_start_w1[:, None]
+    num = t9
 
     # +1 · q_t[_0] k_n1[_0] q_n1[s2] k_n0[s2] v_n0[e]   [n0 <= n1, n1 <= t; w(n0)=1]
-    # [Tn1,Tn0] = in_q[Tn1,s2] · in_k[Tn0,s2]   (matmul over s2)   = t2, computed above
-    # [Tn1,Tn0] = t2[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
-    t6 = t2 * mask_le_w1
-    # [e,Tn1] = in_v[Tn0,e] · t6[Tn1,Tn0]   (matmul over Tn0)
-    t7 = _dot(tl.trans(in_v), tl.trans(t6), DOT, PREC)
-    # [Tt,Tn1] = in_q[Tt,_0] · in_k[Tn1,_0]   (matmul over _0)   = t2, computed above
-    # [Tt,Tn1] = t2[Tt,Tn1] · mask_le_w1[Tt,Tn1]   (elementwise)   = t6, computed above
-    # [Tt,e] = t7[e,Tn1] · t6[Tt,Tn1]   (matmul over Tn1)
-    t8 = _dot(t6, tl.trans(t7), DOT, PREC)
-    num += t8
+    # in_kᵀ, loaded transposed in the input dtype   = t4, computed above
+    # [Tn1,Tn0] = in_q[Tn1,s2] · in_k[Tn0,s2]   (matmul over s2)   = t6, computed above
+    # [Tn1,Tn0] = t6[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
+    t10 = t6 * mask_le_w1
+    # in_vᵀ, loaded transposed in the input dtype
+    t11 = tl.load(in_v_ptr + base_v + offs_dv[:, None] + offs_t[None, :] * str_v_t, mask=offs_dv[:, None] < D_dv, other=0.0)
+    t12 = t11.to(tl.float32)
+    # mask_le_w1ᵀ, computed transposed
+    t13 = tl.exp(tl.where(offs_t[None, :] >= offs_t[:, None], 1 * (lam[None, :] - lam[:, None]), float("-inf")))
+    t14 = tl.trans(t6) * t13
+    # [e,Tn1] = in_v[Tn0,e] · t10[Tn1,Tn0]   (matmul over Tn0)
+    t15 = _dot(t11, t14, DOT, PREC)
+    # in_kᵀ, loaded transposed in the input dtype   = t4, computed above
+    # [Tt,Tn1] = in_q[Tt,_0] · in_k[Tn1,_0]   (matmul over _0)   = t6, computed above
+    # [Tt,Tn1] = t6[Tt,Tn1] · mask_le_w1[Tt,Tn1]   (elementwise)   = t10, computed above
+    # [Tt,e] = t15[e,Tn1] · t10[Tt,Tn1]   (matmul over Tn1)
+    t16 = _dot(t10, tl.trans(t15), DOT, PREC)
+    num += t16
 
     # +1 · q_t[_0] E@P[_0,e]   [carry only; w(P)=1]
     # [Tt,e] = in_q[Tt,_0] · st_E[_0,e]   (matmul over _0)
-    t9 = _dot(in_q, st_E, SDOT, PREC)
-    # [Tt,e] = t9[Tt,e] · decay_start_w1[Tt]   (elementwise)
-    t10 = t9 * decay_start_w1[:, None]
-    num += t10
+    t17 = _dot(raw_q, st_E, SDOT, PREC)
+    # [Tt,e] = t17[Tt,e] · decay_start_w1[Tt]   (elementwise)
+    t18 = t17 * decay_start_w1[:, None]
+    num += t18
     tl.store(out_ptr + n * sio_out_n + h * sio_out_h + (zero64 + i_c) * sio_out_c + offs_t[:, None] * sio_out_t + offs_dv[None, :],
              num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
@@ -260,17 +292,20 @@ def fused_kernel(
     st_E = tl.load(init_E + pid_nh * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
     for i_c in range(n_chunks):
         base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
-        in_q = tl.load(
+        raw_q = tl.load(  # the input dtype: dots read it as is
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
-            mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+            mask=offs_d[None, :] < D_d, other=0.0)
+        in_q = raw_q.to(tl.float32)
         base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
-        in_k = tl.load(
+        raw_k = tl.load(  # the input dtype: dots read it as is
             in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
-            mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+            mask=offs_d[None, :] < D_d, other=0.0)
+        in_k = raw_k.to(tl.float32)
         base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
-        in_v = tl.load(
+        raw_v = tl.load(  # the input dtype: dots read it as is
             in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
-            mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
+            mask=offs_dv[None, :] < D_dv, other=0.0)
+        in_v = raw_v.to(tl.float32)
         lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
         lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
 
@@ -281,36 +316,50 @@ def fused_kernel(
 
         # ---- output: o[e] = q_t[_0] E[_0,e]
         # +1 · q_t[_0] P@P[s0,e] k_n0[_0] q_n0[s0]   [n0 <= t; w(P)=1]
+        # in_qᵀ, loaded transposed in the input dtype
+        t1 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
+        t2 = t1.to(tl.float32)
         # [e,Tn0] = in_q[Tn0,s0] · st_P[s0,e]   (matmul over s0)
-        t1 = _dot(tl.trans(st_P), tl.trans(in_q), SDOT, PREC)
+        t3 = _dot(tl.trans(st_P), t1, SDOT, PREC)
+        # in_kᵀ, loaded transposed in the input dtype
+        t4 = tl.load(in_k_ptr + base_k + offs_d[:, None] + offs_t[None, :] * str_k_t, mask=offs_d[:, None] < D_d, other=0.0)
+        t5 = t4.to(tl.float32)
         # [Tt,Tn0] = in_q[Tt,_0] · in_k[Tn0,_0]   (matmul over _0)
-        t2 = _dot(in_q, tl.trans(in_k), DOT, PREC)
-        # [Tt,Tn0] = t2[Tt,Tn0] · mask_le_w0[Tt,Tn0]   (elementwise)
-        t3 = t2 * mask_le_w0
-        # [Tt,e] = t1[e,Tn0] · t3[Tt,Tn0]   (matmul over Tn0)
-        t4 = _dot(t3, tl.trans(t1), SDOT, PREC)
-        # [Tt,e] = t4[Tt,e] · decay_start_w1[Tt]   (elementwise)
-        t5 = t4 * decay_start_w1[:, None]
-        num = t5
+        t6 = _dot(raw_q, t4, DOT, PREC)
+        # [Tt,Tn0] = t6[Tt,Tn0] · mask_le_w0[Tt,Tn0]   (elementwise)
+        t7 = t6 * mask_le_w0
+        # [Tt,e] = t3[e,Tn0] · t7[Tt,Tn0]   (matmul over Tn0)
+        t8 = _dot(t7, tl.trans(t3), SDOT, PREC)
+        # [Tt,e] = t8[Tt,e] · decay_start_w1[Tt]   (elementwise)
+        t9 = t8 * decay_start_w1[:, None]
+        num = t9
 
         # +1 · q_t[_0] k_n1[_0] q_n1[s2] k_n0[s2] v_n0[e]   [n0 <= n1, n1 <= t; w(n0)=1]
-        # [Tn1,Tn0] = in_q[Tn1,s2] · in_k[Tn0,s2]   (matmul over s2)   = t2, computed above
-        # [Tn1,Tn0] = t2[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
-        t6 = t2 * mask_le_w1
-        # [e,Tn1] = in_v[Tn0,e] · t6[Tn1,Tn0]   (matmul over Tn0)
-        t7 = _dot(tl.trans(in_v), tl.trans(t6), DOT, PREC)
-        # [Tt,Tn1] = in_q[Tt,_0] · in_k[Tn1,_0]   (matmul over _0)   = t2, computed above
-        # [Tt,Tn1] = t2[Tt,Tn1] · mask_le_w1[Tt,Tn1]   (elementwise)   = t6, computed above
-        # [Tt,e] = t7[e,Tn1] · t6[Tt,Tn1]   (matmul over Tn1)
-        t8 = _dot(t6, tl.trans(t7), DOT, PREC)
-        num += t8
+        # in_kᵀ, loaded transposed in the input dtype   = t4, computed above
+        # [Tn1,Tn0] = in_q[Tn1,s2] · in_k[Tn0,s2]   (matmul over s2)   = t6, computed above
+        # [Tn1,Tn0] = t6[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
+        t10 = t6 * mask_le_w1
+        # in_vᵀ, loaded transposed in the input dtype
+        t11 = tl.load(in_v_ptr + base_v + offs_dv[:, None] + offs_t[None, :] * str_v_t, mask=offs_dv[:, None] < D_dv, other=0.0)
+        t12 = t11.to(tl.float32)
+        # mask_le_w1ᵀ, computed transposed
+        t13 = tl.exp(tl.where(offs_t[None, :] >= offs_t[:, None], 1 * (lam[None, :] - lam[:, None]), float("-inf")))
+        t14 = tl.trans(t6) * t13
+        # [e,Tn1] = in_v[Tn0,e] · t10[Tn1,Tn0]   (matmul over Tn0)
+        t15 = _dot(t11, t14, DOT, PREC)
+        # in_kᵀ, loaded transposed in the input dtype   = t4, computed above
+        # [Tt,Tn1] = in_q[Tt,_0] · in_k[Tn1,_0]   (matmul over _0)   = t6, computed above
+        # [Tt,Tn1] = t6[Tt,Tn1] · mask_le_w1[Tt,Tn1]   (elementwise)   = t10, computed above
+        # [Tt,e] = t15[e,Tn1] · t10[Tt,Tn1]   (matmul over Tn1)
+        t16 = _dot(t10, tl.trans(t15), DOT, PREC)
+        num += t16
 
         # +1 · q_t[_0] E@P[_0,e]   [carry only; w(P)=1]
         # [Tt,e] = in_q[Tt,_0] · st_E[_0,e]   (matmul over _0)
-        t9 = _dot(in_q, st_E, SDOT, PREC)
-        # [Tt,e] = t9[Tt,e] · decay_start_w1[Tt]   (elementwise)
-        t10 = t9 * decay_start_w1[:, None]
-        num += t10
+        t17 = _dot(raw_q, st_E, SDOT, PREC)
+        # [Tt,e] = t17[Tt,e] · decay_start_w1[Tt]   (elementwise)
+        t18 = t17 * decay_start_w1[:, None]
+        num += t18
         tl.store(out_ptr + n * sio_out_n + h * sio_out_h + (zero64 + i_c) * sio_out_c + offs_t[:, None] * sio_out_t + offs_dv[None, :],
                  num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
@@ -319,31 +368,37 @@ def fused_kernel(
         nx_P = st_P * tl.exp(1 * lam_end)
 
         # +1 · k_n0[i] v_n0[e]   [n0 in chunk; w(n0)=1]
+        # in_kᵀ, loaded transposed in the input dtype   = t4, computed above
         # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
-        t11 = tl.trans(in_k) * decay_end_w1[None, :]
-        # [i,e] = in_v[Tn0,e] · t11[i,Tn0]   (matmul over Tn0)
-        t12 = _dot(t11, in_v, DOT, PREC)
-        nx_P += t12
+        t19 = t5 * decay_end_w1[None, :]
+        # [i,e] = in_v[Tn0,e] · t19[i,Tn0]   (matmul over Tn0)
+        t20 = _dot(t19, raw_v, DOT, PREC)
+        nx_P += t20
 
         # ---- E: state at the end of this chunk
         # +1 · E@P[i,e]   [carry only; w(P)=1]
         nx_E = st_E * tl.exp(1 * lam_end)
 
         # +1 · P@P[s0,e] k_n0[i] q_n0[s0]   [n0 in chunk; w(P)=1]
+        # in_kᵀ, loaded transposed in the input dtype   = t4, computed above
         # [i,s0] = in_k[Tn0,i] · in_q[Tn0,s0]   (matmul over Tn0)
-        t13 = _dot(tl.trans(in_k), in_q, DOT, PREC)
-        # [i,e] = t13[i,s0] · st_P[s0,e]   (matmul over s0)
-        t14 = _dot(t13, st_P, SDOT, PREC)
-        nx_E += t14 * tl.exp(1 * lam_end)
+        t21 = _dot(t4, raw_q, DOT, PREC)
+        # [i,e] = t21[i,s0] · st_P[s0,e]   (matmul over s0)
+        t22 = _dot(t21, st_P, SDOT, PREC)
+        nx_E += t22 * tl.exp(1 * lam_end)
 
         # +1 · k_n1[i] q_n1[s2] k_n0[s2] v_n0[e]   [n0 <= n1, n1 in chunk; w(n0)=1]
-        # [Tn1,Tn0] = in_q[Tn1,s2] · in_k[Tn0,s2]   (matmul over s2)   = t2, computed above
-        # [Tn1,Tn0] = t2[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)   = t6, computed above
-        # [e,Tn1] = in_v[Tn0,e] · t6[Tn1,Tn0]   (matmul over Tn0)   = t7, computed above
-        # [i,Tn1] = in_k[Tn1,i] · decay_end_w1[Tn1]   (elementwise)   = t11, computed above
-        # [i,e] = t7[e,Tn1] · t11[i,Tn1]   (matmul over Tn1)
-        t15 = _dot(t11, tl.trans(t7), DOT, PREC)
-        nx_E += t15
+        # in_kᵀ, loaded transposed in the input dtype   = t4, computed above
+        # [Tn1,Tn0] = in_q[Tn1,s2] · in_k[Tn0,s2]   (matmul over s2)   = t6, computed above
+        # [Tn1,Tn0] = t6[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)   = t10, computed above
+        # in_vᵀ, loaded transposed in the input dtype   = t11, computed above
+        # mask_le_w1ᵀ, computed transposed   = t13, computed above
+        # [e,Tn1] = in_v[Tn0,e] · t10[Tn1,Tn0]   (matmul over Tn0)   = t15, computed above
+        # in_kᵀ, loaded transposed in the input dtype   = t4, computed above
+        # [i,Tn1] = in_k[Tn1,i] · decay_end_w1[Tn1]   (elementwise)   = t19, computed above
+        # [i,e] = t15[e,Tn1] · t19[i,Tn1]   (matmul over Tn1)
+        t23 = _dot(t19, tl.trans(t15), DOT, PREC)
+        nx_E += t23
 
         st_P = nx_P
         st_E = nx_E

@@ -28,7 +28,7 @@ def _dot(a, b, DOT: tl.constexpr, PREC: tl.constexpr):
     """a @ b with fp32 accumulation: bf16/fp16 inputs go to the tensor cores in
     their dtype (DOT); fp32 tiles at precision PREC ("ieee", "tf32x3" or "tf32")."""
     if DOT == tl.float32:
-        return tl.dot(a, b, input_precision=PREC)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
     else:
         return tl.dot(a.to(DOT), b.to(DOT))
 
@@ -85,17 +85,20 @@ def state_pass_kernel(
         tl.store(starts_C + (crow * n_chunks + i_c) * (D_d * D_dv) + off_C, st_C, mask=own_C)
         tl.store(starts_G + (crow * n_chunks + i_c) * (D_d * D_dv) + off_G, st_G, mask=own_G)
         base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
-        in_k = tl.load(
+        raw_k = tl.load(  # the input dtype: dots read it as is
             in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
-            mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+            mask=offs_d[None, :] < D_d, other=0.0)
+        in_k = raw_k.to(tl.float32)
         base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
-        in_q = tl.load(
+        raw_q = tl.load(  # the input dtype: dots read it as is
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
-            mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+            mask=offs_d[None, :] < D_d, other=0.0)
+        in_q = raw_q.to(tl.float32)
         base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
-        in_v = tl.load(
+        raw_v = tl.load(  # the input dtype: dots read it as is
             in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
-            mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
+            mask=offs_dv[None, :] < D_dv, other=0.0)
+        in_v = raw_v.to(tl.float32)
         lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
         lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
 
@@ -108,47 +111,63 @@ def state_pass_kernel(
         nx_S = st_S * tl.exp(1 * lam_end)
 
         # +1 · k_n0[i] k_n0[j]   [n0 in chunk; w(n0)=1]
+        # in_kᵀ, loaded transposed in the input dtype
+        t1 = tl.load(in_k_ptr + base_k + offs_d[:, None] + offs_t[None, :] * str_k_t, mask=offs_d[:, None] < D_d, other=0.0)
+        t2 = t1.to(tl.float32)
         # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
-        t1 = tl.trans(in_k) * decay_end_w1[None, :]
-        # [i,j] = in_k[Tn0,j] · t1[i,Tn0]   (matmul over Tn0)
-        t2 = _dot(t1, in_k, DOT, PREC)
-        nx_S += t2
+        t3 = t2 * decay_end_w1[None, :]
+        # [i,j] = in_k[Tn0,j] · t3[i,Tn0]   (matmul over Tn0)
+        t4 = _dot(t3, raw_k, DOT, PREC)
+        nx_S += t4
 
         # ---- C: state at the end of this chunk
         # +1 · C@P[i,e]   [carry only; w(P)=1]
         nx_C = st_C * tl.exp(1 * lam_end)
 
         # +1 · q_n0[i] v_n0[e]   [n0 in chunk; w(n0)=1]
+        # in_qᵀ, loaded transposed in the input dtype
+        t5 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
+        t6 = t5.to(tl.float32)
         # [i,Tn0] = in_q[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
-        t3 = tl.trans(in_q) * decay_end_w1[None, :]
-        # [i,e] = in_v[Tn0,e] · t3[i,Tn0]   (matmul over Tn0)
-        t4 = _dot(t3, in_v, DOT, PREC)
-        nx_C += t4
+        t7 = t6 * decay_end_w1[None, :]
+        # [i,e] = in_v[Tn0,e] · t7[i,Tn0]   (matmul over Tn0)
+        t8 = _dot(t7, raw_v, DOT, PREC)
+        nx_C += t8
 
         # ---- G: state at the end of this chunk
         # +1 · G@P[i,e]   [carry only; w(P)=2]
         nx_G = st_G * tl.exp(2 * lam_end)
 
         # +1 · C@P[s0,e] k_n0[i] k_n0[s0]   [n0 in chunk; w(n0)=1, w(P)=1]
+        # in_kᵀ, loaded transposed in the input dtype   = t1, computed above
         # [e,Tn0] = in_k[Tn0,s0] · st_C[s0,e]   (matmul over s0)
-        t5 = _dot(tl.trans(st_C), tl.trans(in_k), tl.float32, PREC)
-        # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)   = t1, computed above
-        # [i,e] = t5[e,Tn0] · t1[i,Tn0]   (matmul over Tn0)
-        t6 = _dot(t1, tl.trans(t5), tl.float32, PREC)
-        nx_G += t6 * tl.exp(1 * lam_end)
+        t9 = _dot(tl.trans(st_C), t1, tl.float32, PREC)
+        # in_kᵀ, loaded transposed in the input dtype   = t1, computed above
+        # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)   = t3, computed above
+        # [i,e] = t9[e,Tn0] · t3[i,Tn0]   (matmul over Tn0)
+        t10 = _dot(t3, tl.trans(t9), tl.float32, PREC)
+        nx_G += t10 * tl.exp(1 * lam_end)
 
         # +1 · k_n1[i] k_n1[s1] q_n0[s1] v_n0[e]   [n0 < n1, n1 in chunk; w(n0)=1, w(n1)=1]
+        # in_qᵀ, loaded transposed in the input dtype   = t5, computed above
         # [Tn1,Tn0] = in_k[Tn1,s1] · in_q[Tn0,s1]   (matmul over s1)
-        t7 = _dot(in_k, tl.trans(in_q), DOT, PREC)
-        # [Tn1,Tn0] = t7[Tn1,Tn0] · mask_lt_w1[Tn1,Tn0]   (elementwise)
-        t8 = t7 * mask_lt_w1
-        # [e,Tn1] = in_v[Tn0,e] · t8[Tn1,Tn0]   (matmul over Tn0)
-        t9 = _dot(tl.trans(in_v), tl.trans(t8), DOT, PREC)
+        t11 = _dot(raw_k, t5, DOT, PREC)
+        # [Tn1,Tn0] = t11[Tn1,Tn0] · mask_lt_w1[Tn1,Tn0]   (elementwise)
+        t12 = t11 * mask_lt_w1
+        # in_vᵀ, loaded transposed in the input dtype
+        t13 = tl.load(in_v_ptr + base_v + offs_dv[:, None] + offs_t[None, :] * str_v_t, mask=offs_dv[:, None] < D_dv, other=0.0)
+        t14 = t13.to(tl.float32)
+        # mask_lt_w1ᵀ, computed transposed
+        t15 = tl.exp(tl.where(offs_t[None, :] > offs_t[:, None], 1 * (lam[None, :] - lam[:, None]), float("-inf")))
+        t16 = tl.trans(t11) * t15
+        # [e,Tn1] = in_v[Tn0,e] · t12[Tn1,Tn0]   (matmul over Tn0)
+        t17 = _dot(t13, t16, DOT, PREC)
+        # in_kᵀ, loaded transposed in the input dtype   = t1, computed above
         # [i,Tn1] = in_k[Tn1,i] · decay_end_w2[Tn1]   (elementwise)
-        t10 = tl.trans(in_k) * decay_end_w2[None, :]
-        # [i,e] = t9[e,Tn1] · t10[i,Tn1]   (matmul over Tn1)
-        t11 = _dot(t10, tl.trans(t9), DOT, PREC)
-        nx_G += t11
+        t18 = t2 * decay_end_w2[None, :]
+        # [i,e] = t17[e,Tn1] · t18[i,Tn1]   (matmul over Tn1)
+        t19 = _dot(t18, tl.trans(t17), DOT, PREC)
+        nx_G += t19
 
         st_S = nx_S
         st_C = nx_C
@@ -185,17 +204,20 @@ def output_kernel(
     offs_dv = tl.arange(0, B_dv)
 
     base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
-    in_q = tl.load(
+    raw_q = tl.load(  # the input dtype: dots read it as is
         in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
-        mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+        mask=offs_d[None, :] < D_d, other=0.0)
+    in_q = raw_q.to(tl.float32)
     base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
-    in_v = tl.load(
+    raw_v = tl.load(  # the input dtype: dots read it as is
         in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
-        mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
+        mask=offs_dv[None, :] < D_dv, other=0.0)
+    in_v = raw_v.to(tl.float32)
     base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
-    in_k = tl.load(
+    raw_k = tl.load(  # the input dtype: dots read it as is
         in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
-        mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+        mask=offs_d[None, :] < D_d, other=0.0)
+    in_k = raw_k.to(tl.float32)
     lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
 
     off_S = offs_d[:, None] * D_d + offs_d[None, :]
@@ -223,37 +245,47 @@ def output_kernel(
     # ---- output: o[e] = q_t[_0] C[_1,e] S[_0,_1] - q_t[_0] G[_0,e]
     # +1 · q_t[_0] W0[_0,e]   [carry only]
     # [Tt,e] = in_q[Tt,_0] · dr_W0[_0,e]   (matmul over _0)
-    t2 = _dot(in_q, dr_W0, SDOT, PREC)
+    t2 = _dot(raw_q, dr_W0, SDOT, PREC)
     # [Tt,e] = t2[Tt,e] · decay_start_w2[Tt]   (elementwise)
     t3 = t2 * decay_start_w2[:, None]
     num = t3
 
     # +1 · q_t[_0] q_n0[_1] v_n0[e] S@P[_0,_1]   [n0 <= t; w(n0)=1, w(P)=1]
     # [Tt,_1] = in_q[Tt,_0] · st_S[_0,_1]   (matmul over _0)
-    t4 = _dot(in_q, st_S, SDOT, PREC)
+    t4 = _dot(raw_q, st_S, SDOT, PREC)
+    # in_qᵀ, loaded transposed in the input dtype
+    t5 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
+    t6 = t5.to(tl.float32)
     # [Tt,Tn0] = in_q[Tn0,_1] · t4[Tt,_1]   (matmul over _1)
-    t5 = _dot(t4, tl.trans(in_q), SDOT, PREC)
-    # [Tt,Tn0] = t5[Tt,Tn0] · mask_le_w1[Tt,Tn0]   (elementwise)
-    t6 = t5 * mask_le_w1
-    # [Tt,e] = in_v[Tn0,e] · t6[Tt,Tn0]   (matmul over Tn0)
-    t7 = _dot(t6, in_v, SDOT, PREC)
-    # [Tt,e] = t7[Tt,e] · decay_start_w1[Tt]   (elementwise)
-    t8 = t7 * decay_start_w1[:, None]
-    num += t8
+    t7 = _dot(t4, t5, SDOT, PREC)
+    # [Tt,Tn0] = t7[Tt,Tn0] · mask_le_w1[Tt,Tn0]   (elementwise)
+    t8 = t7 * mask_le_w1
+    # [Tt,e] = in_v[Tn0,e] · t8[Tt,Tn0]   (matmul over Tn0)
+    t9 = _dot(t8, raw_v, SDOT, PREC)
+    # [Tt,e] = t9[Tt,e] · decay_start_w1[Tt]   (elementwise)
+    t10 = t9 * decay_start_w1[:, None]
+    num += t10
 
     # +1 · q_t[_0] q_n1[_1] v_n1[e] k_n0[_0] k_n0[_1]   [n0 <= n1, n1 <= t; w(n0)=1, w(n1)=1]
+    # in_kᵀ, loaded transposed in the input dtype
+    t11 = tl.load(in_k_ptr + base_k + offs_d[:, None] + offs_t[None, :] * str_k_t, mask=offs_d[:, None] < D_d, other=0.0)
+    t12 = t11.to(tl.float32)
     # [Tt,Tn0] = in_q[Tt,_0] · in_k[Tn0,_0]   (matmul over _0)
-    t9 = _dot(in_q, tl.trans(in_k), DOT, PREC)
-    # [Tn1,Tn0] = in_q[Tn1,_1] · in_k[Tn0,_1]   (matmul over _1)   = t9, computed above
-    # [Tn1,Tn0] = t9[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
-    t10 = t9 * mask_le_w1
-    # [Tt,Tn1] = t9[Tt,Tn0] · t10[Tn1,Tn0]   (matmul over Tn0)
-    t11 = _dot(t9, tl.trans(t10), DOT, PREC)
-    # [Tt,Tn1] = t11[Tt,Tn1] · mask_le_w2[Tt,Tn1]   (elementwise)
-    t12 = t11 * mask_le_w2
-    # [Tt,e] = in_v[Tn1,e] · t12[Tt,Tn1]   (matmul over Tn1)
-    t13 = _dot(t12, in_v, DOT, PREC)
-    num += t13
+    t13 = _dot(raw_q, t11, DOT, PREC)
+    # in_kᵀ, loaded transposed in the input dtype   = t11, computed above
+    # [Tn1,Tn0] = in_q[Tn1,_1] · in_k[Tn0,_1]   (matmul over _1)   = t13, computed above
+    # [Tn1,Tn0] = t13[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
+    t14 = t13 * mask_le_w1
+    # mask_le_w1ᵀ, computed transposed
+    t15 = tl.exp(tl.where(offs_t[None, :] >= offs_t[:, None], 1 * (lam[None, :] - lam[:, None]), float("-inf")))
+    t16 = tl.trans(t13) * t15
+    # [Tt,Tn1] = t13[Tt,Tn0] · t14[Tn1,Tn0]   (matmul over Tn0)
+    t17 = _dot(t13, t16, DOT, PREC)
+    # [Tt,Tn1] = t17[Tt,Tn1] · mask_le_w2[Tt,Tn1]   (elementwise)
+    t18 = t17 * mask_le_w2
+    # [Tt,e] = in_v[Tn1,e] · t18[Tt,Tn1]   (matmul over Tn1)
+    t19 = _dot(t18, raw_v, DOT, PREC)
+    num += t19
     tl.store(out_ptr + n * sio_out_n + h * sio_out_h + (zero64 + i_c) * sio_out_c + offs_t[:, None] * sio_out_t + offs_dv[None, :],
              num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
@@ -301,17 +333,20 @@ def fused_kernel(
     st_G = tl.load(init_G + pid_nh * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
     for i_c in range(n_chunks):
         base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
-        in_q = tl.load(
+        raw_q = tl.load(  # the input dtype: dots read it as is
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
-            mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+            mask=offs_d[None, :] < D_d, other=0.0)
+        in_q = raw_q.to(tl.float32)
         base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
-        in_v = tl.load(
+        raw_v = tl.load(  # the input dtype: dots read it as is
             in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
-            mask=offs_dv[None, :] < D_dv, other=0.0).to(tl.float32)
+            mask=offs_dv[None, :] < D_dv, other=0.0)
+        in_v = raw_v.to(tl.float32)
         base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
-        in_k = tl.load(
+        raw_k = tl.load(  # the input dtype: dots read it as is
             in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
-            mask=offs_d[None, :] < D_d, other=0.0).to(tl.float32)
+            mask=offs_d[None, :] < D_d, other=0.0)
+        in_k = raw_k.to(tl.float32)
         lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
         lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
 
@@ -333,37 +368,47 @@ def fused_kernel(
         # ---- output: o[e] = q_t[_0] C[_1,e] S[_0,_1] - q_t[_0] G[_0,e]
         # +1 · q_t[_0] W0[_0,e]   [carry only]
         # [Tt,e] = in_q[Tt,_0] · dr_W0[_0,e]   (matmul over _0)
-        t2 = _dot(in_q, dr_W0, SDOT, PREC)
+        t2 = _dot(raw_q, dr_W0, SDOT, PREC)
         # [Tt,e] = t2[Tt,e] · decay_start_w2[Tt]   (elementwise)
         t3 = t2 * decay_start_w2[:, None]
         num = t3
 
         # +1 · q_t[_0] q_n0[_1] v_n0[e] S@P[_0,_1]   [n0 <= t; w(n0)=1, w(P)=1]
         # [Tt,_1] = in_q[Tt,_0] · st_S[_0,_1]   (matmul over _0)
-        t4 = _dot(in_q, st_S, SDOT, PREC)
+        t4 = _dot(raw_q, st_S, SDOT, PREC)
+        # in_qᵀ, loaded transposed in the input dtype
+        t5 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
+        t6 = t5.to(tl.float32)
         # [Tt,Tn0] = in_q[Tn0,_1] · t4[Tt,_1]   (matmul over _1)
-        t5 = _dot(t4, tl.trans(in_q), SDOT, PREC)
-        # [Tt,Tn0] = t5[Tt,Tn0] · mask_le_w1[Tt,Tn0]   (elementwise)
-        t6 = t5 * mask_le_w1
-        # [Tt,e] = in_v[Tn0,e] · t6[Tt,Tn0]   (matmul over Tn0)
-        t7 = _dot(t6, in_v, SDOT, PREC)
-        # [Tt,e] = t7[Tt,e] · decay_start_w1[Tt]   (elementwise)
-        t8 = t7 * decay_start_w1[:, None]
-        num += t8
+        t7 = _dot(t4, t5, SDOT, PREC)
+        # [Tt,Tn0] = t7[Tt,Tn0] · mask_le_w1[Tt,Tn0]   (elementwise)
+        t8 = t7 * mask_le_w1
+        # [Tt,e] = in_v[Tn0,e] · t8[Tt,Tn0]   (matmul over Tn0)
+        t9 = _dot(t8, raw_v, SDOT, PREC)
+        # [Tt,e] = t9[Tt,e] · decay_start_w1[Tt]   (elementwise)
+        t10 = t9 * decay_start_w1[:, None]
+        num += t10
 
         # +1 · q_t[_0] q_n1[_1] v_n1[e] k_n0[_0] k_n0[_1]   [n0 <= n1, n1 <= t; w(n0)=1, w(n1)=1]
+        # in_kᵀ, loaded transposed in the input dtype
+        t11 = tl.load(in_k_ptr + base_k + offs_d[:, None] + offs_t[None, :] * str_k_t, mask=offs_d[:, None] < D_d, other=0.0)
+        t12 = t11.to(tl.float32)
         # [Tt,Tn0] = in_q[Tt,_0] · in_k[Tn0,_0]   (matmul over _0)
-        t9 = _dot(in_q, tl.trans(in_k), DOT, PREC)
-        # [Tn1,Tn0] = in_q[Tn1,_1] · in_k[Tn0,_1]   (matmul over _1)   = t9, computed above
-        # [Tn1,Tn0] = t9[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
-        t10 = t9 * mask_le_w1
-        # [Tt,Tn1] = t9[Tt,Tn0] · t10[Tn1,Tn0]   (matmul over Tn0)
-        t11 = _dot(t9, tl.trans(t10), DOT, PREC)
-        # [Tt,Tn1] = t11[Tt,Tn1] · mask_le_w2[Tt,Tn1]   (elementwise)
-        t12 = t11 * mask_le_w2
-        # [Tt,e] = in_v[Tn1,e] · t12[Tt,Tn1]   (matmul over Tn1)
-        t13 = _dot(t12, in_v, DOT, PREC)
-        num += t13
+        t13 = _dot(raw_q, t11, DOT, PREC)
+        # in_kᵀ, loaded transposed in the input dtype   = t11, computed above
+        # [Tn1,Tn0] = in_q[Tn1,_1] · in_k[Tn0,_1]   (matmul over _1)   = t13, computed above
+        # [Tn1,Tn0] = t13[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
+        t14 = t13 * mask_le_w1
+        # mask_le_w1ᵀ, computed transposed
+        t15 = tl.exp(tl.where(offs_t[None, :] >= offs_t[:, None], 1 * (lam[None, :] - lam[:, None]), float("-inf")))
+        t16 = tl.trans(t13) * t15
+        # [Tt,Tn1] = t13[Tt,Tn0] · t14[Tn1,Tn0]   (matmul over Tn0)
+        t17 = _dot(t13, t16, DOT, PREC)
+        # [Tt,Tn1] = t17[Tt,Tn1] · mask_le_w2[Tt,Tn1]   (elementwise)
+        t18 = t17 * mask_le_w2
+        # [Tt,e] = in_v[Tn1,e] · t18[Tt,Tn1]   (matmul over Tn1)
+        t19 = _dot(t18, raw_v, DOT, PREC)
+        num += t19
         tl.store(out_ptr + n * sio_out_n + h * sio_out_h + (zero64 + i_c) * sio_out_c + offs_t[:, None] * sio_out_t + offs_dv[None, :],
                  num.to(out_ptr.dtype.element_ty), mask=offs_dv[None, :] < D_dv)
 
@@ -372,47 +417,59 @@ def fused_kernel(
         nx_S = st_S * tl.exp(1 * lam_end)
 
         # +1 · k_n0[i] k_n0[j]   [n0 in chunk; w(n0)=1]
+        # in_kᵀ, loaded transposed in the input dtype   = t11, computed above
         # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
-        t14 = tl.trans(in_k) * decay_end_w1[None, :]
-        # [i,j] = in_k[Tn0,j] · t14[i,Tn0]   (matmul over Tn0)
-        t15 = _dot(t14, in_k, DOT, PREC)
-        nx_S += t15
+        t20 = t12 * decay_end_w1[None, :]
+        # [i,j] = in_k[Tn0,j] · t20[i,Tn0]   (matmul over Tn0)
+        t21 = _dot(t20, raw_k, DOT, PREC)
+        nx_S += t21
 
         # ---- C: state at the end of this chunk
         # +1 · C@P[i,e]   [carry only; w(P)=1]
         nx_C = st_C * tl.exp(1 * lam_end)
 
         # +1 · q_n0[i] v_n0[e]   [n0 in chunk; w(n0)=1]
+        # in_qᵀ, loaded transposed in the input dtype   = t5, computed above
         # [i,Tn0] = in_q[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
-        t16 = tl.trans(in_q) * decay_end_w1[None, :]
-        # [i,e] = in_v[Tn0,e] · t16[i,Tn0]   (matmul over Tn0)
-        t17 = _dot(t16, in_v, DOT, PREC)
-        nx_C += t17
+        t22 = t6 * decay_end_w1[None, :]
+        # [i,e] = in_v[Tn0,e] · t22[i,Tn0]   (matmul over Tn0)
+        t23 = _dot(t22, raw_v, DOT, PREC)
+        nx_C += t23
 
         # ---- G: state at the end of this chunk
         # +1 · G@P[i,e]   [carry only; w(P)=2]
         nx_G = st_G * tl.exp(2 * lam_end)
 
         # +1 · C@P[s0,e] k_n0[i] k_n0[s0]   [n0 in chunk; w(n0)=1, w(P)=1]
+        # in_kᵀ, loaded transposed in the input dtype   = t11, computed above
         # [e,Tn0] = in_k[Tn0,s0] · st_C[s0,e]   (matmul over s0)
-        t18 = _dot(tl.trans(st_C), tl.trans(in_k), tl.float32, PREC)
-        # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)   = t14, computed above
-        # [i,e] = t18[e,Tn0] · t14[i,Tn0]   (matmul over Tn0)
-        t19 = _dot(t14, tl.trans(t18), tl.float32, PREC)
-        nx_G += t19 * tl.exp(1 * lam_end)
+        t24 = _dot(tl.trans(st_C), t11, tl.float32, PREC)
+        # in_kᵀ, loaded transposed in the input dtype   = t11, computed above
+        # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)   = t20, computed above
+        # [i,e] = t24[e,Tn0] · t20[i,Tn0]   (matmul over Tn0)
+        t25 = _dot(t20, tl.trans(t24), tl.float32, PREC)
+        nx_G += t25 * tl.exp(1 * lam_end)
 
         # +1 · k_n1[i] k_n1[s1] q_n0[s1] v_n0[e]   [n0 < n1, n1 in chunk; w(n0)=1, w(n1)=1]
+        # in_qᵀ, loaded transposed in the input dtype   = t5, computed above
         # [Tn1,Tn0] = in_k[Tn1,s1] · in_q[Tn0,s1]   (matmul over s1)
-        t20 = _dot(in_k, tl.trans(in_q), DOT, PREC)
-        # [Tn1,Tn0] = t20[Tn1,Tn0] · mask_lt_w1[Tn1,Tn0]   (elementwise)
-        t21 = t20 * mask_lt_w1
-        # [e,Tn1] = in_v[Tn0,e] · t21[Tn1,Tn0]   (matmul over Tn0)
-        t22 = _dot(tl.trans(in_v), tl.trans(t21), DOT, PREC)
+        t26 = _dot(raw_k, t5, DOT, PREC)
+        # [Tn1,Tn0] = t26[Tn1,Tn0] · mask_lt_w1[Tn1,Tn0]   (elementwise)
+        t27 = t26 * mask_lt_w1
+        # in_vᵀ, loaded transposed in the input dtype
+        t28 = tl.load(in_v_ptr + base_v + offs_dv[:, None] + offs_t[None, :] * str_v_t, mask=offs_dv[:, None] < D_dv, other=0.0)
+        t29 = t28.to(tl.float32)
+        # mask_lt_w1ᵀ, computed transposed
+        t30 = tl.exp(tl.where(offs_t[None, :] > offs_t[:, None], 1 * (lam[None, :] - lam[:, None]), float("-inf")))
+        t31 = tl.trans(t26) * t30
+        # [e,Tn1] = in_v[Tn0,e] · t27[Tn1,Tn0]   (matmul over Tn0)
+        t32 = _dot(t28, t31, DOT, PREC)
+        # in_kᵀ, loaded transposed in the input dtype   = t11, computed above
         # [i,Tn1] = in_k[Tn1,i] · decay_end_w2[Tn1]   (elementwise)
-        t23 = tl.trans(in_k) * decay_end_w2[None, :]
-        # [i,e] = t22[e,Tn1] · t23[i,Tn1]   (matmul over Tn1)
-        t24 = _dot(t23, tl.trans(t22), DOT, PREC)
-        nx_G += t24
+        t33 = t12 * decay_end_w2[None, :]
+        # [i,e] = t32[e,Tn1] · t33[i,Tn1]   (matmul over Tn1)
+        t34 = _dot(t33, tl.trans(t32), DOT, PREC)
+        nx_G += t34
 
         st_S = nx_S
         st_C = nx_C
