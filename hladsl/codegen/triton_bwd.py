@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 
 from hladsl.codegen import templates
+from hladsl.codegen.prune import prune_dead
 from hladsl.codegen.templates import render_template
 
 from hladsl.codegen.steps import Block, Tile
@@ -466,7 +467,7 @@ def template_text() -> str:
 
 
 def render(context: dict, version: str) -> str:
-    return render_template(TEMPLATE, version=version, bwd=context, **context["forward"])
+    return prune_dead(render_template(TEMPLATE, version=version, bwd=context, **context["forward"]))
 
 
 def triton_bwd_source(program: ChunkProgram) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 
 from hladsl.codegen import templates
+from hladsl.codegen.prune import prune_dead
 from hladsl.codegen.templates import render_template
 
 from hladsl.codegen.steps import Block, Tile, comment
@@ -483,7 +484,7 @@ def template_text() -> str:
 
 
 def render(context: dict, version: str) -> str:
-    return render_template(TEMPLATE, version=version, **context)
+    return prune_dead(render_template(TEMPLATE, version=version, **context))
 
 
 def generate(program: ChunkProgram) -> str:

@@ -79,25 +79,18 @@ def state_pass_kernel(
         tl.store(starts_P + (crow * n_chunks + i_c) * (D_d * D_dv) + off_P, st_P, mask=own_P)
         tl.store(starts_E + (crow * n_chunks + i_c) * (D_d * D_dv) + off_E, st_E, mask=own_E)
         base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
-        raw_k = tl.load(  # the input dtype: dots read it as is
-            in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
-            mask=offs_d[None, :] < D_d, other=0.0)
-        in_k = raw_k.to(tl.float32)
         base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
         raw_v = tl.load(  # the input dtype: dots read it as is
             in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
             mask=offs_dv[None, :] < D_dv, other=0.0)
-        in_v = raw_v.to(tl.float32)
         base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
         raw_q = tl.load(  # the input dtype: dots read it as is
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0)
-        in_q = raw_q.to(tl.float32)
         lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
         lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
 
         decay_end_w1 = tl.exp(1 * (lam_end - lam))  # exp(1(Λ_end−Λ_Tn0))
-        mask_le_w1 = tl.exp(tl.where(offs_t[:, None] >= offs_t[None, :], 1 * (lam[:, None] - lam[None, :]), float("-inf")))  # M[Tn1,Tn0] = [Tn0 <= Tn1]·exp(1(Λ_Tn1−Λ_Tn0))
 
         # ---- P: state at the end of this chunk
         # +1 · P@P[i,e]   [carry only; w(P)=1]
@@ -129,11 +122,8 @@ def state_pass_kernel(
         # in_kᵀ, loaded transposed in the input dtype   = t1, computed above
         # [Tn1,Tn0] = in_q[Tn1,s2] · in_k[Tn0,s2]   (matmul over s2)
         t7 = _dot(raw_q, t1, DOT, PREC)
-        # [Tn1,Tn0] = t7[Tn1,Tn0] · mask_le_w1[Tn1,Tn0]   (elementwise)
-        t8 = t7 * mask_le_w1
         # in_vᵀ, loaded transposed in the input dtype
         t9 = tl.load(in_v_ptr + base_v + offs_dv[:, None] + offs_t[None, :] * str_v_t, mask=offs_dv[:, None] < D_dv, other=0.0)
-        t10 = t9.to(tl.float32)
         # mask_le_w1ᵀ, computed transposed
         t11 = tl.exp(tl.where(offs_t[None, :] >= offs_t[:, None], 1 * (lam[None, :] - lam[:, None]), float("-inf")))
         t12 = tl.trans(t7) * t11
@@ -180,17 +170,8 @@ def output_kernel(
     raw_q = tl.load(  # the input dtype: dots read it as is
         in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0)
-    in_q = raw_q.to(tl.float32)
     base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
-    raw_k = tl.load(  # the input dtype: dots read it as is
-        in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
-        mask=offs_d[None, :] < D_d, other=0.0)
-    in_k = raw_k.to(tl.float32)
     base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
-    raw_v = tl.load(  # the input dtype: dots read it as is
-        in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
-        mask=offs_dv[None, :] < D_dv, other=0.0)
-    in_v = raw_v.to(tl.float32)
     lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
 
     off_P = offs_d[:, None] * D_dv + offs_dv[None, :]
@@ -208,12 +189,10 @@ def output_kernel(
     # +1 · q_t[_0] P@P[s0,e] k_n0[_0] q_n0[s0]   [n0 <= t; w(P)=1]
     # in_qᵀ, loaded transposed in the input dtype
     t1 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
-    t2 = t1.to(tl.float32)
     # [e,Tn0] = in_q[Tn0,s0] · st_P[s0,e]   (matmul over s0)
     t3 = _dot(tl.trans(st_P), t1, SDOT, PREC)
     # in_kᵀ, loaded transposed in the input dtype
     t4 = tl.load(in_k_ptr + base_k + offs_d[:, None] + offs_t[None, :] * str_k_t, mask=offs_d[:, None] < D_d, other=0.0)
-    t5 = t4.to(tl.float32)
     # [Tt,Tn0] = in_q[Tt,_0] · in_k[Tn0,_0]   (matmul over _0)
     t6 = _dot(raw_q, t4, DOT, PREC)
     # [Tt,Tn0] = t6[Tt,Tn0] · mask_le_w0[Tt,Tn0]   (elementwise)
@@ -231,7 +210,6 @@ def output_kernel(
     t10 = t6 * mask_le_w1
     # in_vᵀ, loaded transposed in the input dtype
     t11 = tl.load(in_v_ptr + base_v + offs_dv[:, None] + offs_t[None, :] * str_v_t, mask=offs_dv[:, None] < D_dv, other=0.0)
-    t12 = t11.to(tl.float32)
     # mask_le_w1ᵀ, computed transposed
     t13 = tl.exp(tl.where(offs_t[None, :] >= offs_t[:, None], 1 * (lam[None, :] - lam[:, None]), float("-inf")))
     t14 = tl.trans(t6) * t13
@@ -295,17 +273,11 @@ def fused_kernel(
         raw_q = tl.load(  # the input dtype: dots read it as is
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0)
-        in_q = raw_q.to(tl.float32)
         base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
-        raw_k = tl.load(  # the input dtype: dots read it as is
-            in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
-            mask=offs_d[None, :] < D_d, other=0.0)
-        in_k = raw_k.to(tl.float32)
         base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
         raw_v = tl.load(  # the input dtype: dots read it as is
             in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
             mask=offs_dv[None, :] < D_dv, other=0.0)
-        in_v = raw_v.to(tl.float32)
         lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
         lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
 
@@ -318,7 +290,6 @@ def fused_kernel(
         # +1 · q_t[_0] P@P[s0,e] k_n0[_0] q_n0[s0]   [n0 <= t; w(P)=1]
         # in_qᵀ, loaded transposed in the input dtype
         t1 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
-        t2 = t1.to(tl.float32)
         # [e,Tn0] = in_q[Tn0,s0] · st_P[s0,e]   (matmul over s0)
         t3 = _dot(tl.trans(st_P), t1, SDOT, PREC)
         # in_kᵀ, loaded transposed in the input dtype
@@ -341,7 +312,6 @@ def fused_kernel(
         t10 = t6 * mask_le_w1
         # in_vᵀ, loaded transposed in the input dtype
         t11 = tl.load(in_v_ptr + base_v + offs_dv[:, None] + offs_t[None, :] * str_v_t, mask=offs_dv[:, None] < D_dv, other=0.0)
-        t12 = t11.to(tl.float32)
         # mask_le_w1ᵀ, computed transposed
         t13 = tl.exp(tl.where(offs_t[None, :] >= offs_t[:, None], 1 * (lam[None, :] - lam[:, None]), float("-inf")))
         t14 = tl.trans(t6) * t13
