@@ -5,7 +5,7 @@ every fallback, each with its reason, in one place. The kernel runners
 tuning knobs of their own.
 
 Rules:
-* chunk size: the op's chunk (64), shrunk to the sequence for short inputs
+* chunk size: the op's chunk (64), on CPU shrunk to the sequence for short inputs
   (power of two, >= 16: tl.dot's minimum), halved while a kernel does not fit
   the GPU's shared memory (``fitting_chunk``); what fit is remembered per shape class.
 * launch options: the default software pipelining first; one stage, then eight
@@ -16,7 +16,8 @@ Rules:
 * warps and pipeline stages of a state-pass / reverse-pass program from the fp32 state
   elements it holds (``walker_options``).
 * schedule: fused (one kernel) when there are enough (sequence, head) pairs to
-  fill the GPU without chunk parallelism, else two-pass (``use_fused``).
+  fill the GPU without chunk parallelism and more than one chunk, else two-pass
+  (``use_fused``).
 * gradient kernels: one gradient target group (a token input, or Λ) per program
   (``grad_target_sets``), so that one target's tiles are live at a time; the packed
   dim they loop over in narrow tiles (``grad_loop_tile``); a target with many
@@ -64,8 +65,14 @@ def state_dot_dtype(dtype: torch.dtype, device=None):
 MIN_CHUNK = 16
 
 
-def chunk_for(T: int, chunk_size: int) -> int:
-    """The op's chunk size, shrunk to the smallest power of two >= T (>= 16)."""
+def chunk_for(T: int, chunk_size: int, device=None) -> int:
+    """The op's chunk size; on CPU (the torch path, the Triton interpreter) shrunk to the
+    smallest power of two >= T (>= 16). On CUDA a short sequence runs one whole chunk:
+    the H100 took illegal addresses in kernels at C = 16 (hla3's and hla3_masked's output
+    kernels, hla2's reverse and fused kernels; B = 1 and 64, T = 1 and 16, with fp32 tiles
+    too), while one chunk of 64 costs a short sequence nothing measurable."""
+    if device is not None and device.type == "cuda":
+        return chunk_size
     return min(chunk_size, max(MIN_CHUNK, 1 << max(T - 1, 0).bit_length()))
 
 
@@ -115,12 +122,18 @@ def sms(device) -> int:
 
 
 
-def use_fused(schedule: str, has_fused: bool, device, programs: int) -> bool:
+def use_fused(schedule: str, has_fused: bool, device, programs: int, n_chunks: int = 2) -> bool:
+    """The fused schedule under "auto": enough (sequence, head) pairs to fill the GPU
+    without chunk parallelism, and more than one chunk. With one chunk there is no walk
+    to fuse (the two-pass state pass only writes the initial state as the chunk's start),
+    and one chunk is where chunks narrower than 64 occur (T < 64): on the H100 hla2's
+    fused kernel at C = 16 takes an illegal address even with fp32 tiles (B = 64, T = 1,
+    H = 16: a short prefill before decoding), where the two-pass kernels are correct."""
     if schedule not in ("auto", "two_pass", "fused"):
         raise ValueError(f"schedule must be 'auto', 'two_pass' or 'fused', got {schedule!r}")
     if schedule == "fused":
         return True
-    return (schedule == "auto" and has_fused and device.type == "cuda"
+    return (schedule == "auto" and has_fused and device.type == "cuda" and n_chunks > 1
             and programs >= FUSED_MIN_PROGRAMS_PER_SM * sms(device))
 
 
@@ -182,9 +195,12 @@ def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None 
         progress.first_launch(kernel, args, lambda: kernel[grid](**args))
         return
     key = _fallback_key(kernel, args)
+    start = _WORKING.get(key)
+    if start is not None:   # this variant launched before: no progress bookkeeping per call
+        kernel[grid](**({**args, **FALLBACKS[start]} if start else args))
+        return
     from triton.runtime.errors import OutOfResources
-    start = _WORKING.get(key, 0)
-    for n in range(start, len(FALLBACKS)):
+    for n in range(len(FALLBACKS)):
         options = {**args, **FALLBACKS[n]}
         try:
             progress.first_launch(kernel, options, lambda a=options: kernel[grid](**a))

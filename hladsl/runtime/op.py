@@ -2,9 +2,10 @@
 
 Token inputs, their dims and the output come from the spec's declarations:
 positional arguments follow the ``input`` order, keywords use the declared
-names. Every call, eager or under torch.compile, goes through one torch custom
-op per loaded spec (``runtime.custom_op``) whose autograd formula calls
-``Op.backward_impl``: one autograd path. Execution (``Op.forward_impl``) splits
+names. Every call, eager or under torch.compile, runs ``Op.forward_impl`` and, for
+gradients, ``Op.backward_impl``: one autograd path (``runtime.custom_op``: a torch
+custom op per loaded spec under torch.compile, its autograd.Function twin in eager
+code). Execution (``Op.forward_impl``) splits
 into a differentiable preparation in torch (scale, varlen padding, chunk tiles,
 cumulative gates, state layouts), a core that is either the torch chunk program
 or the generated Triton kernels, and a differentiable finish (unpad, cast).
@@ -19,6 +20,7 @@ import torch
 from hladsl.errors import SpecError
 from hladsl.ir.pipeline import Compilation, program_for
 from hladsl.runtime import autotune, chunk_torch, launch
+from hladsl.runtime.custom_op import EagerCall, register
 from hladsl.runtime.packing import pack, packed_shape, unpack
 from hladsl.runtime.validate import check_inputs, check_state
 
@@ -78,7 +80,6 @@ class Op:
         self.queries = query_inputs(alg)
         self.out_dim = output_dim(alg)
         self.state_names = tuple(s.name for s in alg.streaming)
-        from hladsl.runtime.custom_op import register
         self.custom_op = register(self)
 
     def __repr__(self) -> str:
@@ -112,9 +113,13 @@ class Op:
         if initial_state is not None:
             check_state(self.algebra, initial_state, n_seq, first.shape[2], dims, first.device)
             init = [initial_state[n] for n in self.state_names]
-        o, finals = self.custom_op([tokens[n] for n in self.inputs], g,
-                                   DEFAULT_SCALE if scale is None else float(scale), init, cu_seqlens,
-                                   self.schedule)
+        scale = DEFAULT_SCALE if scale is None else float(scale)
+        token_list = [tokens[n] for n in self.inputs]
+        if torch.compiler.is_compiling():
+            o, finals = self.custom_op(token_list, g, scale, init, cu_seqlens, self.schedule)
+        else:   # the same forward_impl / backward_impl, without the custom op's dispatch
+            o, *finals = EagerCall.apply(self, len(token_list), scale, cu_seqlens, self.schedule, g,
+                                         *token_list, *init)
         return o, (dict(zip(self.state_names, finals)) if output_final_state else None)
 
     def bind(self, args, kwargs, options: dict):
@@ -185,7 +190,7 @@ class Op:
                      for n, x in initial_state.items()}
         return self.step(**tokens, g=g, scale=scale, state=state, backend="torch")
 
-    # -- execution (called by the custom op) -------------------------------------------------
+    # -- execution (called by the custom op and EagerCall) ---------------------------------------------
     def use_triton(self, x: torch.Tensor, backend: str | None = None) -> bool:
         """Generated kernels for ``x``: always for backend "triton"; for "auto" on CUDA
         tensors except float64 ones (the kernels compute in fp32: a float64 call gets
@@ -281,8 +286,7 @@ class Op:
         return prep.finish(num, finals)
 
     def _chunk(self, first) -> int:
-        T = first.shape[1]
-        return launch.chunk_for(T, self.chunk_size)
+        return launch.chunk_for(first.shape[1], self.chunk_size, first.device)
 
     def _dims(self, tokens) -> dict[str, int]:
         return {self.algebra.inputs[n]: x.shape[-1] for n, x in tokens.items()}

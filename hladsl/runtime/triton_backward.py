@@ -87,7 +87,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         launch.launch(module.cotangent_kernel, (n_chunks, n_seq * heads), {**args, **common, **dot}, True)
         cot = {**tile_args("dnum", dnum), "dden_ptr": dden}
 
-    if seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads):
+    if seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads,
+                                                     n_chunks):
         return _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final,
                       common, first, lam, targets_per_program, grad_dtype, grad_scales)
 

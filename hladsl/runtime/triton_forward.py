@@ -107,7 +107,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
 
     walk = walk_args(seq_chunks, n_seq, device)
     walkers = walk.pop("walkers")    # (sequence, head) pairs the state pass walks
-    fused = seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads)
+    fused = seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads,
+                                                     n_chunks)
     if schedule == "fused" and not ctx["fused"]:
         raise autotune.Unavailable(f"{program.algebra.name} has no fused schedule (packed states)")
     if fused:

@@ -1,0 +1,170 @@
+"""Where the host time of an op call goes on a GPU machine (real kernels, CUDA tensors).
+
+For each case and shape: wall µs per call over a loop with one sync at the end (at small
+shapes the GPU idles: this is the host cost), do_bench's median, the µs spent inside
+Triton's ``kernel[grid](...)`` calls (timed around every launch), and fla's
+``chunk_simple_gla`` / ``fused_recurrent_simple_gla`` beside them when installed. With
+``--profile`` a cProfile of one case's fwd+bwd (sorted by own time).
+
+    PYTHONPATH=$PWD python benchmarks/host_cuda.py [--n 200] [--profile linear] [--step]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+
+import hladsl
+from hladsl.runtime import progress
+
+LAUNCH_S = [0.0, 0]
+_orig_first_launch = progress.first_launch
+
+
+def _timed_first_launch(kernel, args, launch):
+    t0 = time.perf_counter()
+    try:
+        _orig_first_launch(kernel, args, launch)
+    finally:
+        LAUNCH_S[0] += time.perf_counter() - t0
+        LAUNCH_S[1] += 1
+
+
+progress.first_launch = _timed_first_launch
+
+
+def inputs(B, T, H, d, gated, grad):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, T, H, d, device="cuda", generator=gen, dtype=torch.bfloat16)
+               .requires_grad_(grad) for _ in range(3))
+    g = None
+    if gated:
+        g = torch.nn.functional.logsigmoid(4 + torch.randn(B, T, H, device="cuda", generator=gen))
+        g.requires_grad_(grad)
+    return q, k, v, g
+
+
+def hladsl_fn(spec, B, T, H, d, gated, mode):
+    op = hladsl.load(spec)
+    q, k, v, g = inputs(B, T, H, d, gated, mode == "fb")
+    do = torch.randn_like(v)
+    if mode == "fwd":
+        def fn():
+            with torch.no_grad():
+                return op(q, k, v, g=g)
+    else:
+        def fn():
+            o, _ = op(q, k, v, g=g)
+            o.backward(do)
+    return fn
+
+
+def fla_fn(B, T, H, d, gated, mode):
+    from fla.ops.simple_gla import chunk_simple_gla
+    q, k, v, g = inputs(B, T, H, d, gated, mode == "fb")
+    do = torch.randn_like(v)
+    if mode == "fwd":
+        def fn():
+            with torch.no_grad():
+                return chunk_simple_gla(q, k, v, g=g, scale=d ** -0.5)
+    else:
+        def fn():
+            o, _ = chunk_simple_gla(q, k, v, g=g, scale=d ** -0.5)
+            o.backward(do)
+    return fn
+
+
+def wall_us(fn, n):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    LAUNCH_S[:] = [0.0, 0]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / n * 1e6
+    return wall, LAUNCH_S[0] / n * 1e6, LAUNCH_S[1] / n
+
+
+def bench_ms(fn):
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def step_rows(n):
+    rows = []
+    for spec in ("linear", "hla2"):
+        op = hladsl.load(spec)
+        for B in (1, 64):
+            q, k, v, _ = inputs(B, 1, 16, 64, False, False)
+            _, state = op(q, k, v, output_final_state=True)
+            wall, lus, nl = wall_us(lambda: op.step(q, k, v, state=state), n)
+            rows.append((f"{spec} step B={B}", wall, lus, nl, bench_ms(lambda: op.step(q, k, v, state=state))))
+    try:
+        from fla.ops.simple_gla import fused_recurrent_simple_gla
+        for B in (1, 64):
+            q, k, v, _ = inputs(B, 1, 16, 64, False, False)
+            st = torch.zeros(B, 16, 64, 64, device="cuda")
+
+            def call():
+                return fused_recurrent_simple_gla(q, k, v, scale=64 ** -0.5, initial_state=st,
+                                                  output_final_state=True)
+            wall, _, _ = wall_us(call, n)
+            rows.append((f"fla fused_recurrent B={B}", wall, 0.0, 0, bench_ms(call)))
+    except ImportError as exc:
+        print("fla:", exc)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--profile", default=None, help="spec whose small fwd+bwd is cProfiled")
+    ap.add_argument("--step", action="store_true")
+    ap.add_argument("--no-table", action="store_true", help="skip the fwd / fwd+bwd table")
+    a = ap.parse_args()
+    shapes = [(1, 64, 1, 64), (2, 4096, 16, 64)]
+    if a.profile:
+        profile(a.profile, shapes[0], a.n)
+    print(f"{'case':34s} {'wall us':>9s} {'in launches us':>15s} {'launches':>9s} {'do_bench ms':>12s}")
+    for shape in [] if a.no_table else shapes:
+        for label, spec, gated in (("linear", "linear", False), ("linear gated", "linear", True),
+                                   ("hla2", "hla2", False), ("fla", None, False)):
+            for mode in ("fwd", "fb"):
+                try:
+                    fn = (fla_fn(*shape, gated, mode) if spec is None
+                          else hladsl_fn(spec, *shape, gated, mode))
+                except ImportError as exc:
+                    print(label, exc)
+                    continue
+                wall, lus, nl = wall_us(fn, a.n)
+                print(f"{label + ' ' + mode + ' ' + str(shape):34s} {wall:9.1f} {lus:15.1f} {nl:9.1f} "
+                      f"{bench_ms(fn):12.3f}", flush=True)
+
+    if a.step:
+        for label, wall, lus, nl, ms in step_rows(a.n):
+            print(f"{label:34s} {wall:9.1f} {lus:15.1f} {nl:9.1f} {ms:12.4f}", flush=True)
+
+
+def profile(spec, shape, n):
+    """cProfile of ``n`` fwd+bwd calls, by own time and by cumulative time."""
+    fn = hladsl_fn(spec, *shape, False, "fb")
+    for _ in range(5):
+        fn()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    pr.disable()
+    st = pstats.Stats(pr)
+    st.sort_stats("tottime").print_stats(45)
+    st.sort_stats("cumulative").print_stats(45)
+
+
+if __name__ == "__main__":
+    main()
