@@ -1,4 +1,4 @@
-"""Rules of the launch layer that need no kernel: the schedule choice."""
+"""Rules of the launch layer that need no kernel: the schedule and the chunk size."""
 import pytest
 import torch
 

@@ -35,6 +35,17 @@ def _fresh(x, inputs):
     return x
 
 
+def _fresh_outputs(o, states, inputs) -> tuple:
+    """(o, [states]) of forward_impl as outputs: each ``_fresh``."""
+    return _fresh(o, inputs), [_fresh(s, inputs) for s in states]
+
+
+def _split_grads(grads: list, n_tokens: int, gated: bool) -> tuple[list, object, list]:
+    """backward_impl's gradients of (tokens..., [g], init...) -> (d tokens, d g or None, d init)."""
+    return (list(grads[:n_tokens]), grads[n_tokens] if gated else None,
+            list(grads[n_tokens + gated:]))
+
+
 def register(op):
     name = op_name(op)
     if name in _REGISTERED:
@@ -47,7 +58,7 @@ def register(op):
                 init: list[torch.Tensor], cu_seqlens: torch.Tensor | None, schedule: str
                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         o, states = op.forward_impl(tokens, g, scale, init, cu_seqlens, schedule)
-        return _fresh(o, tokens + init), [_fresh(s, tokens + init) for s in states]
+        return _fresh_outputs(o, states, tokens + init)
 
     @forward.register_fake
     def _(tokens, g, scale, init, cu_seqlens, schedule):
@@ -86,10 +97,8 @@ def register(op):
         tokens, g, cu_seqlens, init = list(saved[:n]), saved[n], saved[n + 1], list(saved[n + 2:])
         grads = backward_op(tokens, g, ctx.scale, init, cu_seqlens, ctx.schedule, grad_o,
                             list(grad_states))
-        d_tokens = grads[:n]
-        d_g = grads[n] if g is not None else None
-        d_init = grads[n + (g is not None):]
-        return d_tokens, d_g, None, list(d_init), None, None
+        d_tokens, d_g, d_init = _split_grads(grads, n, g is not None)
+        return d_tokens, d_g, None, d_init, None, None
 
     forward.register_autograd(backward, setup_context=setup_context)
     _REGISTERED[name] = forward
@@ -106,8 +115,8 @@ class EagerCall(torch.autograd.Function):
     def forward(op, n_tokens: int, scale: float, cu_seqlens, schedule: str, g, *tensors):
         tokens, init = list(tensors[:n_tokens]), list(tensors[n_tokens:])
         o, states = op.forward_impl(tokens, g, scale, init, cu_seqlens, schedule)
-        inputs = tokens + init
-        return (_fresh(o, inputs), *[_fresh(s, inputs) for s in states])
+        o, states = _fresh_outputs(o, states, tokens + init)
+        return (o, *states)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -127,5 +136,5 @@ class EagerCall(torch.autograd.Function):
             grad_o = torch.zeros(shape, dtype=dtype, device=device)
         grads = ctx.op.backward_impl(tokens, g, ctx.scale, init, cu_seqlens, ctx.schedule, grad_o,
                                      list(grad_states))
-        d_g = grads[n] if g is not None else None
-        return (None, None, None, None, None, d_g, *grads[:n], *grads[n + (g is not None):])
+        d_tokens, d_g, d_init = _split_grads(grads, n, g is not None)
+        return (None, None, None, None, None, d_g, *d_tokens, *d_init)

@@ -122,13 +122,12 @@ def sms(device) -> int:
 
 
 
-def use_fused(schedule: str, has_fused: bool, device, programs: int, n_chunks: int = 2) -> bool:
+def use_fused(schedule: str, has_fused: bool, device, programs: int, n_chunks: int) -> bool:
     """The fused schedule under "auto": enough (sequence, head) pairs to fill the GPU
-    without chunk parallelism, and more than one chunk. With one chunk there is no walk
-    to fuse (the two-pass state pass only writes the initial state as the chunk's start),
-    and one chunk is where chunks narrower than 64 occur (T < 64): on the H100 hla2's
-    fused kernel at C = 16 takes an illegal address even with fp32 tiles (B = 64, T = 1,
-    H = 16: a short prefill before decoding), where the two-pass kernels are correct."""
+    without chunk parallelism, and more than one chunk: with one there is no walk to fuse
+    (the two-pass state pass only writes the initial state as the chunk's start). (The
+    H100 fault that showed this, hla2's fused kernel at B = 64, T = 1, was at C = 16,
+    which ``chunk_for`` no longer gives on CUDA.)"""
     if schedule not in ("auto", "two_pass", "fused"):
         raise ValueError(f"schedule must be 'auto', 'two_pass' or 'fused', got {schedule!r}")
     if schedule == "fused":

@@ -190,7 +190,7 @@ class Op:
                      for n, x in initial_state.items()}
         return self.step(**tokens, g=g, scale=scale, state=state, backend="torch")
 
-    # -- execution (called by the custom op and EagerCall) ---------------------------------------------
+    # -- execution (called by the custom op and EagerCall) ------------------------------
     def use_triton(self, x: torch.Tensor, backend: str | None = None) -> bool:
         """Generated kernels for ``x``: always for backend "triton"; for "auto" on CUDA
         tensors except float64 ones (the kernels compute in fp32: a float64 call gets
