@@ -2,11 +2,13 @@
 
 For each case and shape: wall µs per call over a loop with one sync at the end (at small
 shapes the GPU idles: this is the host cost), do_bench's median, the µs spent inside
-Triton's ``kernel[grid](...)`` calls (timed around every launch), and fla's
+kernel launches (timed around every launch: Triton's ``kernel[grid](...)`` or
+``runtime.direct``'s launch of the compiled kernel), and fla's
 ``chunk_simple_gla`` / ``fused_recurrent_simple_gla`` beside them when installed. With
-``--profile`` a cProfile of one case's fwd+bwd (sorted by own time).
+``--profile`` a cProfile of one case's fwd+bwd (sorted by own time). With ``--ab`` every
+hladsl row runs twice, launching through ``kernel[grid]`` (direct off) and directly.
 
-    PYTHONPATH=$PWD python benchmarks/host_cuda.py [--n 200] [--profile linear] [--step]
+    PYTHONPATH=$PWD python benchmarks/host_cuda.py [--n 200] [--profile linear] [--step] [--ab]
 """
 from __future__ import annotations
 
@@ -18,22 +20,32 @@ import time
 import torch
 
 import hladsl
-from hladsl.runtime import progress
+from hladsl.runtime import direct, progress
 
 LAUNCH_S = [0.0, 0]
-_orig_first_launch = progress.first_launch
+_depth = [0]
 
 
-def _timed_first_launch(kernel, args, launch):
-    t0 = time.perf_counter()
-    try:
-        _orig_first_launch(kernel, args, launch)
-    finally:
-        LAUNCH_S[0] += time.perf_counter() - t0
-        LAUNCH_S[1] += 1
+def _timed(launch_fn):
+    """``launch_fn`` with its wall time added to LAUNCH_S (outermost calls only)."""
+    def timed(*args, **kwargs):
+        if _depth[0]:
+            return launch_fn(*args, **kwargs)
+        _depth[0] += 1
+        t0 = time.perf_counter()
+        try:
+            return launch_fn(*args, **kwargs)
+        finally:
+            _depth[0] -= 1
+            LAUNCH_S[0] += time.perf_counter() - t0
+            LAUNCH_S[1] += 1
+    return timed
 
 
-progress.first_launch = _timed_first_launch
+# every way a kernel is launched: a first launch, a remembered variant, a direct launch
+progress.first_launch = _timed(progress.first_launch)
+direct.call = _timed(direct.call)
+direct.cached = _timed(direct.cached)
 
 
 def inputs(B, T, H, d, gated, grad):
@@ -126,28 +138,35 @@ def main():
     ap.add_argument("--profile", default=None, help="spec whose small fwd+bwd is cProfiled")
     ap.add_argument("--step", action="store_true")
     ap.add_argument("--no-table", action="store_true", help="skip the fwd / fwd+bwd table")
+    ap.add_argument("--ab", action="store_true", help="each hladsl row with direct launches off, then on")
     a = ap.parse_args()
+    settings = (False, True) if a.ab else (direct.ENABLED,)
     shapes = [(1, 64, 1, 64), (2, 4096, 16, 64)]
     if a.profile:
         profile(a.profile, shapes[0], a.n)
-    print(f"{'case':34s} {'wall us':>9s} {'in launches us':>15s} {'launches':>9s} {'do_bench ms':>12s}")
+    print(f"{'case':40s} {'wall us':>9s} {'in launches us':>15s} {'launches':>9s} {'do_bench ms':>12s}")
     for shape in [] if a.no_table else shapes:
         for label, spec, gated in (("linear", "linear", False), ("linear gated", "linear", True),
                                    ("hla2", "hla2", False), ("fla", None, False)):
             for mode in ("fwd", "fb"):
-                try:
-                    fn = (fla_fn(*shape, gated, mode) if spec is None
-                          else hladsl_fn(spec, *shape, gated, mode))
-                except ImportError as exc:
-                    print(label, exc)
-                    continue
-                wall, lus, nl = wall_us(fn, a.n)
-                print(f"{label + ' ' + mode + ' ' + str(shape):34s} {wall:9.1f} {lus:15.1f} {nl:9.1f} "
-                      f"{bench_ms(fn):12.3f}", flush=True)
-
+                for on in settings if spec else (direct.ENABLED,):
+                    direct.ENABLED = on
+                    try:
+                        fn = (fla_fn(*shape, gated, mode) if spec is None
+                              else hladsl_fn(spec, *shape, gated, mode))
+                    except ImportError as exc:
+                        print(label, exc)
+                        continue
+                    wall, lus, nl = wall_us(fn, a.n)
+                    tag = "" if spec is None or not a.ab else (" direct" if on else " jit")
+                    print(f"{label + ' ' + mode + tag + ' ' + str(shape):40s} {wall:9.1f} {lus:15.1f} "
+                          f"{nl:9.1f} {bench_ms(fn):12.3f}", flush=True)
     if a.step:
-        for label, wall, lus, nl, ms in step_rows(a.n):
-            print(f"{label:34s} {wall:9.1f} {lus:15.1f} {nl:9.1f} {ms:12.4f}", flush=True)
+        for on in settings:
+            direct.ENABLED = on
+            for label, wall, lus, nl, ms in step_rows(a.n):
+                tag = " direct" if a.ab and on else " jit" if a.ab else ""
+                print(f"{label + tag:40s} {wall:9.1f} {lus:15.1f} {nl:9.1f} {ms:12.4f}", flush=True)
 
 
 def profile(spec, shape, n):

@@ -220,7 +220,14 @@ def _triton_step(spec, params, out_dir):
 
 
 def _chunk_bwd(spec, params, out_dir):
-    return backward_text(compile_spec(spec, target=_target(), **params).backward)
+    from hladsl.ir.precision import quotient_cancelling
+    bwd = compile_spec(spec, target=_target(), **params).backward
+    _, reasons = quotient_cancelling(bwd)
+    text = backward_text(bwd)
+    if reasons:   # where the backward keeps cotangent products fp32-accurate, and why
+        text += "\n" + "\n".join(["precision: cotangent products stay fp32-accurate (tf32x3) in:"]
+                                  + [f"  {r}" for r in reasons]) + "\n"
+    return text
 
 
 def _triton_bwd(spec, params, out_dir):

@@ -80,3 +80,63 @@ def test_emit_chunk_prints_the_plan():
     assert "precision: products reading carried states are fp32-accurate" in text
     assert "derived W0" in text and "the update of G" in text
     assert "every product runs on the tensor cores" in PASS_TEXT["pack_symmetric"](compile_spec("linear"))
+
+
+# A state read by both the output and the normaliser (S), beside states read by one (U, z)
+SHARED_BY_QUOTIENT = """
+mechanism shared {
+  dims d, dv
+  input q[d], k[d], v[dv]
+  param normalize = true, eps = 1e-6
+  state S[i, j] = k[i] k[j]
+  state U[j, e] = k[j] v[e]
+  state z[i] = k[i]
+  output o[e] = q[i] S[i, j] U[j, e]
+  normalizer = q[i] S[i, j] z[j]
+}
+"""
+
+
+def _quotient(source_or_name, **params):
+    from hladsl.ir.precision import quotient_cancelling
+    return quotient_cancelling(compile_spec(source_or_name, **params).backward)
+
+
+def test_quotient_rule_marks_d_states_reached_from_num_and_den(tmp_path):
+    """dS sums the numerator's and the normaliser's cotangent paths (they nearly cancel);
+    dU (numerator only) and dz (normaliser only) do not."""
+    path = tmp_path / "shared.hla"
+    path.write_text(SHARED_BY_QUOTIENT)
+    marked, reasons = _quotient(str(path))
+    assert ("carry", "S") in marked
+    assert not {("carry", "U"), ("carry", "z")} & marked
+    assert len(reasons) == 1 and reasons[0].startswith("dS ")
+
+
+@pytest.mark.parametrize("name,normalize,expect", [
+    ("linear", True, set()),          # S in num only, z in den only
+    ("ahla", True, set()),
+    ("hla2", False, set()),           # no quotient
+    ("hla2", True, {("carry", "S")}),
+    ("hla3_masked", True, {("carry", "S")}),
+])
+def test_quotient_rule_on_the_shipped_specs(name, normalize, expect):
+    marked, _ = _quotient(name, normalize=normalize)
+    assert {k for k in marked if k[0] == "carry"} == expect
+
+
+def test_marked_networks_read_the_output_cotangents_in_fp32():
+    """hla2 normalised: the reverse pass's products reading d num run as fp32 dots
+    (tl.float32), and only there; linear normalised keeps every one in the input dtype."""
+    hla2 = triton_bwd_source(compile_spec("hla2", normalize=True).program)
+    linear = triton_bwd_source(compile_spec("linear", normalize=True).program)
+    assert re.search(r"_dot\(raw_num, \w+, tl\.float32, PREC\)", hla2)
+    assert not re.search(r"_dot\(raw_num, [^)]*tl\.float32", linear)
+    unnormalised = triton_bwd_source(compile_spec("hla2").program)
+    assert not re.search(r"_dot\(raw_num, [^)]*tl\.float32", unnormalised)
+
+
+def test_emit_chunk_bwd_says_which_d_states_keep_fp32_cotangent_products():
+    from hladsl.emit import emit
+    text = emit("hla2", "chunk_bwd", {"normalize": True}, None)
+    assert "cotangent products stay fp32-accurate" in text and "dS (" in text

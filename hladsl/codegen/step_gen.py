@@ -366,7 +366,7 @@ class _Region:
         pd, x = o.packed, o.name
         parts = [self.block.define(
             f"tl.load(in_{x}_ptr + base_{x} + t * str_{x}_t + pkc_{pd}_{r} * str_{x}_f, "
-            f"mask=valid_{pd}, other=0.0).to(ACC)") for r in range(o.power)]
+            f"mask=valid_{pd}, other=0.0).to(ACC) * scl_{x}") for r in range(o.power)]
         expr = " * ".join(parts)
         if o.weighted:
             self.weighted = True

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 _TEMP = re.compile(r"\bt\d+\b")
 _STATE = re.compile(r"\b(st|dr|nx|ct_end|ct_dr)_\w+")   # states and their gradients stay fp32
+_OUTPUT_COTANGENT = re.compile(r"\bct_(num|den)\b")     # d num, d den (the backward's)
 
 
 def comment(text: str) -> str:
@@ -59,6 +60,9 @@ class Block:
         self._stateful: set[str] = set()     # temps that read a carried state or derived carry
         self.chained = False                 # a matmul reads (a function of) a matmul result
         self.exact = False                   # matmuls reading carried states stay fp32 (ir.precision)
+        # and matmuls reading d num / d den too (ir.precision.quotient_cancelling)
+        self.exact_cotangents = False
+        self._from_output_cotangent: set[str] = set()   # temps that read d num or d den
         # token tiles as the kernel loads them: an fp32 tile -> the same tile in the input
         # dtype (dots read it as is: bf16 straight from the load into the tensor cores), and a
         # tile -> the expression loading (or computing) it transposed, instead of a register
@@ -94,8 +98,11 @@ class Block:
         var = f"t{self._temps}"
         self._known[expr] = (var, self.section)
         self.assign(var, expr)
-        if _STATE.search(expr) or any(t in self._stateful for t in _TEMP.findall(expr)):
+        temps = _TEMP.findall(expr)
+        if _STATE.search(expr) or any(t in self._stateful for t in temps):
             self._stateful.add(var)
+        if _OUTPUT_COTANGENT.search(expr) or any(t in self._from_output_cotangent for t in temps):
+            self._from_output_cotangent.add(var)
         reads_dot = any(t in self._from_dot for t in _TEMP.findall(expr))
         self.chained |= reads_dot and "_dot(" in expr
         if reads_dot or "_dot(" in expr:
@@ -104,6 +111,9 @@ class Block:
 
     def reads_state(self, var: str) -> bool:
         return bool(_STATE.match(var)) or var in self._stateful
+
+    def reads_output_cotangent(self, var: str) -> bool:
+        return bool(_OUTPUT_COTANGENT.match(var)) or var in self._from_output_cotangent
 
     def text(self, section: str = "pre") -> str:
         return "\n".join(self.sections[section])
@@ -206,7 +216,11 @@ class Block:
         # as SDOT (bf16; fp32 for fp16 inputs, whose range a state can exceed), token
         # products as DOT
         reads = self.reads_state(a.var) or self.reads_state(b.var)
-        dtype = "tl.float32" if self.exact and reads else ("SDOT" if reads else "DOT")
+        # (and in a d-state summing a quotient's two cotangent paths, products reading d num /
+        # d den stay fp32-accurate too: ir.precision.quotient_cancelling)
+        exact_ct = self.exact_cotangents and (self.reads_output_cotangent(a.var)
+                                              or self.reads_output_cotangent(b.var))
+        dtype = "tl.float32" if (self.exact and reads) or exact_ct else ("SDOT" if reads else "DOT")
         expr = f"_dot({left}, {right}, {dtype}, PREC)"
         idx = tuple(free_a + free_b)
         if len(free_a) > 1 or len(free_b) > 1:

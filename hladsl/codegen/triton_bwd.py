@@ -33,6 +33,7 @@ from hladsl.codegen.templates import render_template
 
 from hladsl.codegen.steps import Block, Tile
 from hladsl.codegen.triton_gen import _Lowering, kernel_context
+from hladsl.ir.precision import quotient_cancelling
 from hladsl.ir.backward import (
     PARALLEL,
     REVERSE,
@@ -59,7 +60,7 @@ class _TransposingBlock(Block):
 
     def contract(self, a: Tile, b: Tile, out) -> Tile:
         key, names = self._canonical(a, b, out)
-        key = (key, self.exact)     # an exact network does not reuse a rounded product
+        key = (key, self.exact, self.exact_cotangents)   # an exact network does not reuse a rounded product
         hit = self._products.get(key)
         if hit is not None and hit[2] in ("pre", self.section):
             var, canon = hit[0], hit[1]
@@ -72,14 +73,16 @@ class _TransposingBlock(Block):
 
     def mark(self):
         """What the code so far makes reusable (its temps stay defined)."""
-        return (dict(self._known), dict(self._products), set(self._from_dot), set(self._stateful))
+        return (dict(self._known), dict(self._products), set(self._from_dot), set(self._stateful),
+                set(self._from_output_cotangent))
 
     def rewind(self, mark) -> None:
         """Forget what was made reusable after ``mark``: code that follows may run in a
         program where the code since ``mark`` did not (another gradient target's)."""
-        known, products, from_dot, stateful = mark
+        known, products, from_dot, stateful, from_ct = mark
         self._known, self._products = dict(known), dict(products)
         self._from_dot, self._stateful = set(from_dot), set(stateful)
+        self._from_output_cotangent = set(from_ct)
 
     @staticmethod
     def _canonical(a: Tile, b: Tile, out):
@@ -100,6 +103,7 @@ class _BwdLowering(_Lowering):
         super().__init__(bwd.forward)
         p = bwd.forward
         self.bwd = bwd
+        self.quotient, _ = quotient_cancelling(bwd)
         (o_index,) = p.algebra.output.free
         self.o_dim = self.index_dims(p.output[0].operands)[o_index]
         self.ct_dims = {"num": (None, self.o_dim), "den": (None,)}
@@ -149,7 +153,8 @@ class _BwdLowering(_Lowering):
             t = g.term
             dims = self.index_dims(t.operands)
             block.section = "loop" if any(d in tiled for d in dims.values()) else "pre"
-            block.exact = self.exact_network(g)
+            block.exact_cotangents = (g.target.value, g.name) in self.quotient
+            block.exact = block.exact_cotangents or self.exact_network(g)
             block.lines.append("")
             block.note(g.text())
             block.note(f"    <- {t.source}")
@@ -170,7 +175,7 @@ class _BwdLowering(_Lowering):
             mag = abs(float(t.coef))
             value = value if mag == 1.0 else f"{mag!r} * ({value})"
             block.lines.append(f"{acc} {'-' if t.coef < 0 else '+'}= {value}")
-        block.section, block.exact = "pre", False
+        block.section, block.exact, block.exact_cotangents = "pre", False, False
 
     def exact_network(self, g: GradTerm) -> bool:
         """A gradient network is as exact as the forward sum whose cotangent it reads."""

@@ -96,3 +96,47 @@ def precision_plan(program: ChunkProgram) -> PrecisionPlan:
             sensitive.add(n)
             frontier.append(n)
     return PrecisionPlan(exact_output, frozenset(exact_derived), frozenset(exact_states), tuple(reasons))
+
+
+def quotient_cancelling(bwd) -> tuple[frozenset[tuple[str, str]], tuple[str, ...]]:
+    """The reverse-pass targets of a normalised program whose cotangent is a quotient
+    rule's near-cancelling sum, and one line of why for each d-state.
+
+    With o = num / den the cotangents are dnum = do / den and dden = -Σ do num / den²:
+    a d-state reached from both (a state read by the output and by the normaliser, like
+    HLA2's S) sums the two paths, which nearly cancel; rounding either side's products
+    to bf16 leaves a small difference of rounded terms (measured: HLA2's d initial S at
+    5.4e-3, HLA3-masked's at 2.9e-2, against 1.6e-3 for states reached from one path).
+    Those d-states, and the derived carries' cotangents feeding them, keep their
+    cotangent products fp32-accurate. ``bwd``: an ``ir.backward.BackwardProgram``.
+    Returns ({(target kind, name)}, reasons)."""
+    from hladsl.ir.backward import REVERSE, Target
+    feeds: dict[tuple[str, str], set[str]] = {}
+    for g in bwd.all_terms():
+        if g.target in REVERSE:
+            feeds.setdefault((g.target.value, g.name), set()).add(g.cotangent.name)
+
+    def reached(key, seen=frozenset()) -> tuple[set[str], set[tuple[str, str]]]:
+        """(which of num / den reach ``key``, the derived targets on the way)."""
+        roles, via = set(), set()
+        for ct in feeds.get(key, ()):
+            if ct in ("num", "den"):
+                roles.add(ct)
+            elif ct.startswith("dr_"):
+                inner = (Target.DERIVED.value, ct[3:])
+                if inner not in seen:
+                    r, v = reached(inner, seen | {key})
+                    roles |= r
+                    via |= v | ({inner} if r else set())
+        return roles, via
+
+    marked, reasons = set(), []
+    for key in sorted(feeds):
+        if key[0] != Target.CARRY.value:
+            continue
+        roles, via = reached(key)
+        if roles == {"num", "den"}:
+            marked |= {key} | via
+            reasons.append(f"d{key[1]} (reached from the output's and the normaliser's cotangents: "
+                           f"the quotient rule's terms nearly cancel)")
+    return frozenset(marked), tuple(reasons)

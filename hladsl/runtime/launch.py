@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 from hladsl.codegen.triton_gen import block_size
-from hladsl.runtime import autotune, progress
+from hladsl.runtime import autotune, direct, progress
 
 # triton is imported inside the rules that need it: the torch path never imports it
 # (and the Triton interpreter must be chosen before triton is first imported)
@@ -190,19 +190,22 @@ def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None 
         return
     if may_fall_back and autotune.current() is not None and _tuned(kernel, grid, args, tiling):
         return
+    if direct.cached(kernel, grid, args):   # compiled before: no binding, key or bookkeeping
+        return
     if not may_fall_back:
-        progress.first_launch(kernel, args, lambda: kernel[grid](**args))
+        progress.first_launch(kernel, args, lambda: direct.call(kernel, grid, args))
         return
     key = _fallback_key(kernel, args)
     start = _WORKING.get(key)
     if start is not None:   # this variant launched before: no progress bookkeeping per call
-        kernel[grid](**({**args, **FALLBACKS[start]} if start else args))
+        direct.call(kernel, grid, {**args, **FALLBACKS[start]} if start else args, key_args=args)
         return
     from triton.runtime.errors import OutOfResources
     for n in range(len(FALLBACKS)):
         options = {**args, **FALLBACKS[n]}
         try:
-            progress.first_launch(kernel, options, lambda a=options: kernel[grid](**a))
+            progress.first_launch(kernel, options,
+                                  lambda a=options: direct.call(kernel, grid, a, key_args=args))
         except OutOfResources:
             if n == len(FALLBACKS) - 1:
                 raise

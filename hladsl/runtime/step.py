@@ -21,7 +21,7 @@ from hladsl.ir.algebra import Algebra
 from hladsl.ir.contract import Plan
 from hladsl.ir.evaluate import letters_for
 from hladsl.ir.operands import Kind, exhaustive
-from hladsl.runtime import launch
+from hladsl.runtime import direct, launch
 from hladsl.runtime.packing import combos, multiplicity, pack, packed_shape, unpack
 
 BACKENDS = ("torch", "triton")
@@ -29,20 +29,34 @@ BACKENDS = ("torch", "triton")
 
 def run_step(algebra: Algebra, tokens: dict, g, state: dict, state_indices=None,
              backend: str = "torch", block_v: int | None = None, num_warps: int | None = None,
-             packed_rows: int | None = None) -> torch.Tensor:
-    """tokens: {input: [B, T, H, dim]} (scaled, any float dtype); g: [B, T, H] log
-    gates or None; state: {summary: [N, H, *storage shape]} fp32/fp64, updated in
-    place; state_indices: optional [B] ints, the state row of each batch row.
-    Returns o [B, T, H, dv] in the state dtype. block_v / num_warps / packed_rows
-    override the Triton launch (value-dim block, warps, rows per packed block)."""
+             packed_rows: int | None = None, scales: dict | None = None,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """tokens: {input: [B, T, H, dim]} (any float dtype); g: [B, T, H] log gates or
+    None; state: {summary: [N, H, *storage shape]} fp32/fp64, updated in place;
+    state_indices: optional [B] ints, the state row of each batch row; scales: input ->
+    the factor its tokens are multiplied by (the query scale), applied as they are read.
+    Returns o [B, T, H, dv] in ``out_dtype`` (default the state dtype; the kernel
+    writes it so: no cast after). block_v / num_warps / packed_rows override the
+    Triton launch (value-dim block, warps, rows per packed block)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     sizes, dtype = _check(algebra, tokens, g, state, state_indices)
+    return run_checked_step(algebra, sizes, dtype, tokens, g, state, state_indices, backend, block_v,
+                            num_warps, packed_rows, scales, out_dtype)
+
+
+def run_checked_step(algebra: Algebra, sizes: dict, dtype: torch.dtype, tokens: dict, g, state: dict,
+                     state_indices, backend: str, block_v=None, num_warps=None, packed_rows=None,
+                     scales: dict | None = None, out_dtype: torch.dtype | None = None):
+    """``run_step`` on arguments validated by the caller (``Op.step`` checks them as the
+    op's inputs): ``sizes`` {dim: n}, ``dtype`` the state tensors' dtype."""
     plan = step_plan(algebra, sizes)
+    scales = {name: float((scales or {}).get(name, 1.0)) for name in tokens}
     if backend == "triton":
         return _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps,
-                           packed_rows)
-    return _run_torch(plan, tokens, g, state, state_indices, dtype)
+                           packed_rows, scales, out_dtype or dtype)
+    o = _run_torch(plan, tokens, g, state, state_indices, dtype, scales)
+    return o if out_dtype is None else o.to(out_dtype)
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -95,7 +109,7 @@ def _check(alg: Algebra, tokens, g, state, state_indices):
 
 # -- torch --------------------------------------------------------------------------------------
 
-def _run_torch(plan: StepPlan, tokens, g, state, state_indices, dtype):
+def _run_torch(plan: StepPlan, tokens, g, state, state_indices, dtype, scales):
     alg = plan.algebra
     sizes = dict(plan.sizes)
     held = {}
@@ -105,7 +119,7 @@ def _run_torch(plan: StepPlan, tokens, g, state, state_indices, dtype):
     T = next(iter(tokens.values())).shape[1]
     outs = []
     for t in range(T):
-        tok = {name: x[:, t].to(dtype) for name, x in tokens.items()}       # [B, H, dim]
+        tok = {name: x[:, t].to(dtype) * scales[name] for name, x in tokens.items()}   # [B, H, dim]
         rho = None if g is None else torch.exp(g[:, t].to(dtype))           # [B, H]
         prev = held
         held = {name: _sum(plan, terms, tok, prev, rho) for name, terms in plan.states}
@@ -168,87 +182,122 @@ _TENSOR = exhaustive({Kind.TOKEN: lambda plan, o, tok, held: tok[o.name], Kind.P
 
 # -- triton -------------------------------------------------------------------------------------
 
-def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps, packed_rows):
-    import triton
+_SETUPS: dict = {}     # launch setups of recent calls (what does not depend on the tensors)
+_MAX_SETUPS = 256
 
-    from hladsl.codegen.step_gen import step_kernel
-    from hladsl.codegen.triton_gen import block_size
-    module, ctx = step_kernel(plan.algebra, plan.sizes, g is not None)
+
+def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps, packed_rows,
+                scales, out_dtype):
     first = next(iter(tokens.values()))
     B, T, H, _ = first.shape
-    dv = dict(plan.sizes)[plan.value_dim]
-    o = torch.empty((B, T, H, dv), device=first.device, dtype=dtype)
-    args, rows = _kernel_args(plan, ctx, tokens, g, state, state_indices, o, packed_rows)
-    full = block_size(dv)
-    if block_v is None:
-        width = launch.step_value_block(dv, ctx["split"], ctx["phased"])
-    elif not (ctx["split"] or ctx["phased"]) and block_v < full:
-        raise ValueError(f"{plan.algebra.name}'s step cannot split {plan.value_dim} (block_v)")
-    else:
-        width = min(block_size(block_v), full)
-    args[f"B_{plan.value_dim}"] = width
-    # phase split: more than one value block while some states lack the value dim
-    # (step_kernel leaves those to state_kernel, launched after it on the same stream)
-    phased = ctx["phased"] and width < full
-    if ctx["phased"]:
-        args["STORE_FREE"] = not phased
-    grid = (B * H * triton.cdiv(dv, width),)
-    everything = [name for name, _ in plan.states]
-    warps = num_warps or _warps(plan, width, rows, everything)
-    free_warps = num_warps or _warps(plan, full, rows, ctx["free"])
-    # kernels with packed dims sum outputs in a [T, value block] register tile:
-    # longer inputs run as consecutive launches of launch.STEP_MAX_TOKENS (the state carries over)
-    span = T if ctx["direct"] else launch.STEP_MAX_TOKENS
-    for a in range(0, T, span):
-        n = min(span, T - a)
-        piece = dict(args, T=n, T_BLOCK=max(2, triton.next_power_of_2(n)), o_ptr=o[:, a:a + n])
-        for name, x in tokens.items():
-            piece[f"in_{name}_ptr"] = x[:, a:a + n]
-        if g is not None:
-            piece["g_ptr"] = g[:, a:a + n]
-        module.step_kernel[grid](**piece, num_warps=warps)
-        if phased:
-            kernel = module.state_kernel
-            kernel[(B * H,)](**{k: v for k, v in piece.items() if k in kernel.arg_names},
-                             num_warps=free_warps)
+    key = (id(plan), B, T, H, dtype, g is not None, state_indices is not None, block_v, num_warps,
+           packed_rows, first.device)
+    setup = _SETUPS.get(key)
+    if setup is None:
+        if len(_SETUPS) >= _MAX_SETUPS:
+            _SETUPS.clear()
+        setup = _SETUPS[key] = _Setup(plan, *key[1:])
+    o = torch.empty((B, T, H, setup.dv), device=first.device, dtype=out_dtype)
+    args = dict(setup.static)
+    args.update(_tensor_args(setup.states, tokens, g, state, state_indices, o))
+    for name, scale in scales.items():
+        args[f"scl_{name}"] = scale
+    for a, n, t_block in setup.pieces:
+        piece = args if n == T else _piece(args, tokens, g, o, a, n)
+        piece["T"], piece["T_BLOCK"] = n, t_block
+        direct.call(setup.kernel, setup.grid, piece)
+        if setup.free_kernel is not None:
+            free = {k: v for k, v in piece.items() if k in setup.free_names}
+            direct.call(setup.free_kernel, (B * H,), {**free, "num_warps": setup.free_warps})
     return o
 
 
-def _kernel_args(plan, ctx, tokens, g, state, state_indices, o, packed_rows):
-    """The kernel's arguments but T, T_BLOCK and the value block; the rows of a
-    packed block. Tensors go in as they are (strides passed): nothing is copied."""
-    import triton.language as tl
+def _piece(args: dict, tokens, g, o, a: int, n: int) -> dict:
+    """The arguments of the launch over tokens a .. a + n - 1."""
+    piece = dict(args, o_ptr=o[:, a:a + n])
+    for name, x in tokens.items():
+        piece[f"in_{name}_ptr"] = x[:, a:a + n]
+    if g is not None:
+        piece["g_ptr"] = g[:, a:a + n]
+    return piece
 
-    from hladsl.codegen.step_gen import PACKED_ROWS
-    from hladsl.codegen.triton_gen import block_size
-    sizes = dict(plan.sizes)
+
+class _Setup:
+    """What a step launch needs besides the tensors, made once per (plan, shape, dtype,
+    flags, overrides): the kernel and its constexpr/size arguments, the value-dim
+    block and grid, warps, and the token pieces of one launch each."""
+
+    def __init__(self, plan, B, T, H, dtype, gated, indexed, block_v, num_warps, packed_rows,
+                 device):
+        import triton.language as tl
+
+        from hladsl.codegen.step_gen import PACKED_ROWS, step_kernel
+        from hladsl.codegen.triton_gen import block_size
+        module, ctx = step_kernel(plan.algebra, plan.sizes, gated)
+        self.plan = plan   # keeps id(plan) in the setup's key from being reused
+        sizes = dict(plan.sizes)
+        self.dv = dv = sizes[plan.value_dim]
+        self.states = [(s["name"], s["axes"]) for s in ctx["states"]]
+        static, rows = {}, 0
+        for pd in plan.packed:
+            idx, mult = _tables(sizes[pd.base], pd.power, device)
+            rows = packed_rows or min(PACKED_ROWS, block_size(pd.size))
+            static.update({f"pk_{pd.name}_idx": idx, f"pk_{pd.name}_mult": mult,
+                           f"D_{pd.name}": pd.size, f"B_{pd.name}": rows})
+        for d, n in sizes.items():
+            static[f"D_{d}"], static[f"B_{d}"] = n, block_size(n)
+        static.update(H=H, INDEXED=indexed, ACC=tl.float64 if dtype == torch.float64 else tl.float32)
+        if ctx["normalize"]:
+            static["eps"] = float(plan.algebra.eps)
+        full = block_size(dv)
+        if block_v is None:
+            width = launch.step_value_block(dv, ctx["split"], ctx["phased"])
+        elif not (ctx["split"] or ctx["phased"]) and block_v < full:
+            raise ValueError(f"{plan.algebra.name}'s step cannot split {plan.value_dim} (block_v)")
+        else:
+            width = min(block_size(block_v), full)
+        static[f"B_{plan.value_dim}"] = width
+        # phase split: more than one value block while some states lack the value dim
+        # (step_kernel leaves those to state_kernel, launched after it on the same stream)
+        phased = ctx["phased"] and width < full
+        if ctx["phased"]:
+            static["STORE_FREE"] = not phased
+        self.grid = (B * H * -(-dv // width),)
+        warps = num_warps or _warps(plan, width, rows, [name for name, _ in plan.states])
+        self.static = {**static, "num_warps": warps}
+        self.kernel = module.step_kernel
+        self.free_kernel = module.state_kernel if phased else None
+        if phased:
+            self.free_warps = num_warps or _warps(plan, full, rows, ctx["free"])
+            self.free_names = set(module.state_kernel.arg_names)
+        # kernels with packed dims sum outputs in a [T, value block] register tile:
+        # longer inputs run as consecutive launches of launch.STEP_MAX_TOKENS (the state carries over)
+        span = T if ctx["direct"] else launch.STEP_MAX_TOKENS
+        self.pieces = [(a, min(span, T - a), max(2, 1 << (min(span, T - a) - 1).bit_length()))
+                       for a in range(0, T, span)]
+
+
+def _tensor_args(states, tokens, g, state, state_indices, o) -> dict:
+    """The tensors and their strides: passed as they are, nothing is copied."""
     args = {}
     for name, x in tokens.items():
         args[f"in_{name}_ptr"] = x
-        args.update({f"str_{name}_{axis}": s for axis, s in zip("bthf", x.stride())})
+        st = x.stride()
+        args[f"str_{name}_b"], args[f"str_{name}_t"], args[f"str_{name}_h"], args[f"str_{name}_f"] = st
     if g is not None:
         args["g_ptr"] = g
-        args.update({f"str_g_{axis}": s for axis, s in zip("bth", g.stride())})
-    for s in ctx["states"]:
-        x = state[s["name"]]
-        args[f"st_{s['name']}_ptr"] = x
-        axes = ["n", "h"] + list(range(s["axes"]))
-        args.update({f"str_{s['name']}_{axis}": st for axis, st in zip(axes, x.stride())})
-    rows = 0
-    for pd in plan.packed:
-        idx, mult = _tables(sizes[pd.base], pd.power, o.device)
-        rows = packed_rows or min(PACKED_ROWS, block_size(pd.size))
-        args.update({f"pk_{pd.name}_idx": idx, f"pk_{pd.name}_mult": mult,
-                     f"D_{pd.name}": pd.size, f"B_{pd.name}": rows})
-    for d, n in sizes.items():
-        args[f"D_{d}"], args[f"B_{d}"] = n, block_size(n)
-    args.update({f"str_o_{axis}": s for axis, s in zip("bth", o.stride())})
-    args.update(rows_ptr=state_indices if state_indices is not None else o,
-                H=o.shape[2], INDEXED=state_indices is not None,
-                ACC=tl.float64 if o.dtype == torch.float64 else tl.float32)
-    if ctx["normalize"]:
-        args["eps"] = float(plan.algebra.eps)
-    return args, rows
+        args["str_g_b"], args["str_g_t"], args["str_g_h"] = g.stride()
+    for name, axes in states:
+        x = state[name]
+        args[f"st_{name}_ptr"] = x
+        st = x.stride()
+        args[f"str_{name}_n"], args[f"str_{name}_h"] = st[0], st[1]
+        for a in range(axes):
+            args[f"str_{name}_{a}"] = st[2 + a]
+    args["o_ptr"] = o
+    args["str_o_b"], args["str_o_t"], args["str_o_h"] = o.stride()[:3]
+    args["rows_ptr"] = state_indices if state_indices is not None else o
+    return args
 
 
 def _warps(plan: StepPlan, width: int, rows: int, names) -> int:

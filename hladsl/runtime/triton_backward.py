@@ -49,15 +49,20 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     first = tiles[next(iter(program.algebra.inputs))]
     n_seq, heads, n_chunks = first.shape[:3]
     device = first.device
-    walk = walk_args(seq_chunks, n_seq, device)
-    walkers = walk.pop("walkers")    # (sequence, head) pairs the state and reverse passes walk
-    check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, walkers)
+    key = (id(program), tuple(first.shape[:4]), first.dtype, device, precision, num_warps,
+           reverse_block, schedule, targets_per_program)
+    plan = _PLANS.get(key) if seq_chunks is None else None
+    if plan is None:
+        plan = _BackwardPlan(program, ctx, first, precision, num_warps, reverse_block, schedule,
+                             targets_per_program, seq_chunks)
+        if seq_chunks is None:
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    walk, common, packed = plan.walk, plan.common, plan.packed
+    check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, plan.walkers)
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
-    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype, first.device),
-                  SDOT=launch.state_dot_dtype(first.dtype, first.device), PREC=precision,
-                  num_warps=num_warps, **constexprs(program))
-    packed = _packed_tables(program, device)
     tokens = _token_args(ctx["inputs"], tiles, lam, program.gated)
 
     # (a) the chunk-start states, by the forward state-pass kernel
@@ -69,8 +74,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             starts[s["name"]] = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{s['name']}"] = starts[s["name"]]
     state_args.update(_token_args(fwd["state_inputs"], tiles, lam, program.gated), **packed)
-    grid, block, tiling = launch.split_blocks(walkers * heads, fwd["splits"], program, common, first,
-                                              fwd["state_chained_dots"])
+    grid, block, tiling = plan.state_launch
     launch.launch(module.state_pass_kernel, grid, {**state_args, **walk, **common, **block}, True, tiling)
 
     # the cotangents of num (and den)
@@ -83,14 +87,13 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         args = {**_token_args(fwd["output_inputs"], tiles, lam, program.gated), **packed,
                 **{f"starts_{n}": x for n, x in starts.items()},
                 **tile_args("do", grad_o), **tile_args("dnum", dnum), "dden_ptr": dden, "eps": float(eps)}
-        dot = launch.dot_override(first, fwd["output_chained_dots"], {}, launch.feature_blocks(program, common))
-        launch.launch(module.cotangent_kernel, (n_chunks, n_seq * heads), {**args, **common, **dot}, True)
+        launch.launch(module.cotangent_kernel, (n_chunks, n_seq * heads),
+                      {**args, **common, **plan.cotangent_dot}, True)
         cot = {**tile_args("dnum", dnum), "dden_ptr": dden}
 
-    if seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads,
-                                                     n_chunks):
-        return _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final,
-                      common, first, lam, targets_per_program, grad_dtype, grad_scales)
+    if plan.fused:
+        return _fused(module, ctx, plan, tokens, state_args, starts, cot, grad_final, first, lam,
+                      grad_dtype, grad_scales)
 
     # (b) reverse state pass: d(end state) of every chunk, d initial state
     d_init, dends, rev = {}, {}, {}
@@ -103,8 +106,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         rev[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
         rev[f"dends_{name}"] = dends[name] = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
     rev.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["reverse_reads"]})
-    rgrid, rblock, tiling = launch.split_blocks(walkers * heads, ctx["reverse_splits"], program, common, first,
-                                                ctx["reverse_chained_dots"], reverse_block)
+    rgrid, rblock, tiling = plan.reverse_launch
     launch.launch(module.reverse_kernel, rgrid, {**tokens, **packed, **rev, **cot, **walk, **common, **rblock},
             True, tiling)
 
@@ -113,18 +115,9 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     args = {**tokens, **packed, **cot,
             **{f"starts_{s['name']}": starts[s["name"]] for s in ctx["grad_reads"]},
             **{f"dends_{s['name']}": dends[s["name"]] for s in ctx["grad_cts"]}}
-    loop = {}
-    if ctx["grad_loop_dim"]:
-        pd = f"B_{ctx['grad_loop_dim']}"
-        loop[pd] = launch.grad_loop_tile(first.shape[3], common[pd])
-    # the narrow loop tile matters to the bf16 guard only where a DOT-dtype dot runs on it
-    dot = launch.dot_override(first, ctx["grad_chained_dots"], loop if ctx["grad_loop_dot"] else {},
-                              launch.feature_blocks(program, common))
-    groups = ctx["grad_groups"]
+    loop, dot = plan.grad_loop, plan.grad_dot
     everything = _grad_args(d_tiles, d_lam, grad_scales)
-    for targets in launch.grad_target_sets(len(groups), targets_per_program):
-        held = [g for n, g in enumerate(groups) if targets >> n & 1]
-        parts = launch.grad_parts(max(g["networks"] for g in held), sum(g["matmuls"] for g in held))
+    for targets, held, parts in plan.grad_launches:
         # one part writes its targets in place; several sum into one fp32 buffer (part p > 0
         # adds to what the parts before it stored), cast into the target after the last
         final = {g["input"]: d_tiles[g["input"]] if g["input"] else d_lam for g in held}
@@ -162,8 +155,8 @@ def _grad_args(d_tiles, d_lam, grad_scales=None) -> dict:
     return args
 
 
-def _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_final, common, first,
-           lam, targets_per_program, grad_dtype, grad_scales):
+def _fused(module, ctx, plan, tokens, state_args, starts, cot, grad_final, first, lam, grad_dtype,
+           grad_scales):
     n_seq, heads = first.shape[:2]
     args, d_init = {}, {}
     for s in ctx["reverse_states"]:
@@ -174,10 +167,59 @@ def _fused(module, ctx, program, tokens, packed, state_args, starts, cot, grad_f
                                   given.to(device=init.device, dtype=torch.float32).contiguous())
         args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
     args.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["fused"]["reads"]})
-    d_tiles, d_lam = _grad_buffers(ctx, first, common, lam, grad_dtype)
-    dot = launch.dot_override(first, ctx["fused"]["chained_dots"], {}, launch.feature_blocks(program, common))
-    for targets in launch.grad_target_sets(len(ctx["fused"]["groups"]), targets_per_program):
+    d_tiles, d_lam = _grad_buffers(ctx, first, plan.common, lam, grad_dtype)
+    for targets in plan.fused_targets:
         launch.launch(module.fused_bwd_kernel, (n_seq * heads,),
-                      {**tokens, **packed, **args, **cot, **_grad_args(d_tiles, d_lam, grad_scales), **common, **dot,
-                       "TARGETS": targets}, True)
+                      {**tokens, **plan.packed, **args, **cot, **_grad_args(d_tiles, d_lam, grad_scales),
+                       **plan.common, **plan.fused_dot, "TARGETS": targets}, True)
     return d_tiles, d_lam, d_init
+
+
+_PLANS: dict = {}    # launch plans of recent shape classes (what does not depend on the tensors)
+_MAX_PLANS = 256
+
+
+class _BackwardPlan:
+    """The launch choices of one backward shape class, made once: shared constexprs and
+    options, packed tables, walk arguments, the schedule, the state and reverse passes'
+    grids / blocks / tilings, the dot dtypes of each kernel, and the gradient kernel's
+    launches (target sets, the groups each holds, parts)."""
+
+    def __init__(self, program, ctx, first, precision, num_warps, reverse_block, schedule,
+                 targets_per_program, seq_chunks):
+        self.program = program      # keeps id(program) in the plan's key from being reused
+        fwd = ctx["forward"]
+        n_seq, heads, n_chunks = first.shape[:3]
+        device = first.device
+        self.walk = walk_args(seq_chunks, n_seq, device)   # (a varlen plan is never reused)
+        self.walkers = walkers = self.walk.pop("walkers")  # (sequence, head) pairs walked
+        self.common = common = dict(
+            H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype, device),
+            SDOT=launch.state_dot_dtype(first.dtype, device), PREC=precision, num_warps=num_warps,
+            **constexprs(program))
+        features = launch.feature_blocks(program, common)
+        self.packed = _packed_tables(program, device)
+        self.state_launch = launch.split_blocks(walkers * heads, fwd["splits"], program, common, first,
+                                                fwd["state_chained_dots"])
+        self.cotangent_dot = launch.dot_override(first, fwd["output_chained_dots"], {}, features)
+        self.fused = seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device,
+                                                             n_seq * heads, n_chunks)
+        if self.fused:
+            self.fused_dot = launch.dot_override(first, ctx["fused"]["chained_dots"], {}, features)
+            self.fused_targets = launch.grad_target_sets(len(ctx["fused"]["groups"]), targets_per_program)
+            return
+        self.reverse_launch = launch.split_blocks(walkers * heads, ctx["reverse_splits"], program, common,
+                                                  first, ctx["reverse_chained_dots"], reverse_block)
+        self.grad_loop = {}
+        if ctx["grad_loop_dim"]:
+            pd = f"B_{ctx['grad_loop_dim']}"
+            self.grad_loop[pd] = launch.grad_loop_tile(first.shape[3], common[pd])
+        # the narrow loop tile matters to the bf16 guard only where a DOT-dtype dot runs on it
+        self.grad_dot = launch.dot_override(first, ctx["grad_chained_dots"],
+                                            self.grad_loop if ctx["grad_loop_dot"] else {}, features)
+        groups = ctx["grad_groups"]
+        self.grad_launches = []
+        for targets in launch.grad_target_sets(len(groups), targets_per_program):
+            held = [g for n, g in enumerate(groups) if targets >> n & 1]
+            parts = launch.grad_parts(max(g["networks"] for g in held), sum(g["matmuls"] for g in held))
+            self.grad_launches.append((targets, held, parts))

@@ -97,27 +97,27 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     device = first.device
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
-    common = dict(H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype, first.device),
-                  SDOT=launch.state_dot_dtype(first.dtype, first.device), PREC=precision,
-                  num_warps=num_warps, **constexprs(program))
-    if num_stages is not None:
-        common["num_stages"] = num_stages
-    if packed_block is not None:
-        common.update({f"B_{pd.name}": packed_block for pd in program.packed})
-
-    walk = walk_args(seq_chunks, n_seq, device)
-    walkers = walk.pop("walkers")    # (sequence, head) pairs the state pass walks
-    fused = seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device, n_seq * heads,
-                                                     n_chunks)
     if schedule == "fused" and not ctx["fused"]:
         raise autotune.Unavailable(f"{program.algebra.name} has no fused schedule (packed states)")
-    if fused:
+    key = (id(program), tuple(first.shape[:4]), first.dtype, device, precision, state_block, num_warps,
+           num_stages, packed_block, schedule)
+    plan = _PLANS.get(key) if seq_chunks is None and not (state_options or output_options) else None
+    if plan is None:
+        plan = _ForwardPlan(program, ctx, first, precision, state_block, num_warps, num_stages,
+                            packed_block, schedule, seq_chunks)
+        if seq_chunks is None and not (state_options or output_options):
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    common, walk = plan.common, plan.walk
+    if plan.fused:
         try:
-            return _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block,
-                          num_stages is None, state_options, out_dtype)
+            return _fused(module, ctx, plan, tiles, lam, init_states, eps, num_stages is None,
+                          state_options, out_dtype)
         except triton.runtime.errors.OutOfResources:
             if schedule == "fused":
                 raise   # auto: all states in one kernel may not fit (hla2 at d = 128): two-pass
+            plan.fused = False
 
     state_args, final = _state_buffers(ctx, init_states, device)
     out_args = {}
@@ -126,19 +126,54 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
             init = state_args[f"init_{s['name']}"]
             starts = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
-    packed = _packed_tables(program, device)
-    state_args.update(_token_args(ctx["state_inputs"], tiles, lam, program.gated), **packed)
-    grid, block, tiling = launch.split_blocks(walkers * heads, ctx["splits"], program, common, first,
-                                              ctx["state_chained_dots"], state_block)
+    state_args.update(_token_args(ctx["state_inputs"], tiles, lam, program.gated), **plan.packed)
+    grid, block, tiling = plan.state_launch
     launch.launch(module.state_pass_kernel, grid,
-            {**state_args, **walk, **common, **block, **(state_options or {})}, num_stages is None, tiling)
+                  {**state_args, **walk, **common, **block, **(state_options or {})}, num_stages is None,
+                  tiling)
 
     o, out = _output_buffer(program, ctx, first, eps, out_dtype)
-    out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated), **packed, **out)
-    dot = launch.dot_override(first, ctx["output_chained_dots"], {}, launch.feature_blocks(program, common))
+    out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated), **plan.packed, **out)
     launch.launch(module.output_kernel, (n_chunks, n_seq * heads),
-            {**out_args, **common, **dot, **(output_options or {})}, num_stages is None)
+                  {**out_args, **common, **plan.output_dot, **(output_options or {})}, num_stages is None)
     return o, final
+
+
+_PLANS: dict = {}    # launch plans of recent shape classes (what does not depend on the tensors)
+_MAX_PLANS = 256
+
+
+class _ForwardPlan:
+    """The launch choices of one forward shape class, made once: the constexprs and
+    launch options every kernel shares, the schedule, the state pass's grid / blocks /
+    tiling, the output kernel's dot dtypes, the packed tables and walk arguments."""
+
+    def __init__(self, program, ctx, first, precision, state_block, num_warps, num_stages,
+                 packed_block, schedule, seq_chunks):
+        self.program = program      # keeps id(program) in the plan's key from being reused
+        n_seq, heads, n_chunks = first.shape[:3]
+        device = first.device
+        common = dict(H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype, device),
+                      SDOT=launch.state_dot_dtype(first.dtype, device), PREC=precision,
+                      num_warps=num_warps, **constexprs(program))
+        if num_stages is not None:
+            common["num_stages"] = num_stages
+        if packed_block is not None:
+            common.update({f"B_{pd.name}": packed_block for pd in program.packed})
+        self.common = common
+        self.walk = walk_args(seq_chunks, n_seq, device)   # (a varlen plan is never reused)
+        walkers = self.walk.pop("walkers")    # (sequence, head) pairs the state pass walks
+        self.fused = seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device,
+                                                             n_seq * heads, n_chunks)
+        if self.fused:
+            f = ctx["fused"]
+            self.fused_launch = launch.split_blocks(n_seq * heads, [f["split"]] if f["split"] else [],
+                                                    program, common, first, f["chained_dots"], state_block)
+        self.packed = _packed_tables(program, device)
+        self.state_launch = launch.split_blocks(walkers * heads, ctx["splits"], program, common, first,
+                                                ctx["state_chained_dots"], state_block)
+        self.output_dot = launch.dot_override(first, ctx["output_chained_dots"], {},
+                                              launch.feature_blocks(program, common))
 
 
 def per_chunk_alloc(like: torch.Tensor, seq_chunks):
@@ -162,19 +197,16 @@ def walk_args(seq_chunks, n_seq: int, device) -> dict:
     return {"seq_chunks": seq_chunks, "VARLEN": True, "walkers": seq_chunks.numel() - 1}
 
 
-def _fused(module, ctx, program, tiles, lam, init_states, eps, common, state_block, may_fall_back,
-           options, out_dtype):
+def _fused(module, ctx, plan, tiles, lam, init_states, eps, may_fall_back, options, out_dtype):
     first = next(iter(tiles.values()))
-    n_seq, heads = first.shape[:2]
     f = ctx["fused"]
     args, final = _state_buffers(ctx, init_states, first.device)
-    args.update(_token_args(f["inputs"], tiles, lam, program.gated))
-    o, out = _output_buffer(program, ctx, first, eps, out_dtype)
+    args.update(_token_args(f["inputs"], tiles, lam, plan.program.gated))
+    o, out = _output_buffer(plan.program, ctx, first, eps, out_dtype)
     args.update(out)
-    grid, block, tiling = launch.split_blocks(n_seq * heads, [f["split"]] if f["split"] else [], program,
-                                              common, first, f["chained_dots"], state_block)
-    launch.launch(module.fused_kernel, grid, {**args, **common, **block, **(options or {})}, may_fall_back,
-                  tiling)
+    grid, block, tiling = plan.fused_launch
+    launch.launch(module.fused_kernel, grid, {**args, **plan.common, **block, **(options or {})},
+                  may_fall_back, tiling)
     return o, final
 
 

@@ -103,3 +103,15 @@ def check_state(alg: Algebra, state, n: int, h: int, dims: dict[str, int], devic
             raise ValueError(f"initial_state['{name}'] must be float32 (or float64), got {x.dtype}")
         if x.device != device:
             raise ValueError(f"initial_state['{name}'] is on {x.device} but q is on {device}")
+
+
+def check_step_state(state: dict, state_indices, B: int, device) -> None:
+    """What a decode step needs beyond ``check_state``: one dtype for every state tensor
+    (one kernel updates them all) and state_indices [B] ints on the tokens' device."""
+    dtypes = {x.dtype for x in state.values()}
+    if len(dtypes) != 1:
+        raise ValueError(f"state tensors must all be float32 or all float64, got {sorted(map(str, dtypes))}")
+    if state_indices is not None and (
+            not isinstance(state_indices, torch.Tensor) or tuple(state_indices.shape) != (B,)
+            or state_indices.dtype not in (torch.int32, torch.int64) or state_indices.device != device):
+        raise ValueError(f"state_indices must be an int32/int64 tensor [B] = [{B}] on {device}")

@@ -1,0 +1,111 @@
+"""Launching a compiled Triton kernel directly, without ``JITFunction.run``.
+
+``kernel[grid](**args)`` binds every argument, builds Triton's cache key (the
+specialization of each argument and a string of the options), checks the kernel's
+globals and looks the binary up -- per launch, for kernels of 40-70 arguments.
+Once a variant has compiled, ``call`` keeps its ``CompiledKernel`` under a key of
+what Triton specializes on -- each constexpr's value, each tensor's dtype and
+16-byte alignment, each int's class (== 1, divisible by 16, 32 or 64 bits), the
+options -- and launches the binary with the arguments in parameter order. The key
+is at least as fine as Triton's, so a hit is the binary ``kernel[grid]`` would
+have launched. The first launch of a variant, the Triton interpreter (CPU) and
+``HLADSL_DIRECT_LAUNCH=0`` go through ``kernel[grid](**args)``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+_COMPILED: dict = {}   # launch key -> (CompiledKernel, parameter names, defaults)
+_PARAMS: dict = {}     # id(kernel) -> (kernel, its parameter table, or None: not direct)
+_OPTIONS = ("num_warps", "num_stages")
+_I32 = 1 << 31
+ENABLED = os.environ.get("HLADSL_DIRECT_LAUNCH", "1") != "0"   # benchmarks flip it for A/B runs
+
+
+def _launches_on_gpu(kernel) -> bool:
+    """A Triton JITFunction compiled for a GPU (not the interpreter's, not a fake)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return False
+    from triton.runtime.jit import JITFunction
+    return isinstance(kernel, JITFunction)
+
+
+def _param_table(kernel):
+    """(names, constexpr flags, defaults) of a jitted GPU kernel; None for anything else."""
+    hit = _PARAMS.get(id(kernel))
+    if hit is not None and hit[0] is kernel:
+        return hit[1]
+    params = getattr(kernel, "params", None)
+    table = None
+    if params is not None and _launches_on_gpu(kernel):
+        table = (tuple(p.name for p in params), tuple(bool(p.is_constexpr) for p in params),
+                 tuple(p.default if getattr(p, "has_default", False) else None for p in params))
+    _PARAMS[id(kernel)] = (kernel, table)
+    return table
+
+
+def _arg_class(value):
+    """What Triton specializes a runtime argument on."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() & 15 == 0
+    kind = type(value)
+    if kind is int:
+        return value == 1, value & 15 == 0, -_I32 <= value < _I32, value < 1 << 63
+    if kind is float or value is None:
+        return kind
+    return kind, value   # bools and anything else: by value (finer than Triton is safe)
+
+
+def _key(kernel, table, args: dict) -> tuple:
+    names, constexpr, defaults = table
+    parts = [id(kernel), torch.cuda.current_device()]
+    for name, fixed, default in zip(names, constexpr, defaults):
+        value = args.get(name, default)
+        parts.append(value if fixed else _arg_class(value))
+    parts.extend(args.get(o) for o in _OPTIONS)
+    return tuple(parts)
+
+
+def call(kernel, grid, args: dict, key_args: dict | None = None) -> None:
+    """``kernel[grid](**args)``, directly where this variant compiled before.
+    ``key_args``: the arguments the variant is remembered under, when ``args`` adds
+    launch options to them (``launch``'s fallbacks)."""
+    table = _param_table(kernel) if ENABLED else None
+    if table is None:
+        kernel[grid](**args)
+        return
+    key = _key(kernel, table, key_args if key_args is not None else args)
+    hit = _COMPILED.get(key)
+    if hit is None:
+        compiled = kernel[grid](**args)
+        if hasattr(compiled, "function") and hasattr(compiled, "packed_metadata"):
+            _COMPILED[key] = compiled
+        return
+    _run(hit, grid, table, args)
+
+
+def cached(kernel, grid, args: dict) -> bool:
+    """Launch ``kernel`` directly if this variant compiled before; False if not."""
+    table = _param_table(kernel) if ENABLED else None
+    if table is None:
+        return False
+    hit = _COMPILED.get(_key(kernel, table, args))
+    if hit is None:
+        return False
+    _run(hit, grid, table, args)
+    return True
+
+
+def _run(compiled, grid, table, args: dict) -> None:
+    from triton import knobs
+    names, _, defaults = table
+    values = [args.get(n, d) for n, d in zip(names, defaults)]
+    device = torch.cuda.current_device()
+    stream = torch._C._cuda_getCurrentRawStream(device)
+    hooks = knobs.runtime
+    meta = compiled.launch_metadata(grid, stream, *values) if hooks.launch_enter_hook else None
+    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                 stream, compiled.function, compiled.packed_metadata, meta,
+                 hooks.launch_enter_hook, hooks.launch_exit_hook, *values)
