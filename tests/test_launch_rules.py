@@ -40,3 +40,53 @@ def test_chunks_shrink_to_short_sequences_only_on_cpu():
     assert launch.chunk_for(1, 64, cuda) == 64
     assert launch.chunk_for(16, 64, cuda) == 64
     assert launch.chunk_for(1000, 32, cuda) == 32    # an explicit chunk_size is kept
+
+
+def _without_fitting_kernels(monkeypatch, op):
+    """op on CPU tensors as if on a GPU where no generated kernel fits (every chunk and
+    fallback raising OutOfResources, as hla2's reverse pass at d = 128 does on the H100)."""
+    from triton.runtime.errors import OutOfResources
+
+    def nothing_fits(key, chunk, run):
+        raise OutOfResources(262144, 232448, "shared memory")
+    monkeypatch.setattr(launch, "fitting_chunk", nothing_fits)
+    monkeypatch.setattr(op, "use_triton", lambda x, backend=None: True)
+
+
+def _inputs():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 40, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    return q, k, v
+
+
+def test_auto_runs_the_torch_program_when_no_kernel_fits_and_warns_once(monkeypatch):
+    import hladsl
+    from hladsl.runtime import op as op_module
+    monkeypatch.setattr(op_module, "_NO_KERNEL_WARNED", set())
+    ref_op = hladsl.load("hla2", backend="torch")
+    q, k, v = _inputs()
+    o_ref, _ = ref_op(q, k, v)
+    want = torch.autograd.grad(o_ref.square().sum(), (q, k, v))
+    auto = hladsl.load("hla2")            # a distinct op object (backend "auto")
+    _without_fitting_kernels(monkeypatch, auto)
+    with pytest.warns(RuntimeWarning, match="do not fit this GPU") as caught:
+        o, _ = auto(q, k, v)
+        got = torch.autograd.grad(o.square().sum(), (q, k, v))
+    assert {str(w.message).split("'s generated ")[1].split()[0] for w in caught} == {"forward", "backward"}
+    torch.testing.assert_close(o, o_ref, rtol=0, atol=0)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # the same shape again: no second warning
+        auto(q, k, v)
+
+
+def test_backend_triton_names_the_spec_and_shape_when_no_kernel_fits(monkeypatch):
+    import hladsl
+    op = hladsl.load("hla2", backend="triton")
+    _without_fitting_kernels(monkeypatch, op)
+    q, k, v = _inputs()
+    with pytest.raises(RuntimeError, match=r"hla2: no generated forward kernel fits this GPU at dims"):
+        op(q, k, v)

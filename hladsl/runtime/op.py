@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import torch
 
@@ -25,6 +26,7 @@ from hladsl.runtime.packing import pack, packed_shape, unpack
 from hladsl.runtime.validate import check_inputs, check_state, check_step_state
 
 BACKENDS = ("auto", "torch", "triton")
+_NO_KERNEL_WARNED: set = set()   # (spec, forward/backward, dims, dtype, device) warned about
 # the custom op's schema takes a float: NaN stands for "scale not given" (dim^-0.5)
 DEFAULT_SCALE = float("nan")
 
@@ -228,8 +230,13 @@ class Op:
                                              self.algebra.eps, schedule=schedule, out_dtype=prep.dtype,
                                              seq_chunks=prep.seq_chunks)
             return prep.finish(o_tiles, finals)
-        with autotune.session(self.autotune, first, dims, g is not None, cu_seqlens):
-            return launch.fitting_chunk(key, self._chunk(first), run)
+        from triton.runtime.errors import OutOfResources
+        try:
+            with autotune.session(self.autotune, first, dims, g is not None, cu_seqlens):
+                return launch.fitting_chunk(key, self._chunk(first), run)
+        except OutOfResources as exc:
+            self._no_kernel_fits(exc, "forward", dims, first)
+        return self._run_torch(tokens, g, scale, init, cu_seqlens)
 
     def backward_impl(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str,
                       grad_o, grad_states: list):
@@ -246,8 +253,13 @@ class Op:
             return (o,) + tuple(finals[n] for n in keep)
 
         if self.use_triton(tokens[0]):
-            return self._backward_triton(tokens, g, scale, init, cu_seqlens, schedule, grad_o,
-                                         grad_states)
+            from triton.runtime.errors import OutOfResources
+            try:
+                return self._backward_triton(tokens, g, scale, init, cu_seqlens, schedule, grad_o,
+                                             grad_states)
+            except OutOfResources as exc:
+                self._no_kernel_fits(exc, "backward", self._dims(dict(zip(self.inputs, tokens))),
+                                     tokens[0])
         _, pullback = torch.func.vjp(forward, *leaves)
         got = pullback((grad_o,) + tuple(grad_states[n] for n in keep))
         return [torch.zeros_like(x) if d is None else d.contiguous() for x, d in zip(leaves, got)]
@@ -280,6 +292,22 @@ class Op:
             return launch.fitting_chunk(key, self._chunk(first), run)
 
     # -- internals -----------------------------------------------------------------------
+    def _no_kernel_fits(self, exc, what: str, dims: dict, first) -> None:
+        """No generated ``what`` kernel fits this GPU (OutOfResources after every chunk size
+        and launch fallback; hla2's reverse pass at d = 128 needs 262144 B of shared
+        memory). backend "triton" raises, naming the spec and shape; "auto" warns once per
+        shape and the caller runs the torch chunk program instead (fp32, slower)."""
+        shape = f"dims {dict(sorted(dims.items()))}, {first.dtype}, chunk {self._chunk(first)}"
+        if self.backend == "triton":
+            raise RuntimeError(f"{self.algebra.name}: no generated {what} kernel fits this GPU at "
+                               f"{shape} (every chunk size and launch fallback tried): {exc}") from exc
+        key = (self.algebra.name, what, tuple(sorted(dims.items())), first.dtype, str(first.device))
+        if key not in _NO_KERNEL_WARNED:
+            _NO_KERNEL_WARNED.add(key)
+            warnings.warn(f"hladsl: {self.algebra.name}'s generated {what} kernels do not fit this GPU "
+                          f"at {shape} ({exc}); running the torch chunk program instead (fp32, slower)",
+                          RuntimeWarning, stacklevel=4)
+
     def _run_torch(self, tokens, g, scale, init, cu_seqlens):
         first = tokens[self.inputs[0]]
         prep = _Prepared(self, tokens, g, scale, init, cu_seqlens, self._chunk(first),

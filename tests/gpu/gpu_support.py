@@ -285,3 +285,19 @@ def group(*parts) -> pytest.MarkDecorator:
 
 def dtype_name(dtype) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+
+
+@contextmanager
+def no_kernel_fits():
+    """Collects the messages of ``Op``'s "kernels do not fit this GPU" warnings in the block
+    (backend "auto" then ran the torch program): a test of the kernels reports them (xfail)
+    rather than pass. The once-per-shape memory of the warning is cleared first."""
+    import warnings
+
+    from hladsl.runtime import op as op_module
+    op_module._NO_KERNEL_WARNED.clear()
+    found: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        yield found
+    found.extend(str(w.message) for w in caught if "do not fit this GPU" in str(w.message))

@@ -24,7 +24,7 @@ import torch
 
 from gpu_support import (BY_ID, DEVICE, SPECS, TOL, Inputs, Ratios, check_against_reference,
                          cotangents, dtype_name, gates, generator, grads, group, initial_state,
-                         load, loss, schedule, tokens)
+                         load, loss, no_kernel_fits, schedule, tokens)
 
 B, T, H = 2, 1000, 3
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -89,10 +89,12 @@ def test_forward_backward_matches_fp32_reference(spec, variant, d, record_proper
                     initial_state(spec, variant.normalize, B, H, d, d, variant.gated, gen)
                     if variant.with_state else None)
     ratios = Ratios(record_property)
-    with schedule(op, variant.schedule):
+    with no_kernel_fits() as fallbacks, schedule(op, variant.schedule):
         check_against_reference(op, ref, inputs, ratios, TOL[variant.dtype], gen,
                                 output_final_state=variant.with_state)
     ratios.check()
+    if fallbacks:   # correct, but through the torch program: the kernels are what is under test
+        pytest.xfail(f"checked through the torch fallback, not generated kernels: {fallbacks[0]}")
 
 
 # ------------------------------------------------------------------ short sequences
