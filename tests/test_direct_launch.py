@@ -11,6 +11,7 @@ import types
 
 import pytest
 import torch
+import triton   # here, under tests/conftest.py's TRITON_INTERPRET=1 (its first import decides)
 
 from hladsl.runtime import direct
 
@@ -49,16 +50,12 @@ class FakeKernel:
 @pytest.fixture
 def cuda_free(monkeypatch):
     """direct's device / stream lookups answered without CUDA; a clean cache."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(direct, "_launches_on_gpu",
-                        lambda kernel: isinstance(kernel, FakeKernel) and direct.os.environ.get(
-                            "TRITON_INTERPRET") != "1")
+    monkeypatch.setattr(direct, "_launches_on_gpu", lambda kernel: isinstance(kernel, FakeKernel))
     monkeypatch.setattr(direct, "ENABLED", True)
     monkeypatch.setattr(direct, "_COMPILED", {})
     monkeypatch.setattr(direct, "_PARAMS", {})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
-    import triton
     monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", None)
 
 
@@ -81,6 +78,8 @@ def test_a_variant_compiles_once_then_launches_directly(cuda_free):
     {"n": 24},                           # divisibility by 16
     {"n": 1 << 40},                      # 64-bit ints
     {"num_warps": 8},                    # launch options
+    {"maxnreg": 64},
+    {"enable_fp_fusion": False},
     {"flag": False},                     # bools by value (finer than Triton: safe)
     {"x_ptr": "dtype"},                  # another tensor dtype
     {"x_ptr": "misaligned"},             # a pointer not 16-byte aligned
@@ -122,19 +121,17 @@ def test_off_and_interpreter_launch_through_the_kernel(cuda_free, monkeypatch):
     direct.call(kernel, (1,), args)
     assert len(kernel.compiles) == 2 and not direct._COMPILED
     monkeypatch.setattr(direct, "ENABLED", True)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(direct, "_launches_on_gpu", lambda kernel: False)   # the interpreter's
     direct.call(kernel, (1,), args)
     assert not direct.cached(kernel, (1,), args) and not direct._COMPILED
 
 
-def test_only_gpu_jit_functions_launch_directly():
-    """Fakes (benchmarks' stubs, tests' kernels) and the interpreter's kernels never do;
-    on a machine without CUDA nothing does."""
-    assert not direct._launches_on_gpu(FakeKernel())
-    if not torch.cuda.is_available():
-        import triton
+@triton.jit
+def _nothing(x):
+    pass
 
-        @triton.jit
-        def nothing(x):
-            pass
-        assert not direct._launches_on_gpu(nothing)
+
+def test_only_gpu_jit_functions_launch_directly():
+    """Fakes (benchmarks' stubs, tests' kernels) and the interpreter's kernels never do."""
+    assert not direct._launches_on_gpu(FakeKernel())
+    assert not direct._launches_on_gpu(_nothing)     # under TRITON_INTERPRET=1 (conftest)

@@ -90,3 +90,30 @@ def test_backend_triton_names_the_spec_and_shape_when_no_kernel_fits(monkeypatch
     q, k, v = _inputs()
     with pytest.raises(RuntimeError, match=r"hla2: no generated forward kernel fits this GPU at dims"):
         op(q, k, v)
+
+
+def test_cached_launch_plans_hold_no_tensor():
+    """A plan outlives its call: its Tiling's retile closure must not keep a token tile
+    (and so a call's input-sized buffer) alive."""
+    import hladsl
+    from hladsl.runtime import triton_backward, triton_forward
+    op = hladsl.load("linear", backend="triton")
+    x = [torch.randn(1, 64, 1, 8, requires_grad=True) for _ in range(3)]
+    o, _ = op(*x)
+    o.sum().backward()
+    plans = list(triton_forward._PLANS.values()) + list(triton_backward._PLANS.values())
+    assert plans
+
+    def tensors_in(value, seen=()):
+        if isinstance(value, torch.Tensor):
+            return [value]
+        if callable(value) and getattr(value, "__closure__", None):
+            return [t for cell in value.__closure__ for t in tensors_in(cell.cell_contents)]
+        if isinstance(value, tuple):
+            return [t for v in value for t in tensors_in(v)]
+        return []
+    for plan in plans:
+        for name in ("state_launch", "reverse_launch", "fused_launch"):
+            if hasattr(plan, name):
+                grid, block, tiling = getattr(plan, name)
+                assert not tensors_in(tiling.retile), name

@@ -621,3 +621,22 @@ def test_validation_serial(edit, match):
     edit(kw)
     with pytest.raises(ValueError, match=match):
         op.serial(**kw)
+
+
+def test_torch_func_grad_and_vjp_equal_autograd():
+    """Under torch.func's transforms the op runs through an autograd.Function with
+    setup_context (eager calls use one without: cheaper), with the same gradients."""
+    op = hladsl.load("hla2", backend="torch")
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 40, 2, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    g = -torch.rand(1, 40, 2, generator=gen, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    o, _ = op(*leaves[:3], g=leaves[3])
+    want = torch.autograd.grad(o.square().sum(), leaves)
+    got = torch.func.grad(lambda *xs: op(*xs[:3], g=xs[3])[0].square().sum(), argnums=(0, 1, 2, 3))(q, k, v, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    out, pull = torch.func.vjp(lambda q: op(q, k, v, g=g)[0], q)
+    torch.testing.assert_close(pull(torch.ones_like(out))[0],
+                               torch.autograd.grad(op(leaves[0], k, v, g=g)[0].sum(), leaves[0])[0],
+                               rtol=1e-12, atol=1e-12)

@@ -125,6 +125,35 @@ def test_quotient_rule_on_the_shipped_specs(name, normalize, expect):
     assert {k for k in marked if k[0] == "carry"} == expect
 
 
+def _dots_reading_output_cotangents(kernel_source: str) -> list[str]:
+    """The dtype argument of every ``_dot`` whose operands read d num / d den, directly or
+    through temps computed from them (a small dataflow over the generated lines)."""
+    tracked = re.compile(r"\b(ct_num|ct_den|raw_num|dnum_ptr|dden_ptr)\b")
+    derived, dtypes = set(), []
+    for line in kernel_source.splitlines():
+        code = line.split("#")[0]
+        m = re.match(r"\s*(t\d+) = (.*)", code)
+        if not m:
+            continue
+        var, expr = m.groups()
+        reads = bool(tracked.search(expr)) or bool(set(re.findall(r"\bt\d+\b", expr)) & derived)
+        if reads:
+            derived.add(var)
+            dot = re.search(r"_dot\(.*, (\w+(?:\.\w+)?), PREC\)", expr)
+            if dot:
+                dtypes.append(dot.group(1))
+    return dtypes
+
+
+def test_every_product_on_a_marked_d_states_cotangent_path_is_fp32():
+    """hla2 normalised, reverse kernel: every dot reading d num / d den (or a value made
+    from them) runs in fp32 (its marked networks: dS and the derived carries feeding it)."""
+    source = triton_bwd_source(compile_spec("hla2", normalize=True).program)
+    reverse = source.split("def reverse_kernel(")[1].split("@triton.jit")[0]
+    dtypes = _dots_reading_output_cotangents(reverse)
+    assert dtypes and set(dtypes) == {"tl.float32"}, dtypes
+
+
 def test_marked_networks_read_the_output_cotangents_in_fp32():
     """hla2 normalised: the reverse pass's products reading d num run as fp32 dots
     (tl.float32), and only there; linear normalised keeps every one in the input dtype."""

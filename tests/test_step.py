@@ -346,3 +346,11 @@ def test_new_spec_mixed_rows_and_whole_states(tmp_path, normalize):
                                backend=backend)[0] for a, b in ((0, 4), (4, 6))], dim=1)
         assert _rel(ref, o) < 1e-10, backend
         assert all(_rel(final[n], state[n]) < 1e-10 for n in final), backend
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_step_without_tokens_is_a_value_error(backend):
+    op = hladsl.load("linear")
+    q = torch.zeros(2, 0, 3, 4)
+    with pytest.raises(ValueError, match="at least one token"):
+        op.step(q, q, q, backend=backend)

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 _TEMP = re.compile(r"\bt\d+\b")
 _STATE = re.compile(r"\b(st|dr|nx|ct_end|ct_dr)_\w+")   # states and their gradients stay fp32
-_OUTPUT_COTANGENT = re.compile(r"\bct_(num|den)\b")     # d num, d den (the backward's)
+# d num and d den in the backward: their tiles, the raw (as loaded) d num, and the loads
+_OUTPUT_COTANGENT = re.compile(r"\b(ct_num|ct_den|raw_num|dnum_ptr|dden_ptr)\b")
 
 
 def comment(text: str) -> str:
@@ -112,8 +113,11 @@ class Block:
     def reads_state(self, var: str) -> bool:
         return bool(_STATE.match(var)) or var in self._stateful
 
-    def reads_output_cotangent(self, var: str) -> bool:
-        return bool(_OUTPUT_COTANGENT.match(var)) or var in self._from_output_cotangent
+    def reads_output_cotangent(self, expr: str) -> bool:
+        """Does ``expr`` (a tile name or an expression) read d num / d den, directly or
+        through a temp computed from them?"""
+        return bool(_OUTPUT_COTANGENT.search(expr)) or any(
+            t in self._from_output_cotangent for t in _TEMP.findall(expr))
 
     def text(self, section: str = "pre") -> str:
         return "\n".join(self.sections[section])
@@ -218,8 +222,8 @@ class Block:
         reads = self.reads_state(a.var) or self.reads_state(b.var)
         # (and in a d-state summing a quotient's two cotangent paths, products reading d num /
         # d den stay fp32-accurate too: ir.precision.quotient_cancelling)
-        exact_ct = self.exact_cotangents and (self.reads_output_cotangent(a.var)
-                                              or self.reads_output_cotangent(b.var))
+        exact_ct = self.exact_cotangents and any(
+            self.reads_output_cotangent(x) for x in (a.var, b.var, left, right))
         dtype = "tl.float32" if (self.exact and reads) or exact_ct else ("SDOT" if reads else "DOT")
         expr = f"_dot({left}, {right}, {dtype}, PREC)"
         idx = tuple(free_a + free_b)

@@ -109,7 +109,9 @@ def quotient_cancelling(bwd) -> tuple[frozenset[tuple[str, str]], tuple[str, ...
     5.4e-3, HLA3-masked's at 2.9e-2, against 1.6e-3 for states reached from one path).
     Those d-states, and the derived carries' cotangents feeding them, keep their
     cotangent products fp32-accurate. ``bwd``: an ``ir.backward.BackwardProgram``.
-    Returns ({(target kind, name)}, reasons)."""
+    Returns ({(target kind, name)}, reasons). The paths followed are d num, d den and the
+    derived carries' cotangents within a chunk; a state reached from one of them only
+    through another state's chunk-end cotangent (d end_X) is not marked."""
     from hladsl.ir.backward import REVERSE, Target
     feeds: dict[tuple[str, str], set[str]] = {}
     for g in bwd.all_terms():

@@ -105,25 +105,34 @@ def register(op):
     return forward
 
 
+def _eager_forward(op, n_tokens: int, scale: float, cu_seqlens, schedule: str, g, tensors) -> tuple:
+    tokens, init = list(tensors[:n_tokens]), list(tensors[n_tokens:])
+    o, states = op.forward_impl(tokens, g, scale, init, cu_seqlens, schedule)
+    o, states = fresh_outputs(o, states, tokens + init)
+    return (o, *states)
+
+
+def _eager_save(ctx, op, n_tokens: int, scale: float, cu_seqlens, schedule: str, g, tensors, o) -> None:
+    ctx.save_for_backward(g, cu_seqlens, *tensors)
+    ctx.op, ctx.n_tokens, ctx.scale, ctx.schedule = op, n_tokens, scale, schedule
+    ctx.o_meta = (o.shape, o.dtype, o.device)
+    ctx.set_materialize_grads(False)   # unused final states: no zero tensors to pass back
+
+
 class EagerCall(torch.autograd.Function):
     """The eager twin of the custom op: the same ``forward_impl`` and ``backward_impl``,
     with the same outputs (contiguous, sharing no storage with the inputs) and
     gradients. Measured on CPU with the kernel launches stubbed (linear, B = 1, T = 64,
     d = 64): fwd + bwd 1005 µs through the custom op, 636 µs through this. ``forward``
     takes ``ctx`` itself (no ``setup_context``): with one, every ``apply`` binds its
-    arguments to ``inspect.signature(forward)`` (~20 µs a call); the functorch
-    transforms that need ``setup_context`` reach the op through the custom op."""
+    arguments to ``inspect.signature(forward)`` (~20 µs a call). Under the torch.func
+    transforms, which need ``setup_context``, ``Op.__call__`` uses ``TransformableCall``."""
 
     @staticmethod
     def forward(ctx, op, n_tokens: int, scale: float, cu_seqlens, schedule: str, g, *tensors):
-        tokens, init = list(tensors[:n_tokens]), list(tensors[n_tokens:])
-        o, states = op.forward_impl(tokens, g, scale, init, cu_seqlens, schedule)
-        o, states = fresh_outputs(o, states, tokens + init)
-        ctx.save_for_backward(g, cu_seqlens, *tensors)
-        ctx.op, ctx.n_tokens, ctx.scale, ctx.schedule = op, n_tokens, scale, schedule
-        ctx.o_meta = (o.shape, o.dtype, o.device)
-        ctx.set_materialize_grads(False)   # unused final states: no zero tensors to pass back
-        return (o, *states)
+        out = _eager_forward(op, n_tokens, scale, cu_seqlens, schedule, g, tensors)
+        _eager_save(ctx, op, n_tokens, scale, cu_seqlens, schedule, g, tensors, out[0])
+        return out
 
     @staticmethod
     def backward(ctx, grad_o, *grad_states):
@@ -137,3 +146,19 @@ class EagerCall(torch.autograd.Function):
                                      list(grad_states))
         d_tokens, d_g, d_init = _split_grads(grads, n, g is not None)
         return (None, None, None, None, None, d_g, *d_tokens, *d_init)
+
+
+class TransformableCall(torch.autograd.Function):
+    """``EagerCall`` with ``setup_context``, as torch.func's transforms (grad, vjp, ...)
+    require of an autograd.Function (the custom op's own autograd lacks it too)."""
+
+    @staticmethod
+    def forward(op, n_tokens: int, scale: float, cu_seqlens, schedule: str, g, *tensors):
+        return _eager_forward(op, n_tokens, scale, cu_seqlens, schedule, g, tensors)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        op, n_tokens, scale, cu_seqlens, schedule, g, *tensors = inputs
+        _eager_save(ctx, op, n_tokens, scale, cu_seqlens, schedule, g, tensors, output[0])
+
+    backward = EagerCall.backward

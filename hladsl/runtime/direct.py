@@ -19,7 +19,6 @@ import torch
 
 _COMPILED: dict = {}   # launch key -> (CompiledKernel, parameter names, defaults)
 _PARAMS: dict = {}     # id(kernel) -> (kernel, its parameter table, or None: not direct)
-_OPTIONS = ("num_warps", "num_stages")
 _I32 = 1 << 31
 ENABLED = os.environ.get("HLADSL_DIRECT_LAUNCH", "1") != "0"   # benchmarks flip it for A/B runs
 
@@ -40,8 +39,10 @@ def _param_table(kernel):
     params = getattr(kernel, "params", None)
     table = None
     if params is not None and _launches_on_gpu(kernel):
-        table = (tuple(p.name for p in params), tuple(bool(p.is_constexpr) for p in params),
-                 tuple(p.default if getattr(p, "has_default", False) else None for p in params))
+        names = tuple(p.name for p in params)
+        table = (names, tuple(bool(p.is_constexpr) for p in params),
+                 tuple(p.default if getattr(p, "has_default", False) else None for p in params),
+                 frozenset(names))
     _PARAMS[id(kernel)] = (kernel, table)
     return table
 
@@ -59,13 +60,23 @@ def _arg_class(value):
 
 
 def _key(kernel, table, args: dict) -> tuple:
-    names, constexpr, defaults = table
+    names, constexpr, defaults, params = table
     parts = [id(kernel), torch.cuda.current_device()]
     for name, fixed, default in zip(names, constexpr, defaults):
         value = args.get(name, default)
         parts.append(value if fixed else _arg_class(value))
-    parts.extend(args.get(o) for o in _OPTIONS)
+    # every launch option (num_warps, num_stages, maxnreg, enable_fp_fusion, ...) and the
+    # process-wide ones Triton reads at launch: each is part of Triton's key too
+    options = [(k, v) for k, v in args.items() if k not in params]
+    parts.append(tuple(sorted(options)) if len(options) > 1 else tuple(options))
+    knobs = _knobs()
+    parts.append((knobs.runtime.debug, getattr(knobs.compilation, "instrumentation_mode", None)))
     return tuple(parts)
+
+
+def _knobs():
+    from triton import knobs
+    return knobs
 
 
 def call(kernel, grid, args: dict, key_args: dict | None = None) -> None:
@@ -99,8 +110,8 @@ def cached(kernel, grid, args: dict) -> bool:
 
 
 def _run(compiled, grid, table, args: dict) -> None:
-    from triton import knobs
-    names, _, defaults = table
+    knobs = _knobs()
+    names, _, defaults, _ = table
     values = [args.get(n, d) for n, d in zip(names, defaults)]
     device = torch.cuda.current_device()
     stream = torch._C._cuda_getCurrentRawStream(device)

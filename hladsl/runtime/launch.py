@@ -215,6 +215,15 @@ def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None 
 
 
 @dataclass(frozen=True)
+class TileMeta:
+    """What the launch rules read of a token tile: a cached launch plan's Tiling holds
+    this, not the tile (which would keep a call's input alive as long as the plan)."""
+    dtype: torch.dtype
+    device: torch.device
+    shape: tuple
+
+
+@dataclass(frozen=True)
 class Tiling:
     """The value-dim blocks of a split grid a tuned launch may choose: B_<dim> ->
     widths to try, and ``retile(widths) -> (grid, block arguments)`` for a choice
@@ -231,6 +240,7 @@ def split_blocks(programs: int, splits, program, common: dict, first, chained: b
     split dim takes ``width`` or ``state_block``'s rule (each dim seeing the
     programs of the ones before it); the dot dtype follows ``dot_override``. The
     tuner may try other widths where the rule may narrow (``tune_widths``)."""
+    first = TileMeta(first.dtype, first.device, tuple(first.shape))   # retile must not pin the tensor
     sizes = dict(program.sizes)
     packed = {pd.name for pd in program.packed}
     narrow = narrow_ok(first, chained)

@@ -21,7 +21,7 @@ import torch
 from hladsl.errors import SpecError
 from hladsl.ir.pipeline import Compilation, program_for
 from hladsl.runtime import autotune, chunk_torch, launch
-from hladsl.runtime.custom_op import EagerCall, fresh_outputs, register
+from hladsl.runtime.custom_op import EagerCall, TransformableCall, fresh_outputs, register
 from hladsl.runtime.packing import pack, packed_shape, unpack
 from hladsl.runtime.validate import check_inputs, check_state, check_step_state
 
@@ -119,6 +119,9 @@ class Op:
         token_list = [tokens[n] for n in self.inputs]
         if torch.compiler.is_compiling():
             o, finals = self.custom_op(token_list, g, scale, init, cu_seqlens, self.schedule)
+        elif torch._C._are_functorch_transforms_active():   # torch.func: needs setup_context
+            o, *finals = TransformableCall.apply(self, len(token_list), scale, cu_seqlens,
+                                                 self.schedule, g, *token_list, *init)
         elif not (torch.is_grad_enabled() and any(
                 x is not None and x.requires_grad for x in (*token_list, g, *init))):
             # nothing to differentiate: no autograd node (its apply costs ~10 µs a call)
@@ -177,7 +180,7 @@ class Op:
             state = {name: first.new_zeros((n, first.shape[2]) + shape, dtype=_compute_dtype(first))
                      for name, shape in self.state_shapes(**dims).items()}
         check_state(self.algebra, state, n, first.shape[2], dims, first.device)
-        check_step_state(state, state_indices, first.shape[0], first.device)
+        check_step_state(state, state_indices, first.shape[0], first.shape[1], first.device)
         if backend not in (None, "torch", "triton"):
             raise ValueError(f"step's backend must be None, 'torch' or 'triton', got {backend!r}")
         if backend is None or backend == "triton":   # the interpreter check on CPU included

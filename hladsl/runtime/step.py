@@ -52,6 +52,10 @@ def run_checked_step(algebra: Algebra, sizes: dict, dtype: torch.dtype, tokens: 
     op's inputs): ``sizes`` {dim: n}, ``dtype`` the state tensors' dtype."""
     plan = step_plan(algebra, sizes)
     scales = {name: float((scales or {}).get(name, 1.0)) for name in tokens}
+    if backend == "triton" and dtype == torch.float64 and set(scales.values()) != {1.0}:
+        # a float kernel argument is fp32: an fp64 step scales its tokens here, exactly
+        tokens = {n: x * scales[n] if scales[n] != 1.0 else x for n, x in tokens.items()}
+        scales = dict.fromkeys(scales, 1.0)
     if backend == "triton":
         return _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps,
                            packed_rows, scales, out_dtype or dtype)

@@ -105,9 +105,12 @@ def check_state(alg: Algebra, state, n: int, h: int, dims: dict[str, int], devic
             raise ValueError(f"initial_state['{name}'] is on {x.device} but q is on {device}")
 
 
-def check_step_state(state: dict, state_indices, B: int, device) -> None:
-    """What a decode step needs beyond ``check_state``: one dtype for every state tensor
-    (one kernel updates them all) and state_indices [B] ints on the tokens' device."""
+def check_step_state(state: dict, state_indices, B: int, T: int, device) -> None:
+    """What a decode step needs beyond ``check_inputs`` and ``check_state``: at least one
+    token, one dtype for every state tensor (one kernel updates them all) and
+    state_indices [B] ints on the tokens' device."""
+    if T < 1:
+        raise ValueError("tokens must hold at least one token (T >= 1)")
     dtypes = {x.dtype for x in state.values()}
     if len(dtypes) != 1:
         raise ValueError(f"state tensors must all be float32 or all float64, got {sorted(map(str, dtypes))}")
