@@ -117,3 +117,19 @@ def test_cached_launch_plans_hold_no_tensor():
             if hasattr(plan, name):
                 grid, block, tiling = getattr(plan, name)
                 assert not tensors_in(tiling.retile), name
+
+
+def test_remembered_builds_a_plan_once_bypasses_when_told_and_starts_over_when_full(monkeypatch):
+    builds = []
+
+    def build():
+        builds.append(1)
+        return object()
+    cache = {}
+    first = launch.remembered(cache, "k", build)
+    assert launch.remembered(cache, "k", build) is first and len(builds) == 1
+    assert launch.remembered(cache, "k", build, cacheable=False) is not first and len(builds) == 2
+    monkeypatch.setattr(launch, "PLANS_KEPT", 2)
+    launch.remembered(cache, "j", build)
+    launch.remembered(cache, "i", build)      # full: starts over, keeps the new one
+    assert list(cache) == ["i"]

@@ -28,8 +28,6 @@ from dataclasses import dataclass
 
 _TEMP = re.compile(r"\bt\d+\b")
 _STATE = re.compile(r"\b(st|dr|nx|ct_end|ct_dr)_\w+")   # states and their gradients stay fp32
-# d num and d den in the backward: their tiles, the raw (as loaded) d num, and the loads
-_OUTPUT_COTANGENT = re.compile(r"\b(ct_num|ct_den|raw_num|dnum_ptr|dden_ptr)\b")
 
 
 def comment(text: str) -> str:
@@ -50,6 +48,9 @@ class Tile:
 class Block:
     """Straight-line code of one kernel region; ``sizes`` maps an index name to
     the constexpr expression of its (padded, power-of-two) tile extent."""
+
+    # names whose values are d num / d den (the backward's block sets them; none forward)
+    OUTPUT_COTANGENT: re.Pattern | None = None
 
     def __init__(self, sizes: dict[str, str] | None = None):
         self.sizes = sizes or {}
@@ -102,7 +103,7 @@ class Block:
         temps = _TEMP.findall(expr)
         if _STATE.search(expr) or any(t in self._stateful for t in temps):
             self._stateful.add(var)
-        if _OUTPUT_COTANGENT.search(expr) or any(t in self._from_output_cotangent for t in temps):
+        if self.reads_output_cotangent(expr):
             self._from_output_cotangent.add(var)
         reads_dot = any(t in self._from_dot for t in _TEMP.findall(expr))
         self.chained |= reads_dot and "_dot(" in expr
@@ -116,7 +117,9 @@ class Block:
     def reads_output_cotangent(self, expr: str) -> bool:
         """Does ``expr`` (a tile name or an expression) read d num / d den, directly or
         through a temp computed from them?"""
-        return bool(_OUTPUT_COTANGENT.search(expr)) or any(
+        if self.OUTPUT_COTANGENT is None:
+            return False
+        return bool(self.OUTPUT_COTANGENT.search(expr)) or any(
             t in self._from_output_cotangent for t in _TEMP.findall(expr))
 
     def text(self, section: str = "pre") -> str:

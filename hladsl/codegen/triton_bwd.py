@@ -26,6 +26,7 @@ to its token tile through one-hot [B_α, B_dim] matrices (``_dot``), per slot.
 from __future__ import annotations
 
 import copy
+import re
 
 from hladsl.codegen import templates
 from hladsl.codegen.prune import prune_dead
@@ -53,6 +54,9 @@ class _TransposingBlock(Block):
     """A ``Block`` that also reuses a contraction computed earlier with its operands
     named or ordered differently (the gradient networks of one term meet the same
     products as transposes: dnum vᵀ for dq, v dnumᵀ for dk)."""
+
+    # d num and d den: their tiles, d num as loaded (raw, and transposed from dnum_ptr), dden's load
+    OUTPUT_COTANGENT = re.compile(r"\b(ct_num|ct_den|raw_num|dnum_ptr|dden_ptr)\b")
 
     def __init__(self, sizes=None):
         super().__init__(sizes)

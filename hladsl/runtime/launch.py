@@ -214,6 +214,23 @@ def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None 
         return
 
 
+PLANS_KEPT = 256   # launch plans kept per cache before it starts over (shape classes in use)
+
+
+def remembered(cache: dict, key, build: Callable[[], object], cacheable: bool = True):
+    """The launch plan of ``key`` in ``cache`` (what a call's launches need that does not
+    depend on its tensors), built once; ``cacheable=False`` (varlen, explicit overrides)
+    builds it for this call only. The cache starts over past PLANS_KEPT entries."""
+    if not cacheable:
+        return build()
+    plan = cache.get(key)
+    if plan is None:
+        if len(cache) >= PLANS_KEPT:
+            cache.clear()
+        plan = cache[key] = build()
+    return plan
+
+
 @dataclass(frozen=True)
 class TileMeta:
     """What the launch rules read of a token tile: a cached launch plan's Tiling holds

@@ -23,6 +23,7 @@ from hladsl.ir.evaluate import letters_for
 from hladsl.ir.operands import Kind, exhaustive
 from hladsl.runtime import direct, launch
 from hladsl.runtime.packing import combos, multiplicity, pack, packed_shape, unpack
+from hladsl.runtime.validate import check_step_state
 
 BACKENDS = ("torch", "triton")
 
@@ -83,8 +84,6 @@ def _check(alg: Algebra, tokens, g, state, state_indices):
             raise ValueError(f"tokens['{name}'] has last dimension {x.shape[-1]}, but dim '{dim}' "
                              f"is {sizes[dim]}")
     B, T, H, _ = first.shape
-    if T < 1:
-        raise ValueError("tokens must hold at least one token (T >= 1)")
     if g is not None and (not isinstance(g, torch.Tensor) or tuple(g.shape) != (B, T, H)
                           or not g.is_floating_point() or g.device != first.device):
         raise ValueError(f"g must be a float tensor [B, T, H] = {(B, T, H)} on {first.device}")
@@ -101,13 +100,9 @@ def _check(alg: Algebra, tokens, g, state, state_indices):
         if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape or x.device != first.device:
             raise ValueError(f"state['{name}'] must be a tensor of shape {shape} on {first.device}, "
                              f"got {tuple(x.shape) if isinstance(x, torch.Tensor) else x}")
-    if state_indices is None:
-        if n != B:
-            raise ValueError(f"state has {n} rows but the batch {B}: pass state_indices")
-    elif (not isinstance(state_indices, torch.Tensor) or tuple(state_indices.shape) != (B,)
-          or state_indices.dtype not in (torch.int32, torch.int64)
-          or state_indices.device != first.device):
-        raise ValueError(f"state_indices must be an int32/int64 tensor [B] = [{B}] on {first.device}")
+    if state_indices is None and n != B:
+        raise ValueError(f"state has {n} rows but the batch {B}: pass state_indices")
+    check_step_state(state, state_indices, B, T, first.device)   # T >= 1, state_indices
     return sizes, dtypes.pop()
 
 
@@ -186,8 +181,7 @@ _TENSOR = exhaustive({Kind.TOKEN: lambda plan, o, tok, held: tok[o.name], Kind.P
 
 # -- triton -------------------------------------------------------------------------------------
 
-_SETUPS: dict = {}     # launch setups of recent calls (what does not depend on the tensors)
-_MAX_SETUPS = 256
+_SETUPS: dict = {}     # launch setups of recent shapes (launch.remembered)
 
 
 def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps, packed_rows,
@@ -196,11 +190,7 @@ def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps
     B, T, H, _ = first.shape
     key = (id(plan), B, T, H, dtype, g is not None, state_indices is not None, block_v, num_warps,
            packed_rows, first.device)
-    setup = _SETUPS.get(key)
-    if setup is None:
-        if len(_SETUPS) >= _MAX_SETUPS:
-            _SETUPS.clear()
-        setup = _SETUPS[key] = _Setup(plan, *key[1:])
+    setup = launch.remembered(_SETUPS, key, lambda: _Setup(plan, *key[1:]))
     o = torch.empty((B, T, H, setup.dv), device=first.device, dtype=out_dtype)
     args = dict(setup.static)
     args.update(_tensor_args(setup.states, tokens, g, state, state_indices, o))

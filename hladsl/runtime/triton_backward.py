@@ -51,14 +51,9 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     device = first.device
     key = (id(program), tuple(first.shape[:4]), first.dtype, device, precision, num_warps,
            reverse_block, schedule, targets_per_program)
-    plan = _PLANS.get(key) if seq_chunks is None else None
-    if plan is None:
-        plan = _BackwardPlan(program, ctx, first, precision, num_warps, reverse_block, schedule,
-                             targets_per_program, seq_chunks)
-        if seq_chunks is None:
-            if len(_PLANS) >= _MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
+    plan = launch.remembered(_PLANS, key, lambda: _BackwardPlan(
+        program, ctx, first, precision, num_warps, reverse_block, schedule, targets_per_program,
+        seq_chunks), cacheable=seq_chunks is None)
     walk, common, packed = plan.walk, plan.common, plan.packed
     check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, plan.walkers)
     if lam is not None:
@@ -175,8 +170,7 @@ def _fused(module, ctx, plan, tokens, state_args, starts, cot, grad_final, first
     return d_tiles, d_lam, d_init
 
 
-_PLANS: dict = {}    # launch plans of recent shape classes (what does not depend on the tensors)
-_MAX_PLANS = 256
+_PLANS: dict = {}    # launch plans of recent shape classes (launch.remembered)
 
 
 class _BackwardPlan:

@@ -101,14 +101,9 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
         raise autotune.Unavailable(f"{program.algebra.name} has no fused schedule (packed states)")
     key = (id(program), tuple(first.shape[:4]), first.dtype, device, precision, state_block, num_warps,
            num_stages, packed_block, schedule)
-    plan = _PLANS.get(key) if seq_chunks is None and not (state_options or output_options) else None
-    if plan is None:
-        plan = _ForwardPlan(program, ctx, first, precision, state_block, num_warps, num_stages,
-                            packed_block, schedule, seq_chunks)
-        if seq_chunks is None and not (state_options or output_options):
-            if len(_PLANS) >= _MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
+    plan = launch.remembered(_PLANS, key, lambda: _ForwardPlan(
+        program, ctx, first, precision, state_block, num_warps, num_stages, packed_block, schedule,
+        seq_chunks), cacheable=seq_chunks is None and not (state_options or output_options))
     common, walk = plan.common, plan.walk
     if plan.fused:
         try:
@@ -139,8 +134,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     return o, final
 
 
-_PLANS: dict = {}    # launch plans of recent shape classes (what does not depend on the tensors)
-_MAX_PLANS = 256
+_PLANS: dict = {}    # launch plans of recent shape classes (launch.remembered)
 
 
 class _ForwardPlan:
