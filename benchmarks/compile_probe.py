@@ -41,7 +41,7 @@ def record(name: str, params: dict, d: int, gated: bool, chunk: int = 64):
     init = {s: torch.zeros(N, H, *program.state_shape(s)) for s, _ in program.states}
     launches = []
     real = launch.launch
-    launch.launch = lambda kernel, grid, args, may: launches.append((kernel, args))
+    launch.launch = lambda kernel, grid, args, may, tiling=None: launches.append((kernel, args))
     try:
         forward_triton(program, tiles, lam, init, alg.eps, schedule="two_pass")
         backward_triton(program, tiles, lam, init,

@@ -133,3 +133,28 @@ def test_remembered_builds_a_plan_once_bypasses_when_told_and_starts_over_when_f
     launch.remembered(cache, "j", build)
     launch.remembered(cache, "i", build)      # full: starts over, keeps the new one
     assert list(cache) == ["i"]
+
+
+def test_a_chunk_that_fit_one_spec_is_not_another_specs(monkeypatch):
+    """The chunk the kernels fit at is remembered per spec and shape class: hla3's kernels
+    needing C = 32 once ran hla2, at the same shape, at C = 32 too (with fp32 dots, 3.6x
+    slower: the H100 bench of this round)."""
+    import hladsl
+    from hladsl.runtime import triton_forward
+    from triton.runtime.errors import OutOfResources
+    asked = []
+
+    def fake_forward(program, tiles, lam, init, *args, **kwargs):   # fits at C <= 32 for hla3
+        asked.append((program.algebra.name, program.chunk))
+        if program.algebra.name == "hla3" and program.chunk > 32:
+            raise OutOfResources(262144, 232448, "shared memory")
+        n, h, n_chunks, chunk = next(iter(tiles.values())).shape[:4]
+        o = triton_forward.token_layout(n, h, n_chunks, chunk, 8, torch.float32, "cpu")
+        return o.zero_(), {s: torch.zeros_like(x) for s, x in init.items()}
+    monkeypatch.setattr(triton_forward, "forward_triton", fake_forward)
+    q, k, v = (torch.randn(1, 128, 2, 8) for _ in range(3))
+    for name in ("hla3", "hla2", "hla3"):
+        op = hladsl.load(name)
+        monkeypatch.setattr(op, "use_triton", lambda x, backend=None: True)
+        op(q, k, v)
+    assert asked == [("hla3", 64), ("hla3", 32), ("hla2", 64), ("hla3", 32)]

@@ -169,3 +169,34 @@ def test_emit_chunk_bwd_says_which_d_states_keep_fp32_cotangent_products():
     from hladsl.emit import emit
     text = emit("hla2", "chunk_bwd", {"normalize": True}, None)
     assert "cotangent products stay fp32-accurate" in text and "dS (" in text
+
+
+
+def _kernel(source: str, kernel: str) -> str:
+    return source.split(f"def {kernel}(")[1].split("\n@triton.jit")[0]
+
+
+def test_states_of_a_cubic_cancellation_keep_their_token_products_fp32():
+    """Rule 3: HLA3's W = SK SQ P - G1 - G2 - G3 multiplies three states, so every state it
+    reads (and what their updates read) sums even its token products fp32-accurately, in
+    the state pass and the fused kernel; the output kernel still runs tokens in bf16."""
+    plan = _plan("hla3")
+    assert set(plan.exact_tokens) == {"SK", "SQ", "P", "G1", "G2", "G3"}
+    source = generate(compile_spec("hla3").program)
+    for kernel in ("state_pass_kernel", "fused_kernel"):
+        updates = re.findall(r"# ---- (\w+): state at the end of this chunk\n(.*?)(?=# ----|\Z)",
+                             _kernel(source, kernel), re.S)
+        assert {name for name, _ in updates} == set(plan.exact_tokens), kernel
+        for name, code in updates:
+            assert "_dot(" in code and ", DOT, PREC)" not in code and ", SDOT, PREC)" not in code, name
+    assert ", DOT, PREC)" in _kernel(source, "output_kernel")
+    assert "token products of G1, G2, G3, P, SK, SQ" in "\n".join(plan.describe())
+
+
+@pytest.mark.parametrize("name,params", [("hla2", {}), ("linear", {}), ("ahla", {}),
+                                         ("hla3_masked", {}), ("power", {"p": 2})])
+def test_quadratic_or_no_cancellation_keeps_token_products_in_the_input_dtype(name, params):
+    """HLA2's W = C S - G multiplies two states: its token products stay bf16."""
+    assert not _plan(name, **params).exact_tokens
+    body = _kernel(generate(compile_spec(name, **params).program), "state_pass_kernel")
+    assert ", DOT, PREC)" in body

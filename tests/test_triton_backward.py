@@ -98,27 +98,94 @@ def test_triton_backward_matches_torch(name, params, dims, gated, normalize, sch
         assert d_lam is None
 
 
-@pytest.mark.parametrize("name,normalize", [("linear", True), ("hla2", False)])
-def test_reverse_pass_split_over_value_blocks(name, normalize):
-    """Where every transpose keeps the value dim free (linear) the reverse pass runs
-    one program per value block (d-states without it written by block 0); where one
-    sums over it (hla2: dS += dW Cᵀ) it does not split."""
+SPLITS = [("linear", {}, True, []), ("hla2", {}, False, ["S"]),
+          ("hla2", {"ridge": 0.3}, True, ["S", "m", "h"]), ("hla3_masked", {}, True, ["S", "m", "z"]),
+          ("hla3", {}, False, ["SK", "SQ"])]
+
+
+@pytest.mark.parametrize("name,params,normalize,partial", SPLITS,
+                         ids=[f"{c[0]}{'-normalized' if c[2] else ''}" for c in SPLITS])
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_reverse_pass_split_over_value_blocks(name, params, normalize, partial, varlen):
+    """The reverse pass runs one program per value block. Where every transpose keeps the
+    value dim free (linear) a d-state without it is computed whole by every block and
+    written by block 0; where one sums over it (hla2: dS += dW Cᵀ) each block holds a
+    partial sum of such d-states (block 0 from d final state, d den's networks in block 0
+    only), which the gradient kernel and d initial state sum. Two blocks here, 16 wide."""
     from hladsl.codegen.triton_bwd import backward_kernels
     from hladsl.runtime.triton_backward import backward_triton
-    alg = hladsl.compile_spec(name, normalize=normalize)
+    alg = hladsl.compile_spec(name, normalize=normalize, **params)
     program = chunk_program(alg, C, (("d", 16), ("dv", 32)), True)
     _, ctx = backward_kernels(program)
-    assert ctx["reverse_splits"] == (["dv"] if name == "linear" else [])
+    assert ctx["reverse_splits"] == ["dv"] and ctx["reverse_partial"] == partial
     tiles, lam, init, grad_o, grad_final = _inputs(program, normalize, seed=5)
-    ref = backward_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps)
+    seq_chunks = None
+    if varlen:   # two sequences of 2 and 1 chunks in one row: d initial state per sequence
+        seq_chunks = torch.tensor([0, 2, 3], dtype=torch.int32)
+        init = {k: torch.cat([v, 0.5 * v]) for k, v in init.items()}
+        grad_final = {k: torch.cat([v, -v]) for k, v in grad_final.items()}
+    ref = _varlen_reference(program, tiles, lam, init, grad_o, grad_final, alg.eps, seq_chunks)
     got = backward_triton(program, {k: v.float() for k, v in tiles.items()}, lam.float(),
                           {k: v.float() for k, v in init.items()}, grad_o.float(),
-                          {k: v.float() for k, v in grad_final.items()}, alg.eps, reverse_block=16)
+                          {k: v.float() for k, v in grad_final.items()}, alg.eps, reverse_block=16,
+                          seq_chunks=seq_chunks)
     for x in tiles:
         assert _rel(got[0][x], ref[0][x]) <= 1e-4, x
     assert _rel(got[1], ref[1]) <= 1e-4
     for s in init:
+        assert got[2][s].shape == init[s].shape
         assert _rel(got[2][s], ref[2][s]) <= 1e-4, s
+
+
+def test_reverse_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch):
+    """A reverse kernel over the GPU's shared memory at every launch fallback (HLA2's at
+    d = 128 on the H100, injected here for blocks wider than 16) runs in narrower value
+    blocks (launch.narrower), with partial d-state sums over twice the blocks, and its
+    plan keeps the width that fit."""
+    from triton.runtime.errors import OutOfResources
+    from hladsl.runtime import launch, triton_backward
+    real, grids = launch.launch, []
+
+    def small_smem(kernel, grid, args, may_fall_back, tiling=None):
+        if kernel.fn.__name__ == "reverse_kernel":
+            grids.append(grid)
+            if args["B_dv"] > 16:
+                raise OutOfResources(262144, 232448, "shared memory")
+        return real(kernel, grid, args, may_fall_back, tiling)
+    monkeypatch.setattr(launch, "launch", small_smem)
+    alg = hladsl.compile_spec("hla2")
+    program = chunk_program(alg, C, (("d", 16), ("dv", 32)), True)
+    tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=7)
+    ref = backward_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps)
+    for _ in range(2):   # the second call starts at the width that fit
+        grids.clear()
+        got = triton_backward.backward_triton(
+            program, {k: v.float() for k, v in tiles.items()}, lam.float(),
+            {k: v.float() for k, v in init.items()}, grad_o.float(),
+            {k: v.float() for k, v in grad_final.items()}, alg.eps, reverse_block=32)
+        for x in tiles:
+            assert _rel(got[0][x], ref[0][x]) <= 1e-4, x
+        for s in init:
+            assert _rel(got[2][s], ref[2][s]) <= 1e-4, s
+        assert grids[-1][1] == 2
+    assert len(grids) == 1    # no failed attempt on the second call
+
+
+def _varlen_reference(program, tiles, lam, init, grad_o, grad_final, eps, seq_chunks):
+    """backward_torch per sequence (float64), concatenated back into the one row."""
+    if seq_chunks is None:
+        return backward_torch(program, tiles, lam, init, grad_o, grad_final, eps)
+    bounds = seq_chunks.tolist()
+    parts = []
+    for n, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        parts.append(backward_torch(program, {k: v[:, :, lo:hi] for k, v in tiles.items()},
+                                    lam[:, :, lo:hi], {k: v[n:n + 1] for k, v in init.items()},
+                                    grad_o[:, :, lo:hi], {k: v[n:n + 1] for k, v in grad_final.items()},
+                                    eps))
+    d_tiles = {x: torch.cat([p[0][x] for p in parts], dim=2) for x in tiles}
+    d_lam = torch.cat([p[1] for p in parts], dim=2)
+    d_init = {s: torch.cat([p[2][s] for p in parts]) for s in init}
+    return d_tiles, d_lam, d_init
 
 
 def test_triton_backward_missing_final_grad_is_zero(tmp_path):

@@ -62,6 +62,7 @@ class Block:
         self._stateful: set[str] = set()     # temps that read a carried state or derived carry
         self.chained = False                 # a matmul reads (a function of) a matmul result
         self.exact = False                   # matmuls reading carried states stay fp32 (ir.precision)
+        self.exact_tokens = False            # every matmul stays fp32 (ir.precision rule 3)
         # and matmuls reading d num / d den too (ir.precision.quotient_cancelling)
         self.exact_cotangents = False
         self._from_output_cotangent: set[str] = set()   # temps that read d num or d den
@@ -227,7 +228,8 @@ class Block:
         # d den stay fp32-accurate too: ir.precision.quotient_cancelling)
         exact_ct = self.exact_cotangents and any(
             self.reads_output_cotangent(x) for x in (a.var, b.var, left, right))
-        dtype = "tl.float32" if (self.exact and reads) or exact_ct else ("SDOT" if reads else "DOT")
+        exact = (self.exact and reads) or exact_ct or self.exact_tokens
+        dtype = "tl.float32" if exact else ("SDOT" if reads else "DOT")
         expr = f"_dot({left}, {right}, {dtype}, PREC)"
         idx = tuple(free_a + free_b)
         if len(free_a) > 1 or len(free_b) > 1:

@@ -108,6 +108,9 @@ class _BwdLowering(_Lowering):
         p = bwd.forward
         self.bwd = bwd
         self.quotient, _ = quotient_cancelling(bwd)
+        # the value dim over whose blocks the reverse pass holds partial sums (while its
+        # code is generated): networks reading a whole cotangent (d den) run in block 0
+        self.partial_dim: str | None = None
         (o_index,) = p.algebra.output.free
         self.o_dim = self.index_dims(p.output[0].operands)[o_index]
         self.ct_dims = {"num": (None, self.o_dim), "den": (None,)}
@@ -178,6 +181,10 @@ class _BwdLowering(_Lowering):
                 value = self._power_chain(g, block.define(value))
             mag = abs(float(t.coef))
             value = value if mag == 1.0 else f"{mag!r} * ({value})"
+            ct = g.cotangent.name
+            if self.partial_dim and ct in ("num", "den") and self.partial_dim not in self.ct_dims[ct]:
+                # a whole cotangent without the split dim (d den): block 0 alone adds it
+                value = f"tl.where(pid_{self.partial_dim} == 0, {value}, 0.0)"
             block.lines.append(f"{acc} {'-' if t.coef < 0 else '+'}= {value}")
         block.section, block.exact, block.exact_cotangents = "pre", False, False
 
@@ -268,13 +275,19 @@ def backward_context(program: ChunkProgram) -> dict:
             if not low.keeps_free(g, pd):
                 raise ValueError(f"{g.term.source}: its transpose sums over the packed dim {pd}, "
                                  f"which the reverse pass splits over")
-    if len(splits) < 2 and all(list(dims).count(low.o_dim) <= 1 for dims in low.state_dims.values()) \
-            and all(low.keeps_free(g, low.o_dim) for g in reverse):
-        splits.append(low.o_dim)
+    partial: list[str] = []
+    if len(splits) < 2 and all(list(dims).count(low.o_dim) <= 1 for dims in low.state_dims.values()):
+        if all(low.keeps_free(g, low.o_dim) for g in reverse):
+            splits.append(low.o_dim)
+        elif not splits and _sums_split_partially(low, reverse, low.o_dim):
+            splits.append(low.o_dim)
+            partial = [n for n, dims in low.state_dims.items() if low.o_dim not in dims]
+            low.partial_dim = low.o_dim
     low.region()
     rdefs: dict = {}
     derived_code, reverse_code, written = _reverse_code(low, reverse, rdefs)
     reverse_chained = low.block.chained
+    low.partial_dim = None
 
     # -- gradient pass: parallel over chunks and gradient targets (one input each, and Λ),
     # looping over the tiles of a packed dim. Each target's code is generated in a region of
@@ -320,6 +333,7 @@ def backward_context(program: ChunkProgram) -> dict:
         return {**s, "gtiled": loop_dim in s["dims"], **extra}
 
     def own(name):   # the reverse pass writes a d-state from block 0 of each split it lacks
+        # (a partial sum's block 0 alone loads d final state: the blocks' sum is the d-state)
         s = info(name)
         owner = " & ".join(f"(pid_{d} == 0)" for d in splits if d not in s["dims"])
         return f"tl.where({owner}, msk_{name}, False)" if owner else f"msk_{name}"
@@ -332,6 +346,9 @@ def backward_context(program: ChunkProgram) -> dict:
         "o_dim": low.o_dim,
         "inputs": all_inputs,
         "reverse_splits": splits,
+        # d-states each block of the value split holds a partial sum of (per-block buffers,
+        # summed by their readers); empty where every block computes them whole
+        "reverse_partial": partial,
         "reverse_states": [info(n, own=own(n)) for n in states],
         "reverse_reads": [info(n) for n in states if n in read_reverse],
         "reverse_defs": _defs(rdefs),
@@ -349,6 +366,24 @@ def backward_context(program: ChunkProgram) -> dict:
         "grad_groups": groups,
         "fused": None if fused is None else {**fused, "reads": [info(n) for n in fused["reads"]]},
     }
+
+
+def _sums_split_partially(low: _BwdLowering, reverse, dim: str) -> bool:
+    """Can the reverse pass split over blocks of ``dim`` with every d-state lacking ``dim``
+    held as a per-block partial sum? The pass is linear in the cotangents, so it can where
+    a block's value columns enter a network only through its cotangent: each network has
+    at most one index of ``dim``, and that one is the cotangent's (d num's value column, a
+    value-dim d-state's). Kept free, it maps the block's columns to the same columns of a
+    value-dim target; summed, it adds the block's share to a d-state without ``dim``
+    (HLA2: dS += dW Cᵀ). A network without ``dim`` maps its cotangent linearly: a partial
+    sum to a partial sum, and d den, the one whole cotangent without it, in block 0 alone
+    (``_BwdLowering.partial_dim``)."""
+    for g in reverse:
+        dims = low.index_dims(g.term.operands)
+        along = [i for i, d in dims.items() if d == dim]
+        if len(along) > 1 or (along and along[0] not in g.cotangent.indices):
+            return False
+    return True
 
 
 def _reverse_code(low: _BwdLowering, reverse, defs) -> tuple[str, str, list[str]]:

@@ -208,6 +208,7 @@ class _Lowering:
         and the first step that sums the index away accumulates across tiles."""
         block = self.block
         block.exact = self.exact_sum(acc)
+        block.exact_tokens = acc[3:] in self.precision.exact_tokens if acc.startswith("nx_") else False
         start = {k: len(v) for k, v in block.sections.items()}
         for n, t in enumerate(terms):
             head = f"{t.coef:+g} · {t.source}"
@@ -244,7 +245,7 @@ class _Lowering:
             if scale_end and t.carry_weight:
                 value = f"{value} * tl.exp({int(t.carry_weight)} * lam_end)"
             self._accumulate(block, acc, value, float(t.coef), first=n == 0)
-        block.section, block.exact = "pre", False
+        block.section, block.exact, block.exact_tokens = "pre", False, False
         return {k: "\n".join(v[start[k]:]).strip("\n") for k, v in block.sections.items()}
 
     def exact_sum(self, acc: str) -> bool:

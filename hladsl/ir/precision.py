@@ -15,7 +15,15 @@ destroys it. So:
    read by a sensitive state's update: the products of a sensitive state's update
    that read carried states are fp32-accurate too (else the state would enter the
    cancelling sum with bf16 errors);
-3. every other product runs on the tensor cores in the input dtype.
+3. a cancelling derived carry of degree three or more (a product of three carried
+   states, HLA3's SK SQ P) reads states summed over the whole sequence, and bf16
+   tensor-core products leave each such state ~1e-4 relative error at T = 65536
+   (measured on the H100: HLA3's P 7.6e-5 with bf16 token products, 8e-7 with fp32 ones)
+   that the degree-three cancellation amplifies past the output's bar (o 1.8e-2; 2.1e-3
+   with fp32). So the states such a sum reads, and transitively those their updates
+   read, multiply even their token products fp32-accurately (*exact_tokens*). A
+   degree-two sum (HLA2's C S - G: o 2.4e-3 there) amplifies far less and keeps them bf16;
+4. every other product runs on the tensor cores in the input dtype.
 
 The backward inherits the plan: a gradient network is exact iff the forward sum
 whose cotangent it consumes is.
@@ -35,6 +43,7 @@ class PrecisionPlan:
     exact_output: bool                 # the output / normaliser sum cancels
     exact_derived: frozenset[str]      # derived carries whose terms cancel
     exact_states: frozenset[str]       # states whose update's carry-reading products stay fp32
+    exact_tokens: frozenset[str]       # states whose update's token products stay fp32 too (rule 3)
     reasons: tuple[str, ...]           # one line per exact sum, for --emit chunk
 
     def describe(self) -> list[str]:
@@ -68,12 +77,15 @@ def precision_plan(program: ChunkProgram) -> PrecisionPlan:
     reasons = []
     sensitive: set[str] = set()
     exact_derived = set()
+    deep: set[str] = set()        # states read by a cancelling sum of degree >= 3
     for d in program.derived:     # every term of a derived carry reads carried states
         if _cancels(float(m.coef) for m in d.poly.terms):
             exact_derived.add(d.name)
             read = sorted({f.name for m in d.poly.terms for f in m.factors})
             sensitive.update(read)
             reasons.append(f"derived {d.name} (its terms cancel: {d.poly.text()})")
+            if max(len(m.factors) for m in d.poly.terms) >= DEEP_CANCELLATION:
+                deep.update(read)
     out_terms = program.output + program.normalizer
     exact_output = _term_cancels(program.output) or _term_cancels(program.normalizer)
     if exact_output:
@@ -95,7 +107,25 @@ def precision_plan(program: ChunkProgram) -> PrecisionPlan:
         for n in sorted(read - sensitive):
             sensitive.add(n)
             frontier.append(n)
-    return PrecisionPlan(exact_output, frozenset(exact_derived), frozenset(exact_states), tuple(reasons))
+    updates_read = {name: _all_carries(terms) for name, terms in updates.items()}
+    frontier = sorted(deep)
+    while frontier:               # what a deep state's update reads accumulates its errors too
+        for n in sorted(updates_read.get(frontier.pop(), set()) - deep):
+            deep.add(n)
+            frontier.append(n)
+    if deep:
+        reasons.append(f"token products of {', '.join(sorted(deep))} (read by a cancelling product "
+                       f"of {DEEP_CANCELLATION} or more states: their bf16 errors would be amplified)")
+    return PrecisionPlan(exact_output, frozenset(exact_derived), frozenset(exact_states),
+                         frozenset(deep), tuple(reasons))
+
+
+DEEP_CANCELLATION = 3   # rule 3: the degree from which a cancelling sum's states stay fp32
+
+
+def _all_carries(terms) -> set[str]:
+    """Carried states the terms read, in products or alone."""
+    return {o.name for t in terms for o in t.operands if o.kind is Kind.CARRY}
 
 
 def quotient_cancelling(bwd) -> tuple[frozenset[tuple[str, str]], tuple[str, ...]]:

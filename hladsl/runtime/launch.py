@@ -11,7 +11,8 @@ Rules:
 * launch options: the default software pipelining first; one stage, then eight
   warps when shared memory runs out (``launch``, remembered per kernel).
 * state-pass block of the value dim: narrow enough to fill the GPU
-  (``state_block``), except where Hopper miscompiles narrow chained dots.
+  (``state_block``), except where Hopper miscompiles narrow chained dots; a walking
+  kernel that fits no launch fallback at its width runs narrower blocks (``narrower``).
 * fp32 tiles for chains of bf16/fp16 dots at a narrow chunk or block (``dot_override``).
 * warps and pipeline stages of a state-pass / reverse-pass program from the fp32 state
   elements it holds (``walker_options``).
@@ -248,15 +249,17 @@ class Tiling:
     choices: dict[str, tuple[int, ...]]
     retile: Callable[[dict], tuple[tuple, dict]]
     sets: tuple[str, ...] = ("DOT", "SDOT")   # further arguments retile decides
+    narrowable: tuple[str, ...] = ()           # the B_<dim> of split value dims (``narrower``)
 
 
 def split_blocks(programs: int, splits, program, common: dict, first, chained: bool,
-                 width: int | None = None) -> tuple[tuple, dict, Tiling]:
+                 width: int | None = None, fixed_blocks: bool = False) -> tuple[tuple, dict, Tiling]:
     """Grid (programs, blocks of each split dim), block arguments and the Tiling of a
     state-pass-like kernel. A packed dim keeps its tile (common's B_); any other
     split dim takes ``width`` or ``state_block``'s rule (each dim seeing the
     programs of the ones before it); the dot dtype follows ``dot_override``. The
-    tuner may try other widths where the rule may narrow (``tune_widths``)."""
+    tuner may try other widths where the rule may narrow (``tune_widths``), unless
+    ``fixed_blocks`` (the caller sizes buffers by the number of blocks)."""
     first = TileMeta(first.dtype, first.device, tuple(first.shape))   # retile must not pin the tensor
     sizes = dict(program.sizes)
     packed = {pd.name for pd in program.packed}
@@ -281,10 +284,29 @@ def split_blocks(programs: int, splits, program, common: dict, first, chained: b
         return grid, {**block, **walker,
                       **dot_override(first, chained, block, feature_blocks(program, common))}
 
-    choices = {} if width or not narrow else {
+    choices = {} if width or not narrow or fixed_blocks else {
         f"B_{d}": tune_widths(w, sizes[d]) for d, w in widths.items() if d not in packed}
     grid, block = retile({})
-    return grid, block, Tiling(choices, retile)
+    return grid, block, Tiling(choices, retile, narrowable=tuple(f"B_{d}" for d in widths if d not in packed))
+
+
+NARROWEST_SPLIT = 16   # tl.dot's minimum tile
+
+
+def narrower(launched: tuple[tuple, dict, Tiling]) -> tuple[tuple, dict, Tiling] | None:
+    """The launch of a split walking kernel (``split_blocks``) with its first value-dim
+    block that can be halved, halved, or None. For a kernel that needs more shared
+    memory than the GPU has at every launch fallback: more programs, each holding less
+    (HLA2's reverse pass at d = 128 needs 262144 B at full width, 131072 B at half, 1
+    stage; the H100 has 232448). Below 64 ``dot_override`` makes chained bf16 dots fp32."""
+    grid, block, tiling = launched
+    for name in tiling.narrowable:
+        if block[name] // 2 >= NARROWEST_SPLIT:
+            widths = {n: block[n] for n in tiling.narrowable}
+            widths[name] //= 2
+            grid, block = tiling.retile(widths)
+            return grid, block, tiling
+    return None
 
 
 WALKER_ELEMENTS_PER_4_WARPS = 8192

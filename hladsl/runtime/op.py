@@ -21,7 +21,7 @@ import torch
 from hladsl.errors import SpecError
 from hladsl.ir.pipeline import Compilation, program_for
 from hladsl.runtime import autotune, chunk_torch, launch
-from hladsl.runtime.custom_op import EagerCall, TransformableCall, fresh_outputs, register
+from hladsl.runtime.custom_op import EagerCall, TransformableCall, fresh_outputs, op_name, register
 from hladsl.runtime.packing import pack, packed_shape, unpack
 from hladsl.runtime.validate import check_inputs, check_state, check_step_state
 
@@ -82,6 +82,9 @@ class Op:
         self.queries = query_inputs(alg)
         self.out_dim = output_dim(alg)
         self.state_names = tuple(s.name for s in alg.streaming)
+        # what launch rules remember per shape class is per spec too: one spec's kernels
+        # needing a smaller chunk must not shrink another's (hla3's once ran hla2 at C = 32)
+        self.identity = op_name(self)
         self.custom_op = register(self)
 
     def __repr__(self) -> str:
@@ -224,7 +227,8 @@ class Op:
         if not self.use_triton(first):
             return self._run_torch(tokens, g, scale, init, cu_seqlens)
         dims = self._dims(tokens)
-        key = (tuple(sorted(dims.items())), first.dtype, g is not None, schedule, str(first.device))
+        key = (self.identity, tuple(sorted(dims.items())), first.dtype, g is not None, schedule,
+               str(first.device))
 
         def run(chunk):
             prep = _Prepared(self, tokens, g, scale, init, cu_seqlens, chunk, keep_dtype=True)
@@ -273,7 +277,7 @@ class Op:
         product runs inside a kernel, no tracing on the host."""
         from hladsl.runtime.triton_backward import backward_triton
         first = tokens[0]
-        key = ("backward", tuple(sorted(self._dims(dict(zip(self.inputs, tokens))).items())),
+        key = (self.identity, "backward", tuple(sorted(self._dims(dict(zip(self.inputs, tokens))).items())),
                first.dtype, g is not None, schedule, str(first.device))
 
         def run(chunk):

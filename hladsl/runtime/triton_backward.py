@@ -91,25 +91,17 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                       grad_dtype, grad_scales)
 
     # (b) reverse state pass: d(end state) of every chunk, d initial state
-    d_init, dends, rev = {}, {}, {}
-    for s in ctx["reverse_states"]:
-        name = s["name"]
-        init = state_args[f"init_{name}"]
-        given = (grad_final or {}).get(name)
-        rev[f"dfinal_{name}"] = (torch.zeros_like(init) if given is None else
-                                 given.to(device=device, dtype=torch.float32).contiguous())
-        rev[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
-        rev[f"dends_{name}"] = dends[name] = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
-    rev.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["reverse_reads"]})
-    rgrid, rblock, tiling = plan.reverse_launch
-    launch.launch(module.reverse_kernel, rgrid, {**tokens, **packed, **rev, **cot, **walk, **common, **rblock},
-            True, tiling)
+    fixed = {**tokens, **packed, **cot, **walk, **common,
+             **{f"starts_{s['name']}": starts[s["name"]] for s in ctx["reverse_reads"]}}
+    d_init, dends, blocks = _reverse_pass(module, ctx, plan, fixed, state_args, grad_final, seq_chunks,
+                                          (n_seq, heads, n_chunks))
 
     # (c) token and Λ gradients, parallel over chunks
     d_tiles, d_lam = _grad_buffers(ctx, first, common, lam, grad_dtype)
     args = {**tokens, **packed, **cot,
             **{f"starts_{s['name']}": starts[s["name"]] for s in ctx["grad_reads"]},
-            **{f"dends_{s['name']}": dends[s["name"]] for s in ctx["grad_cts"]}}
+            **{f"dends_{s['name']}": dends[s["name"]] for s in ctx["grad_cts"]},
+            **({"n_rblocks": blocks} if ctx["reverse_partial"] else {})}
     loop, dot = plan.grad_loop, plan.grad_dot
     everything = _grad_args(d_tiles, d_lam, grad_scales)
     for targets, held, parts in plan.grad_launches:
@@ -129,6 +121,42 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             if x is not final[n]:
                 final[n].copy_(x)
     return d_tiles, d_lam, d_init
+
+
+def _reverse_pass(module, ctx, plan, fixed: dict, state_args: dict, grad_final, seq_chunks,
+                  rows: tuple) -> tuple[dict, dict, int]:
+    """The reverse state pass: (d initial state, d end state of every chunk, blocks of the
+    value dim). A d-state the blocks hold partial sums of (``reverse_partial``) gets one
+    slot per block: per chunk for the gradient kernel to sum, and its d initial state
+    summed here. Where the kernel fits no launch fallback, the launch layer narrows the
+    value blocks (``launch.narrower``: more, smaller programs) and the plan keeps that."""
+    from triton.runtime.errors import OutOfResources
+    partial = set(ctx["reverse_partial"])
+    while True:
+        rgrid, rblock, tiling = plan.reverse_launch
+        blocks = rgrid[1 + ctx["reverse_splits"].index(ctx["o_dim"])] if partial else 1
+        d_init, dends, rev = {}, {}, {}
+        for s in ctx["reverse_states"]:
+            name = s["name"]
+            init = state_args[f"init_{name}"]
+            shape = tuple(init.shape[2:])
+            slots = (blocks,) if name in partial else ()
+            given = (grad_final or {}).get(name)
+            rev[f"dfinal_{name}"] = (torch.zeros_like(init) if given is None else
+                                     given.to(device=init.device, dtype=torch.float32).contiguous())
+            rev[f"dinit_{name}"] = d_init[name] = init.new_empty(tuple(init.shape[:2]) + slots + shape)
+            rev[f"dends_{name}"] = dends[name] = per_chunk_alloc(init, seq_chunks)(rows + slots + shape)
+        try:
+            launch.launch(module.reverse_kernel, rgrid, {**fixed, **rev, **rblock}, True, tiling)
+        except OutOfResources:
+            narrower = launch.narrower(plan.reverse_launch)
+            if narrower is None:
+                raise
+            plan.reverse_launch = narrower
+            continue
+        for name in partial:
+            d_init[name] = d_init[name].sum(2)
+        return d_init, dends, blocks
 
 
 def _grad_buffers(ctx, first, common, lam, dtype) -> tuple[dict, torch.Tensor | None]:
@@ -203,7 +231,8 @@ class _BackwardPlan:
             self.fused_targets = launch.grad_target_sets(len(ctx["fused"]["groups"]), targets_per_program)
             return
         self.reverse_launch = launch.split_blocks(walkers * heads, ctx["reverse_splits"], program, common,
-                                                  first, ctx["reverse_chained_dots"], reverse_block)
+                                                  first, ctx["reverse_chained_dots"], reverse_block,
+                                                  fixed_blocks=bool(ctx["reverse_partial"]))
         self.grad_loop = {}
         if ctx["grad_loop_dim"]:
             pd = f"B_{ctx['grad_loop_dim']}"

@@ -51,6 +51,11 @@ def test_long_sequence_matches_fp64(spec, gated, record_property):
     assert torch.isfinite(o).all(), "output has non-finite entries"
     for n, x in state.items():
         assert torch.isfinite(x).all(), f"final state {n} has non-finite entries"
+    # the chunk the kernels ran at (launch.fitting_chunk halves it where they exceed shared
+    # memory; below 64, chains of bf16 dots run in fp32): a ratio means little without it
+    from hladsl.runtime import launch
+    chunks = sorted({c for (key, _), c in launch._FITTING.items() if key[0] == op.identity})
+    record_property("chunk", ",".join(map(str, chunks)))
     ratios = Ratios(record_property)
     ratios.add("o", o_ref, o, TOL_LONG)
     ratios.states("final_state", state_ref, state, TOL_LONG)
