@@ -123,6 +123,8 @@ def check_backward_args(program: ChunkProgram, tiles, lam, init_states, grad_o, 
     if tuple(grad_o.shape) != lead + (dv,):
         raise ValueError(f"grad_o: expected {list(lead + (dv,))}, got {list(grad_o.shape)}")
     for what, states in (("init_states", init_states), ("grad_final", grad_final or {})):
+        if states is None:   # no initial state (zeros): the Triton kernels' HAS_INIT = False
+            continue
         for name, _ in program.states:
             x = states.get(name)
             if x is None and what == "grad_final":

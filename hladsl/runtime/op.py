@@ -392,12 +392,15 @@ class _Prepared:
         self.lam = None
         if gates is not None:
             self.lam = self._tiled(gates.unsqueeze(-1))[..., 0].cumsum(-1)
-        self.init = {}
         rows = B if self.seq_chunks is None else self.seq_chunks.numel() - 1   # one per sequence
-        for n, s in enumerate(alg.streaming):
-            x = (init[n].to(compute) if init else
-                 first.new_zeros((rows, H) + packed_shape(s, dims), dtype=compute))
-            self.init[s.name] = x if self.program.is_packed(s.name) else unpack(s, x, dims)
+        self.rows = (rows, H)
+        self.init = None   # no initial state: the kernels start from zeros (HAS_INIT)
+        if init or not keep_dtype:   # the torch program needs its zeros
+            self.init = {}
+            for n, s in enumerate(alg.streaming):
+                x = (init[n].to(compute) if init else
+                     first.new_zeros((rows, H) + packed_shape(s, dims), dtype=compute))
+                self.init[s.name] = x if self.program.is_packed(s.name) else unpack(s, x, dims)
 
     def _tiled(self, x):
         """[N, T, H, dim] -> [N, H, nC, C, dim] (a view unless T needs padding)."""
@@ -430,7 +433,8 @@ class _Prepared:
         s = self.op.algebra.summary(name)
         if self.program.is_packed(name) or not s.symmetric:   # the same layout
             return d.float()
-        full = self.init[name]
+        full = self.init[name] if self.init is not None else \
+            d.new_zeros(self.rows + tuple(self.program.state_shape(name)), dtype=self.compute)
         _, pull = torch.func.vjp(lambda x: pack(s, x, self.dims), full)
         return pull(d.to(full.dtype))[0]
 

@@ -61,7 +61,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     tokens = _token_args(ctx["inputs"], tiles, lam, program.gated)
 
     # (a) the chunk-start states, by the forward state-pass kernel
-    state_args, _final = _state_buffers(fwd, init_states, device)
+    state_args, _final = _state_buffers(fwd, program, init_states, (plan.walkers, heads), device)
     starts = {}
     for s in fwd["states"]:
         if s["read"]:
@@ -141,11 +141,10 @@ def _reverse_pass(module, ctx, plan, fixed: dict, state_args: dict, grad_final, 
             init = state_args[f"init_{name}"]
             shape = tuple(init.shape[2:])
             slots = (blocks,) if name in partial else ()
-            given = (grad_final or {}).get(name)
-            rev[f"dfinal_{name}"] = (torch.zeros_like(init) if given is None else
-                                     given.to(device=init.device, dtype=torch.float32).contiguous())
+            rev[f"dfinal_{name}"] = _dfinal(grad_final, name, init)
             rev[f"dinit_{name}"] = d_init[name] = init.new_empty(tuple(init.shape[:2]) + slots + shape)
             rev[f"dends_{name}"] = dends[name] = per_chunk_alloc(init, seq_chunks)(rows + slots + shape)
+        rev["HAS_DFINAL"] = _has_dfinal(grad_final)
         try:
             launch.launch(module.reverse_kernel, rgrid, {**fixed, **rev, **rblock}, True, tiling)
         except OutOfResources:
@@ -157,6 +156,21 @@ def _reverse_pass(module, ctx, plan, fixed: dict, state_args: dict, grad_final, 
         for name in partial:
             d_init[name] = d_init[name].sum(2)
         return d_init, dends, blocks
+
+
+def _has_dfinal(grad_final) -> bool:
+    """Does any final state have a gradient? Without one the walking kernels start from
+    zero d-states themselves (HAS_DFINAL False: no zero buffers to allocate and fill)."""
+    return any(x is not None for x in (grad_final or {}).values())
+
+
+def _dfinal(grad_final, name: str, init: torch.Tensor) -> torch.Tensor:
+    """The dfinal_ argument of ``name``: its gradient (fp32, contiguous); zeros where another
+    state has one; else ``init``, a placeholder the kernel does not read (HAS_DFINAL False)."""
+    given = (grad_final or {}).get(name)
+    if given is not None:
+        return given.to(device=init.device, dtype=torch.float32).contiguous()
+    return torch.zeros_like(init) if _has_dfinal(grad_final) else init
 
 
 def _grad_buffers(ctx, first, common, lam, dtype) -> tuple[dict, torch.Tensor | None]:
@@ -182,12 +196,11 @@ def _fused(module, ctx, plan, tokens, state_args, starts, cot, grad_final, first
            grad_scales):
     n_seq, heads = first.shape[:2]
     args, d_init = {}, {}
+    args["HAS_DFINAL"] = _has_dfinal(grad_final)
     for s in ctx["reverse_states"]:
         name = s["name"]
         init = state_args[f"init_{name}"]
-        given = (grad_final or {}).get(name)
-        args[f"dfinal_{name}"] = (torch.zeros_like(init) if given is None else
-                                  given.to(device=init.device, dtype=torch.float32).contiguous())
+        args[f"dfinal_{name}"] = _dfinal(grad_final, name, init)
         args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
     args.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["fused"]["reads"]})
     d_tiles, d_lam = _grad_buffers(ctx, first, plan.common, lam, grad_dtype)

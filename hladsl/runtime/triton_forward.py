@@ -72,7 +72,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
                    seq_chunks: torch.Tensor | None = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16; may be a strided view);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff the program is ungated);
-    init_states: summary -> [N, H, *shape] as the program holds it (program.state_shape). precision: how fp32 tiles are
+    init_states: summary -> [N, H, *shape] as the program holds it (program.state_shape), or None
+    (zeros, made by the kernels). precision: how fp32 tiles are
     multiplied (tl.dot input_precision: "ieee" exact but slow to compile and run,
     "tf32x3" about fp32-accurate on tensor cores, "tf32" fastest). state_block: the
     width of the value-dim block one state-pass program owns, where the program
@@ -114,7 +115,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
                 raise   # auto: all states in one kernel may not fit (hla2 at d = 128): two-pass
             plan.fused = False
 
-    state_args, final = _state_buffers(ctx, init_states, device)
+    state_args, final = _state_buffers(ctx, program, init_states, (plan.walkers, heads), device)
     out_args = {}
     for s in ctx["states"]:
         if s["read"]:
@@ -156,7 +157,7 @@ class _ForwardPlan:
             common.update({f"B_{pd.name}": packed_block for pd in program.packed})
         self.common = common
         self.walk = walk_args(seq_chunks, n_seq, device)   # (a varlen plan is never reused)
-        walkers = self.walk.pop("walkers")    # (sequence, head) pairs the state pass walks
+        self.walkers = walkers = self.walk.pop("walkers")   # sequences the state pass walks
         self.fused = seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device,
                                                              n_seq * heads, n_chunks)
         if self.fused:
@@ -194,7 +195,8 @@ def walk_args(seq_chunks, n_seq: int, device) -> dict:
 def _fused(module, ctx, plan, tiles, lam, init_states, eps, may_fall_back, options, out_dtype):
     first = next(iter(tiles.values()))
     f = ctx["fused"]
-    args, final = _state_buffers(ctx, init_states, first.device)
+    args, final = _state_buffers(ctx, plan.program, init_states, (plan.walkers, first.shape[1]),
+                                 first.device)
     args.update(_token_args(f["inputs"], tiles, lam, plan.program.gated))
     o, out = _output_buffer(plan.program, ctx, first, eps, out_dtype)
     args.update(out)
@@ -204,13 +206,20 @@ def _fused(module, ctx, plan, tiles, lam, init_states, eps, may_fall_back, optio
     return o, final
 
 
-def _state_buffers(ctx, init_states, device) -> tuple[dict, dict]:
-    """init_/final_ kernel arguments of every state (fp32, contiguous) and the finals."""
-    args, final = {}, {}
+def _state_buffers(ctx, program, init_states, rows: tuple, device) -> tuple[dict, dict]:
+    """init_/final_ kernel arguments of every state (fp32, contiguous), HAS_INIT, and the
+    finals. ``init_states`` None: every initial state is zero, which the kernels make
+    themselves (HAS_INIT False; init_ then points at the final buffer, never read), so a
+    call without one allocates and fills no zero states. ``rows``: (sequences, heads)."""
+    args, final = {"HAS_INIT": init_states is not None}, {}
     for s in ctx["states"]:
         name = s["name"]
-        init = init_states[name].to(device=device, dtype=torch.float32).contiguous()
-        final[name] = torch.empty_like(init)
+        if init_states is None:
+            init = final[name] = torch.empty(rows + tuple(program.state_shape(name)), device=device,
+                                             dtype=torch.float32)
+        else:
+            init = init_states[name].to(device=device, dtype=torch.float32).contiguous()
+            final[name] = torch.empty_like(init)
         args[f"init_{name}"], args[f"final_{name}"] = init, final[name]
     return args, final
 
