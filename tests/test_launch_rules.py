@@ -150,7 +150,7 @@ def test_a_chunk_that_fit_one_spec_is_not_another_specs(monkeypatch):
             raise OutOfResources(262144, 232448, "shared memory")
         n, h, n_chunks, chunk = next(iter(tiles.values())).shape[:4]
         o = triton_forward.token_layout(n, h, n_chunks, chunk, 8, torch.float32, "cpu")
-        return o.zero_(), {s: torch.zeros_like(x) for s, x in init.items()}
+        return o.zero_(), {s: torch.zeros((n, h) + program.state_shape(s)) for s, _ in program.states}
     monkeypatch.setattr(triton_forward, "forward_triton", fake_forward)
     q, k, v = (torch.randn(1, 128, 2, 8) for _ in range(3))
     for name in ("hla3", "hla2", "hla3"):

@@ -141,58 +141,75 @@ def test_reverse_pass_split_over_value_blocks(name, params, normalize, partial, 
 def test_no_initial_state_and_no_final_gradient_are_zeros_the_kernels_make(name, schedule):
     """init_states=None (HAS_INIT False) and no final-state gradient (HAS_DFINAL False): the
     kernels start from zero states and d-states without reading any buffer, and give what
-    explicit zero tensors give."""
+    explicit zero tensors give; over two value blocks (a partial-sum reverse pass for hla2,
+    whose block 0 alone would load d final state)."""
     from hladsl.runtime.triton_backward import backward_triton
     from hladsl.runtime.triton_forward import forward_triton
     alg = hladsl.compile_spec(name)
-    program = chunk_program(alg, C, (("d", 8), ("dv", 16)), True)
+    program = chunk_program(alg, C, (("d", 8), ("dv", 32)), True)
     tiles, lam, init, grad_o, _ = _inputs(program, False, seed=11)
     tiles, lam, grad_o = {k: v.float() for k, v in tiles.items()}, lam.float(), grad_o.float()
     zeros = {k: torch.zeros_like(v, dtype=torch.float32) for k, v in init.items()}
-    o0, f0 = forward_triton(program, tiles, lam, zeros, alg.eps, schedule=schedule)
-    o1, f1 = forward_triton(program, tiles, lam, None, alg.eps, schedule=schedule)
+    o0, f0 = forward_triton(program, tiles, lam, zeros, alg.eps, schedule=schedule, state_block=16)
+    o1, f1 = forward_triton(program, tiles, lam, None, alg.eps, schedule=schedule, state_block=16)
     assert torch.equal(o0, o1) and all(torch.equal(f0[s], f1[s]) for s in f0)
-    g0 = backward_triton(program, tiles, lam, zeros, grad_o, zeros, alg.eps, schedule=schedule)
-    g1 = backward_triton(program, tiles, lam, None, grad_o, None, alg.eps, schedule=schedule)
+    g0 = backward_triton(program, tiles, lam, zeros, grad_o, zeros, alg.eps, schedule=schedule,
+                         reverse_block=16)
+    g1 = backward_triton(program, tiles, lam, None, grad_o, None, alg.eps, schedule=schedule,
+                         reverse_block=16)
     assert all(torch.equal(g0[0][x], g1[0][x]) for x in tiles) and torch.equal(g0[1], g1[1])
     assert all(torch.equal(g0[2][s], g1[2][s]) for s in g0[2])
     ref = backward_torch(program, {k: v.double() for k, v in tiles.items()}, lam.double(),
                          {k: v.double() for k, v in zeros.items()}, grad_o.double(), None, alg.eps)
     assert all(_rel(g1[0][x], ref[0][x]) <= 1e-4 for x in tiles)
+    with pytest.raises(ValueError, match="init_states: expected a dict"):   # the torch program's
+        backward_torch(program, tiles, lam, None, grad_o, None, alg.eps)    # are explicit
 
 
-def test_reverse_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch):
+@pytest.mark.parametrize("tuned", [False, True], ids=["untuned", "tuned"])
+def test_reverse_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch, tmp_path, tuned):
     """A reverse kernel over the GPU's shared memory at every launch fallback (HLA2's at
     d = 128 on the H100, injected here for blocks wider than 16) runs in narrower value
     blocks (launch.narrower), with partial d-state sums over twice the blocks, and its
-    plan keeps the width that fit."""
+    plan keeps the width that fit -- an autotuning session's trials too (they retile
+    from the narrowed widths: the buffers are sized by the number of blocks)."""
+    import contextlib
     from triton.runtime.errors import OutOfResources
-    from hladsl.runtime import launch, triton_backward
-    real, grids = launch.launch, []
+    from hladsl.runtime import autotune, launch, progress, triton_backward
+    real, grids = progress.first_launch, []
 
-    def small_smem(kernel, grid, args, may_fall_back, tiling=None):
+    def small_smem(kernel, options, fn):   # every compile of a variant, tuned or not
         if kernel.fn.__name__ == "reverse_kernel":
-            grids.append(grid)
-            if args["B_dv"] > 16:
+            grids.append(options["B_dv"])
+            if options["B_dv"] > 16:
                 raise OutOfResources(262144, 232448, "shared memory")
-        return real(kernel, grid, args, may_fall_back, tiling)
-    monkeypatch.setattr(launch, "launch", small_smem)
+        return real(kernel, options, fn)
+    monkeypatch.setattr(progress, "first_launch", small_smem)
+    monkeypatch.setattr(launch, "_WORKING", {})
+    session = contextlib.nullcontext()
+    if tuned:
+        tuner = autotune.Tuner(str(tmp_path / "tune.json"), timer=lambda fn: (fn(), 1.0)[1])
+        session = autotune.tuning(tuner, {"gpu": "fake", "dims": [["d", 16]], "dtype": "fp32",
+                                          "gated": True, "bh": 2, "t": 48})
     alg = hladsl.compile_spec("hla2")
     program = chunk_program(alg, C, (("d", 16), ("dv", 32)), True)
     tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=7)
     ref = backward_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps)
-    for _ in range(2):   # the second call starts at the width that fit
+    for call in range(2):   # the second call starts at the width that fit
         grids.clear()
-        got = triton_backward.backward_triton(
-            program, {k: v.float() for k, v in tiles.items()}, lam.float(),
-            {k: v.float() for k, v in init.items()}, grad_o.float(),
-            {k: v.float() for k, v in grad_final.items()}, alg.eps, reverse_block=32)
+        with session if call == 0 else contextlib.nullcontext():
+            got = triton_backward.backward_triton(
+                program, {k: v.float() for k, v in tiles.items()}, lam.float(),
+                {k: v.float() for k, v in init.items()}, grad_o.float(),
+                {k: v.float() for k, v in grad_final.items()}, alg.eps, reverse_block=32,
+                schedule="two_pass")
         for x in tiles:
             assert _rel(got[0][x], ref[0][x]) <= 1e-4, x
         for s in init:
             assert _rel(got[2][s], ref[2][s]) <= 1e-4, s
-        assert grids[-1][1] == 2
-    assert len(grids) == 1    # no failed attempt on the second call
+        if call == 0:
+            assert 32 in grids and grids[-1] == 16
+    assert grids in ([], [16])    # no attempt at the width that did not fit on the second call
 
 
 def _varlen_reference(program, tiles, lam, init, grad_o, grad_final, eps, seq_chunks):

@@ -62,9 +62,9 @@ class Block:
         self._stateful: set[str] = set()     # temps that read a carried state or derived carry
         self.chained = False                 # a matmul reads (a function of) a matmul result
         self.exact = False                   # matmuls reading carried states stay fp32 (ir.precision)
-        self.exact_tokens = False            # every matmul stays fp32 (ir.precision rule 3)
         # and matmuls reading d num / d den too (ir.precision.quotient_cancelling)
         self.exact_cotangents = False
+        self.exact_tokens = False            # every matmul stays fp32 (ir.precision rule 3)
         self._from_output_cotangent: set[str] = set()   # temps that read d num or d den
         # token tiles as the kernel loads them: an fp32 tile -> the same tile in the input
         # dtype (dots read it as is: bf16 straight from the load into the tensor cores), and a

@@ -3,9 +3,12 @@ state-pass kernel (recomputes the chunk-start states), and
 
   cotangent_kernel  (normalized programs) grid (nC, N*H): recomputes num and den,
                     writes dnum = do / (den + eps) and dden = -Σ_e do num / (den + eps)²
-  reverse_kernel    grid (N*H, blocks of each packed dim): walks the chunks last
-                    to first with every d-state an fp32 register tile; writes
-                    d(end state) of every chunk and d initial state
+  reverse_kernel    grid (N*H, blocks of each packed dim and of the value dim where
+                    it splits): walks the chunks last to first with every d-state an
+                    fp32 register tile; writes d(end state) of every chunk and d
+                    initial state. Where a transpose sums over the value dim, the
+                    d-states without it are per-block partial sums in a slot per
+                    block (``reverse_partial``), which grad_kernel sums (n_rblocks)
   grad_kernel       grid (nC, N*H), one launch per set of gradient target groups
                     (constexpr TARGETS: one bit per token input, then Λ) and part
                     (constexpr PART of PARTS: a run of the group's networks, or the

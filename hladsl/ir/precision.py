@@ -25,8 +25,9 @@ destroys it. So:
    degree-two sum (HLA2's C S - G: o 2.4e-3 there) amplifies far less and keeps them bf16;
 4. every other product runs on the tensor cores in the input dtype.
 
-The backward inherits the plan: a gradient network is exact iff the forward sum
-whose cotangent it consumes is.
+The backward inherits rules 1 and 2: a gradient network is exact iff the forward sum
+whose cotangent it consumes is; rule 3 applies to the state updates (forward, and the
+backward's recomputed chunk-start states), not to gradient networks.
 """
 from __future__ import annotations
 

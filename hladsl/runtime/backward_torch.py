@@ -101,9 +101,10 @@ def power_chain_rule(x: torch.Tensor, dspow: torch.Tensor, p: int, weighted: boo
 
 
 def check_backward_args(program: ChunkProgram, tiles, lam, init_states, grad_o, grad_final,
-                        state_rows: int | None = None) -> None:
+                        state_rows: int | None = None, zero_init_ok: bool = False) -> None:
     """ValueError naming the argument whose tensor does not fit ``program``. ``state_rows``:
-    the states' leading dim where it is not the tiles' N (varlen: one row per sequence)."""
+    the states' leading dim where it is not the tiles' N (varlen: one row per sequence).
+    ``zero_init_ok``: ``init_states`` may be None (the Triton kernels then start from zeros)."""
     alg, sizes = program.algebra, dict(program.sizes)
     missing = sorted(set(alg.inputs) - set(tiles))
     if missing:
@@ -123,8 +124,10 @@ def check_backward_args(program: ChunkProgram, tiles, lam, init_states, grad_o, 
     if tuple(grad_o.shape) != lead + (dv,):
         raise ValueError(f"grad_o: expected {list(lead + (dv,))}, got {list(grad_o.shape)}")
     for what, states in (("init_states", init_states), ("grad_final", grad_final or {})):
-        if states is None:   # no initial state (zeros): the Triton kernels' HAS_INIT = False
+        if states is None and zero_init_ok:   # no initial state: the kernels' HAS_INIT = False
             continue
+        if states is None:
+            raise ValueError(f"{what}: expected a dict of states, got None")
         for name, _ in program.states:
             x = states.get(name)
             if x is None and what == "grad_final":

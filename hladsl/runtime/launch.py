@@ -11,8 +11,8 @@ Rules:
 * launch options: the default software pipelining first; one stage, then eight
   warps when shared memory runs out (``launch``, remembered per kernel).
 * state-pass block of the value dim: narrow enough to fill the GPU
-  (``state_block``), except where Hopper miscompiles narrow chained dots; a walking
-  kernel that fits no launch fallback at its width runs narrower blocks (``narrower``).
+  (``state_block``), except where Hopper miscompiles narrow chained dots; a reverse
+  pass that fits no launch fallback at its width runs narrower blocks (``narrower``).
 * fp32 tiles for chains of bf16/fp16 dots at a narrow chunk or block (``dot_override``).
 * warps and pipeline stages of a state-pass / reverse-pass program from the fp32 state
   elements it holds (``walker_options``).
@@ -296,7 +296,8 @@ NARROWEST_SPLIT = 16   # tl.dot's minimum tile
 def narrower(launched: tuple[tuple, dict, Tiling]) -> tuple[tuple, dict, Tiling] | None:
     """The launch of a split walking kernel (``split_blocks``) with its first value-dim
     block that can be halved, halved, or None. For a kernel that needs more shared
-    memory than the GPU has at every launch fallback: more programs, each holding less
+    memory than the GPU has at every launch fallback (the reverse pass asks; the state
+    pass does not yet): more programs, each holding less
     (HLA2's reverse pass at d = 128 needs 262144 B at full width, 131072 B at half, 1
     stage; the H100 has 232448). Below 64 ``dot_override`` makes chained bf16 dots fp32."""
     grid, block, tiling = launched
@@ -304,8 +305,13 @@ def narrower(launched: tuple[tuple, dict, Tiling]) -> tuple[tuple, dict, Tiling]
         if block[name] // 2 >= NARROWEST_SPLIT:
             widths = {n: block[n] for n in tiling.narrowable}
             widths[name] //= 2
-            grid, block = tiling.retile(widths)
-            return grid, block, tiling
+            base = tiling.retile
+            # the narrowed widths become the defaults: a tuned launch (``_tuned`` retiles
+            # with its choices only) must not go back to the width that did not fit
+            narrowed = Tiling({k: v for k, v in tiling.choices.items() if k not in widths},
+                              lambda chosen: base({**widths, **chosen}), tiling.sets, tiling.narrowable)
+            grid, block = narrowed.retile({})
+            return grid, block, narrowed
     return None
 
 

@@ -364,7 +364,8 @@ def _compute_dtype(x) -> torch.dtype:
 class _Prepared:
     """The differentiable torch side of one call: scaled tokens as chunk tiles
     [N, H, nC, C, dim], in-chunk cumulative gates [N, H, nC, C], the initial
-    state in the program's layout; ``finish`` maps the core's outputs back."""
+    state in the program's layout (None for the kernels when the call has none:
+    they start from zeros); ``finish`` maps the core's outputs back."""
 
     def __init__(self, op: Op, tokens, g, scale, init, cu_seqlens, chunk: int, keep_dtype: bool):
         alg = op.algebra

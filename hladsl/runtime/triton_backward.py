@@ -24,8 +24,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                     grad_scales: dict[str, float] | None = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16, may be strided views);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff ungated); init_states
-    and grad_final: summary -> [N, H, *program.state_shape] (a missing or None
-    grad_final entry is zero); grad_o: [N, H, nC, C, dv] (any float dtype and strides, unit
+    and grad_final: summary -> [N, H, *program.state_shape] (init_states None: zeros; a
+    missing or None grad_final entry is zero; the kernels make zeros themselves); grad_o: [N, H, nC, C, dv] (any float dtype and strides, unit
     feature stride). Returns (d_tiles {input: [N, H, nC, C, dim] in ``grad_dtype``, tile views
     of contiguous [N, nC*C, H, dim] tensors}, d_lam [N, H, nC, C] fp32 or None, d_init
     {summary: [N, H, *shape] fp32}). d_lam is the gradient w.r.t. lam (dg: its reverse
@@ -55,7 +55,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         program, ctx, first, precision, num_warps, reverse_block, schedule, targets_per_program,
         seq_chunks), cacheable=seq_chunks is None)
     walk, common, packed = plan.walk, plan.common, plan.packed
-    check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, plan.walkers)
+    check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, plan.walkers,
+                        zero_init_ok=True)
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
     tokens = _token_args(ctx["inputs"], tiles, lam, program.gated)
