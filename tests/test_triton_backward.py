@@ -212,6 +212,38 @@ def test_reverse_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch, tmp_pa
     assert grids in ([], [16])    # no attempt at the width that did not fit on the second call
 
 
+def test_state_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch):
+    """The state pass (forward, and recomputed by the backward) over shared memory at every
+    launch fallback (injected above width 16) runs narrower value blocks instead of the
+    whole call halving its chunk, with the same results as blocks of 16 asked for."""
+    from triton.runtime.errors import OutOfResources
+    from hladsl.runtime import launch, progress, triton_forward
+    from hladsl.runtime.triton_backward import backward_triton
+    real, widths = progress.first_launch, []
+
+    def small_smem(kernel, options, fn):
+        if kernel.fn.__name__ == "state_pass_kernel":
+            widths.append(options["B_dv"])
+            if options["B_dv"] > 16:
+                raise OutOfResources(262144, 232448, "shared memory")
+        return real(kernel, options, fn)
+    alg = hladsl.compile_spec("hla3")
+    program = chunk_program(alg, C, (("d", 8), ("dv", 32)), True)
+    tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=3)
+    args = ({k: v.float() for k, v in tiles.items()}, lam.float(), {k: v.float() for k, v in init.items()})
+    want_o, want_f = triton_forward.forward_triton(program, *args, alg.eps, schedule="two_pass",
+                                                   state_block=16)
+    want_g = backward_triton(program, *args, grad_o.float(), None, alg.eps, reverse_block=16)
+    monkeypatch.setattr(progress, "first_launch", small_smem)
+    monkeypatch.setattr(launch, "_WORKING", {})
+    o, f = triton_forward.forward_triton(program, *args, alg.eps, schedule="two_pass", state_block=32)
+    assert widths[0] == 32 and widths[-1] == 16
+    assert torch.equal(o, want_o) and all(torch.equal(f[n], want_f[n]) for n in f)
+    widths.clear()
+    got = backward_triton(program, *args, grad_o.float(), None, alg.eps, reverse_block=16)
+    assert 16 in widths and all(torch.equal(got[0][x], want_g[0][x]) for x in tiles)
+
+
 def _varlen_reference(program, tiles, lam, init, grad_o, grad_final, eps, seq_chunks):
     """backward_torch per sequence (float64), concatenated back into the one row."""
     if seq_chunks is None:

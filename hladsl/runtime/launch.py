@@ -11,8 +11,9 @@ Rules:
 * launch options: the default software pipelining first; one stage, then eight
   warps when shared memory runs out (``launch``, remembered per kernel).
 * state-pass block of the value dim: narrow enough to fill the GPU
-  (``state_block``), except where Hopper miscompiles narrow chained dots; a reverse
-  pass that fits no launch fallback at its width runs narrower blocks (``narrower``).
+  (``state_block``), except where Hopper miscompiles narrow chained dots; a state or
+  reverse pass that fits no launch fallback at its width runs narrower blocks
+  (``narrower``) before the chunk is halved.
 * fp32 tiles for chains of bf16/fp16 dots at a narrow chunk or block (``dot_override``).
 * warps and pipeline stages of a state-pass / reverse-pass program from the fp32 state
   elements it holds (``walker_options``).
@@ -293,11 +294,31 @@ def split_blocks(programs: int, splits, program, common: dict, first, chained: b
 NARROWEST_SPLIT = 16   # tl.dot's minimum tile
 
 
+def launch_narrowing(kernel, plan, attr: str, args: dict, may_fall_back: bool,
+                     overrides: dict | None = None) -> None:
+    """``launch`` of a split walking kernel whose (grid, block arguments, Tiling) is
+    ``plan.<attr>`` (``split_blocks``); where no launch fallback fits at its width, the
+    narrower blocks of ``narrower`` until one does, kept in the plan. For kernels whose
+    buffers do not depend on the number of blocks (the state pass; the reverse pass sizes
+    per-block slots and runs its own loop). ``overrides``: launch arguments given last."""
+    from triton.runtime.errors import OutOfResources
+    while True:
+        grid, block, tiling = getattr(plan, attr)
+        try:
+            launch(kernel, grid, {**args, **block, **(overrides or {})}, may_fall_back, tiling)
+            return
+        except OutOfResources:
+            smaller = narrower(getattr(plan, attr))
+            if smaller is None:
+                raise
+            setattr(plan, attr, smaller)
+
+
 def narrower(launched: tuple[tuple, dict, Tiling]) -> tuple[tuple, dict, Tiling] | None:
     """The launch of a split walking kernel (``split_blocks``) with its first value-dim
     block that can be halved, halved, or None. For a kernel that needs more shared
-    memory than the GPU has at every launch fallback (the reverse pass asks; the state
-    pass does not yet): more programs, each holding less
+    memory than the GPU has at every launch fallback (state and reverse passes): more
+    programs, each holding less
     (HLA2's reverse pass at d = 128 needs 262144 B at full width, 131072 B at half, 1
     stage; the H100 has 232448). Below 64 ``dot_override`` makes chained bf16 dots fp32."""
     grid, block, tiling = launched

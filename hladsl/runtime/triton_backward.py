@@ -70,8 +70,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             starts[s["name"]] = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{s['name']}"] = starts[s["name"]]
     state_args.update(_token_args(fwd["state_inputs"], tiles, lam, program.gated), **packed)
-    grid, block, tiling = plan.state_launch
-    launch.launch(module.state_pass_kernel, grid, {**state_args, **walk, **common, **block}, True, tiling)
+    launch.launch_narrowing(module.state_pass_kernel, plan, "state_launch", {**state_args, **walk, **common},
+                            True)
 
     # the cotangents of num (and den)
     if grad_o.stride(-1) != 1:

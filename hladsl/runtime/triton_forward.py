@@ -123,10 +123,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
             starts = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
     state_args.update(_token_args(ctx["state_inputs"], tiles, lam, program.gated), **plan.packed)
-    grid, block, tiling = plan.state_launch
-    launch.launch(module.state_pass_kernel, grid,
-                  {**state_args, **walk, **common, **block, **(state_options or {})}, num_stages is None,
-                  tiling)
+    launch.launch_narrowing(module.state_pass_kernel, plan, "state_launch", {**state_args, **walk, **common},
+                            num_stages is None, state_options)
 
     o, out = _output_buffer(program, ctx, first, eps, out_dtype)
     out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated), **plan.packed, **out)
