@@ -47,7 +47,7 @@ def _split_grads(grads: list, n_tokens: int, gated: bool) -> tuple[list, object,
 
 
 def register(op):
-    name = op_name(op)
+    name = op.identity
     if name in _REGISTERED:
         return _REGISTERED[name]
     alg = op.algebra

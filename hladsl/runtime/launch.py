@@ -294,19 +294,21 @@ def split_blocks(programs: int, splits, program, common: dict, first, chained: b
 NARROWEST_SPLIT = 16   # tl.dot's minimum tile
 
 
-def launch_narrowing(kernel, plan, attr: str, args: dict, may_fall_back: bool,
-                     overrides: dict | None = None) -> None:
+def launch_narrowing(kernel, plan, attr: str, args: dict | Callable[[tuple], dict],
+                     may_fall_back: bool, overrides: dict | None = None) -> tuple:
     """``launch`` of a split walking kernel whose (grid, block arguments, Tiling) is
     ``plan.<attr>`` (``split_blocks``); where no launch fallback fits at its width, the
-    narrower blocks of ``narrower`` until one does, kept in the plan. For kernels whose
-    buffers do not depend on the number of blocks (the state pass; the reverse pass sizes
-    per-block slots and runs its own loop). ``overrides``: launch arguments given last."""
+    narrower blocks of ``narrower`` until one does, kept in the plan. ``args``: the
+    arguments, or a function of the grid making them (buffers sized by the number of
+    blocks: the reverse pass's per-block slots). ``overrides``: launch arguments given
+    last. Returns the grid that ran."""
     from triton.runtime.errors import OutOfResources
     while True:
         grid, block, tiling = getattr(plan, attr)
+        given = args(grid) if callable(args) else args
         try:
-            launch(kernel, grid, {**args, **block, **(overrides or {})}, may_fall_back, tiling)
-            return
+            launch(kernel, grid, {**given, **block, **(overrides or {})}, may_fall_back, tiling)
+            return grid
         except OutOfResources:
             smaller = narrower(getattr(plan, attr))
             if smaller is None:

@@ -130,33 +130,33 @@ def _reverse_pass(module, ctx, plan, fixed: dict, state_args: dict, grad_final, 
     value dim). A d-state the blocks hold partial sums of (``reverse_partial``) gets one
     slot per block: per chunk for the gradient kernel to sum, and its d initial state
     summed here. Where the kernel fits no launch fallback, the launch layer narrows the
-    value blocks (``launch.narrower``: more, smaller programs) and the plan keeps that."""
-    from triton.runtime.errors import OutOfResources
+    value blocks (``launch.launch_narrowing``) and the plan keeps that."""
     partial = set(ctx["reverse_partial"])
-    while True:
-        rgrid, rblock, tiling = plan.reverse_launch
-        blocks = rgrid[1 + ctx["reverse_splits"].index(ctx["o_dim"])] if partial else 1
-        d_init, dends, rev = {}, {}, {}
+    d_init, dends = {}, {}
+    has_dfinal = _has_dfinal(grad_final)
+
+    def buffers(grid) -> dict:   # per attempt: the slots follow the grid's blocks
+        blocks = _value_blocks(ctx, grid)
+        rev = {"HAS_DFINAL": has_dfinal}
         for s in ctx["reverse_states"]:
             name = s["name"]
             init = state_args[f"init_{name}"]
             shape = tuple(init.shape[2:])
             slots = (blocks,) if name in partial else ()
-            rev[f"dfinal_{name}"] = _dfinal(grad_final, name, init)
+            rev[f"dfinal_{name}"] = _dfinal(grad_final, name, init, has_dfinal)
             rev[f"dinit_{name}"] = d_init[name] = init.new_empty(tuple(init.shape[:2]) + slots + shape)
             rev[f"dends_{name}"] = dends[name] = per_chunk_alloc(init, seq_chunks)(rows + slots + shape)
-        rev["HAS_DFINAL"] = _has_dfinal(grad_final)
-        try:
-            launch.launch(module.reverse_kernel, rgrid, {**fixed, **rev, **rblock}, True, tiling)
-        except OutOfResources:
-            narrower = launch.narrower(plan.reverse_launch)
-            if narrower is None:
-                raise
-            plan.reverse_launch = narrower
-            continue
-        for name in partial:
-            d_init[name] = d_init[name].sum(2)
-        return d_init, dends, blocks
+        return {**fixed, **rev}
+
+    grid = launch.launch_narrowing(module.reverse_kernel, plan, "reverse_launch", buffers, True)
+    for name in partial:
+        d_init[name] = d_init[name].sum(2)
+    return d_init, dends, _value_blocks(ctx, grid)
+
+
+def _value_blocks(ctx, grid) -> int:
+    """The reverse pass's blocks of the value dim holding partial sums (1: none)."""
+    return grid[1 + ctx["reverse_splits"].index(ctx["o_dim"])] if ctx["reverse_partial"] else 1
 
 
 def _has_dfinal(grad_final) -> bool:
@@ -165,13 +165,13 @@ def _has_dfinal(grad_final) -> bool:
     return any(x is not None for x in (grad_final or {}).values())
 
 
-def _dfinal(grad_final, name: str, init: torch.Tensor) -> torch.Tensor:
+def _dfinal(grad_final, name: str, init: torch.Tensor, has_dfinal: bool) -> torch.Tensor:
     """The dfinal_ argument of ``name``: its gradient (fp32, contiguous); zeros where another
     state has one; else ``init``, a placeholder the kernel does not read (HAS_DFINAL False)."""
     given = (grad_final or {}).get(name)
     if given is not None:
         return given.to(device=init.device, dtype=torch.float32).contiguous()
-    return torch.zeros_like(init) if _has_dfinal(grad_final) else init
+    return torch.zeros_like(init) if has_dfinal else init
 
 
 def _grad_buffers(ctx, first, common, lam, dtype) -> tuple[dict, torch.Tensor | None]:
@@ -197,11 +197,11 @@ def _fused(module, ctx, plan, tokens, state_args, starts, cot, grad_final, first
            grad_scales):
     n_seq, heads = first.shape[:2]
     args, d_init = {}, {}
-    args["HAS_DFINAL"] = _has_dfinal(grad_final)
+    args["HAS_DFINAL"] = has_dfinal = _has_dfinal(grad_final)
     for s in ctx["reverse_states"]:
         name = s["name"]
         init = state_args[f"init_{name}"]
-        args[f"dfinal_{name}"] = _dfinal(grad_final, name, init)
+        args[f"dfinal_{name}"] = _dfinal(grad_final, name, init, has_dfinal)
         args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
     args.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["fused"]["reads"]})
     d_tiles, d_lam = _grad_buffers(ctx, first, plan.common, lam, grad_dtype)
