@@ -5,6 +5,7 @@
 #
 #   --quick      deselect the `slow` cases (T = 65536, d = 128, the largest compiles)
 #   -n WORKERS   pytest-xdist workers (default 8; compiles are CPU-bound, one GPU is shared)
+#   -m MARKERS   the selection (default "gpu"; --quick: "gpu and not slow")
 #   PYTEST ARGS  passed on, e.g. -k hla2
 #   GPU_TESTS_BUDGET=SECONDS (default 540): pytest is interrupted (SIGINT) after this
 #                long, so that a run overrunning the device's 10-minute command limit
@@ -30,6 +31,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --quick) marker="gpu and not slow" ;;
     -n) workers="$2"; shift ;;
+    -m) marker="$2"; shift ;;   # e.g. -m "gpu and slow" (named in the summary line)
     *) passthrough+=("$1") ;;
   esac
   shift

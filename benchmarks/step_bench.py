@@ -138,15 +138,33 @@ def bench_fla(B, H, d, dv):
     return row
 
 
-def latency_b1(name, H, d, dv):
-    """One whole op.step (scale q, kernel, cast o) for B = 1, replayed from a CUDA graph."""
+def latency_b1(name, H, d, dv, sweep=False):
+    """One whole op.step (validation, kernel) for B = 1, replayed from a CUDA graph;
+    with ``sweep`` also the kernel alone (run_step) under each launch variant."""
     op = hladsl.load(name)
     q, k, v, g = tokens(1, 1, H, d, dv)
     state = {n: torch.zeros((1, H) + s, device=DEVICE) for n, s in op.state_shapes(d, dv).items()}
     ms = graph_ms(lambda: op.step(q, k, v, g=g, state=state), steps=1)
-    return dict(spec=name, B=1, H=H, d=d, dv=dv, graph_latency_us=ms * 1e3,
-                eager_latency_us=triton.testing.do_bench(
-                    lambda: op.step(q, k, v, g=g, state=state)) * 1e3)
+    row = dict(spec=name, B=1, H=H, d=d, dv=dv, graph_latency_us=ms * 1e3,
+               eager_latency_us=triton.testing.do_bench(
+                   lambda: op.step(q, k, v, g=g, state=state)) * 1e3)
+    if sweep:
+        toks = {"q": q, "k": k, "v": v}
+        plan = step_plan(op.algebra, {"d": d, "dv": dv})
+        row["variants"] = []
+        for launch in variants(plan, True):
+            try:
+                us = 1e3 * graph_ms(lambda launch=launch: run_step(
+                    op.algebra, toks, g, state, backend="triton", **launch), steps=1)
+            except Exception as exc:
+                row["variants"].append(dict(launch=launch, error=str(exc)[:200]))
+                continue
+            row["variants"].append(dict(launch=launch, graph_us=us))
+        ok = [r for r in row["variants"] if "graph_us" in r]
+        if ok:
+            best = min(ok, key=lambda r: r["graph_us"])
+            row.update(best_graph_us=best["graph_us"], best_launch=best["launch"])
+    return row
 
 
 def compile_only(B, H, d, T=1, warps=None, block_v=None) -> list[dict]:
@@ -250,9 +268,10 @@ def table(rows, latencies) -> str:
             f"| {r.get('step_GBps', 0):.0f} | {us(r.get('copy_ms'))} | {r.get('copy_GBps', 0):.0f} "
             f"| {r.get('ratio', 0):.2f} | {us(r.get('best_ms'))} ({r.get('best_launch', '')}) "
             f"| {r.get('best_ratio', 0):.2f} | {us(r.get('eager_ms'))} |")
-    lines += ["", "| B = 1 op.step | graph µs | eager µs |", "|---|---|---|"]
+    lines += ["", "| B = 1 op.step | graph µs | eager µs | best kernel graph µs (launch) |", "|---|---|---|---|"]
     for r in latencies:
-        lines.append(f"| {r['spec']} | {r['graph_latency_us']:.1f} | {r['eager_latency_us']:.1f} |")
+        best = f"{r['best_graph_us']:.1f} ({r['best_launch']})" if "best_graph_us" in r else "-"
+        lines.append(f"| {r['spec']} | {r['graph_latency_us']:.1f} | {r['eager_latency_us']:.1f} | {best} |")
     return "\n".join(lines)
 
 
@@ -287,7 +306,7 @@ def main():
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "variants"}), flush=True)
         torch.cuda.empty_cache()
     rows.append(bench_fla(args.B, args.H, args.d, args.d))
-    latencies = [latency_b1(name, args.H, args.d, args.d) for name in ("linear", "hla2")
+    latencies = [latency_b1(name, args.H, args.d, args.d, args.sweep) for name in ("linear", "hla2")
                  if not wanted or name in wanted]
     print(table(rows, latencies))
     with open(args.out, "w") as f:

@@ -221,8 +221,12 @@ def _triton_step(spec, params, out_dir):
 
 def _chunk_bwd(spec, params, out_dir):
     from hladsl.ir.precision import quotient_cancelling
-    bwd = compile_spec(spec, target=_target(), **params).backward
+    compiled = compile_spec(spec, target=_target(), **params)
+    bwd = compiled.backward
     _, reasons = quotient_cancelling(bwd)
+    if precision_plan(compiled.program).exact_backward:
+        reasons = ("every product reading a state or d-state (the program cancels at degree three "
+                   "or more: its d-states cancel in each token's gradient)",) + tuple(reasons)
     text = backward_text(bwd)
     if reasons:   # where the backward keeps cotangent products fp32-accurate, and why
         text += "\n" + "\n".join(["precision: cotangent products stay fp32-accurate (tf32x3) in:"]

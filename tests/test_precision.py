@@ -200,3 +200,26 @@ def test_quadratic_or_no_cancellation_keeps_token_products_in_the_input_dtype(na
     assert not _plan(name, **params).exact_tokens
     body = _kernel(generate(compile_spec(name, **params).program), "state_pass_kernel")
     assert ", DOT, PREC)" in body
+
+
+@pytest.mark.parametrize("name,params,exact", [("hla3", {}, True), ("hla2", {}, False),
+                                               ("hla3_masked", {}, False), ("linear", {}, False)])
+def test_a_cubic_cancellation_makes_the_backwards_state_products_fp32(name, params, exact):
+    """Rule 5: HLA3's backward reads every state and d-state fp32-accurately (SDOT = fp32
+    for bf16 inputs, as fp16 inputs always do); a quadratic or no cancellation keeps them
+    in bf16. ``--emit chunk_bwd`` says so."""
+    import torch
+    import triton.language as tl
+
+    from hladsl.codegen.triton_bwd import backward_kernels
+    from hladsl.emit import emit
+    from hladsl.runtime import launch
+    program = compile_spec(name, **params).program
+    assert precision_plan(program).exact_backward is exact
+    _, ctx = backward_kernels(program)
+    assert ctx["exact_state_reads"] is exact
+    cuda = torch.device("cuda")   # dtype rules only: nothing runs on it
+    want = tl.float32 if exact else tl.bfloat16
+    assert launch.state_dot_dtype(torch.bfloat16, cuda, ctx["exact_state_reads"]) == want
+    assert launch.state_dot_dtype(torch.float16, cuda, ctx["exact_state_reads"]) == tl.float32
+    assert ("every product reading a state or d-state" in emit(name, "chunk_bwd", params, None)) is exact

@@ -37,7 +37,7 @@ from hladsl.codegen.templates import render_template
 
 from hladsl.codegen.steps import Block, Tile
 from hladsl.codegen.triton_gen import _Lowering, kernel_context
-from hladsl.ir.precision import quotient_cancelling
+from hladsl.ir.precision import precision_plan, quotient_cancelling
 from hladsl.ir.backward import (
     PARALLEL,
     REVERSE,
@@ -346,6 +346,8 @@ def backward_context(program: ChunkProgram) -> dict:
     return {
         "forward": fwd,
         "name": program.algebra.name,
+        # ir.precision rule 5: every product reading a state or d-state fp32-accurate (SDOT)
+        "exact_state_reads": precision_plan(program).exact_backward,
         "o_dim": low.o_dim,
         "inputs": all_inputs,
         "reverse_splits": splits,

@@ -57,13 +57,14 @@ def dot_dtype(dtype: torch.dtype, device=None):
     return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(dtype, tl.float32)
 
 
-def state_dot_dtype(dtype: torch.dtype, device=None):
+def state_dot_dtype(dtype: torch.dtype, device=None, exact: bool = False):
     """The tl dtype of products reading carried states (and d-states) outside the precision
     plan's exact sums: bf16 for bf16 inputs (its range is fp32's); fp32 for fp16 inputs, as a
     state (a sum over the sequence) or a d-state can pass fp16's 65504 (hla2's backward at
-    d = 24 overflowed, tests/test_op_triton.py)."""
+    d = 24 overflowed, tests/test_op_triton.py); fp32 where the plan makes them all exact
+    (``exact``: ir.precision rule 5, the backward of a degree-three cancellation)."""
     import triton.language as tl
-    return tl.bfloat16 if dot_dtype(dtype, device) == tl.bfloat16 else tl.float32
+    return tl.bfloat16 if dot_dtype(dtype, device) == tl.bfloat16 and not exact else tl.float32
 MIN_CHUNK = 16
 
 

@@ -231,7 +231,8 @@ class _BackwardPlan:
         self.walkers = walkers = self.walk.pop("walkers")  # (sequence, head) pairs walked
         self.common = common = dict(
             H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype, device),
-            SDOT=launch.state_dot_dtype(first.dtype, device), PREC=precision, num_warps=num_warps,
+            SDOT=launch.state_dot_dtype(first.dtype, device, ctx["exact_state_reads"]),
+            PREC=precision, num_warps=num_warps,
             **constexprs(program))
         features = launch.feature_blocks(program, common)
         self.packed = _packed_tables(program, device)
