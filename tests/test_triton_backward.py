@@ -186,6 +186,7 @@ def test_reverse_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch, tmp_pa
         return real(kernel, options, fn)
     monkeypatch.setattr(progress, "first_launch", small_smem)
     monkeypatch.setattr(launch, "_WORKING", {})
+    monkeypatch.setattr(launch, "_TOO_WIDE", set())
     session = contextlib.nullcontext()
     if tuned:
         tuner = autotune.Tuner(str(tmp_path / "tune.json"), timer=lambda fn: (fn(), 1.0)[1])
@@ -212,6 +213,44 @@ def test_reverse_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch, tmp_pa
     assert grids in ([], [16])    # no attempt at the width that did not fit on the second call
 
 
+def test_varlen_calls_remember_the_width_that_did_not_fit(monkeypatch):
+    """A varlen call builds a new plan each time; the reverse-pass width that fit no
+    launch fallback (injected above 16) is still not launched again on the next call."""
+    from triton.runtime.errors import OutOfResources
+    from hladsl.runtime import launch, progress, triton_backward
+    real, widths = progress.first_launch, []
+
+    def small_smem(kernel, options, fn):
+        if kernel.fn.__name__ == "reverse_kernel":
+            widths.append(options["B_dv"])
+            if options["B_dv"] > 16:
+                raise OutOfResources(262144, 232448, "shared memory")
+        return real(kernel, options, fn)
+    monkeypatch.setattr(progress, "first_launch", small_smem)
+    monkeypatch.setattr(launch, "_WORKING", {})
+    monkeypatch.setattr(launch, "_TOO_WIDE", set())
+    alg = hladsl.compile_spec("hla2")
+    program = chunk_program(alg, C, (("d", 16), ("dv", 32)), True)
+    tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=9)
+    seq_chunks = torch.tensor([0, 2, 3], dtype=torch.int32)
+    init = {k: torch.cat([v, 0.5 * v]) for k, v in init.items()}
+    grad_final = {k: torch.cat([v, -v]) for k, v in grad_final.items()}
+    ref = _varlen_reference(program, tiles, lam, init, grad_o, grad_final, alg.eps, seq_chunks)
+    for call in range(2):
+        widths.clear()
+        got = triton_backward.backward_triton(
+            program, {k: v.float() for k, v in tiles.items()}, lam.float(),
+            {k: v.float() for k, v in init.items()}, grad_o.float(),
+            {k: v.float() for k, v in grad_final.items()}, alg.eps, reverse_block=32,
+            seq_chunks=seq_chunks)
+        for x in tiles:
+            assert _rel(got[0][x], ref[0][x]) <= 1e-4, x
+        for s in init:
+            assert _rel(got[2][s], ref[2][s]) <= 1e-4, s
+        assert 32 not in widths if call else widths[0] == 32 and widths[-1] == 16
+    assert widths in ([], [16])
+
+
 def test_state_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch):
     """The state pass (forward, and recomputed by the backward) over shared memory at every
     launch fallback (injected above width 16) runs narrower value blocks instead of the
@@ -236,6 +275,7 @@ def test_state_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch):
     want_g = backward_triton(program, *args, grad_o.float(), None, alg.eps, reverse_block=16)
     monkeypatch.setattr(progress, "first_launch", small_smem)
     monkeypatch.setattr(launch, "_WORKING", {})
+    monkeypatch.setattr(launch, "_TOO_WIDE", set())
     o, f = triton_forward.forward_triton(program, *args, alg.eps, schedule="two_pass", state_block=32)
     assert widths[0] == 32 and widths[-1] == 16
     assert torch.equal(o, want_o) and all(torch.equal(f[n], want_f[n]) for n in f)

@@ -302,19 +302,29 @@ def launch_narrowing(kernel, plan, attr: str, args: dict | Callable[[tuple], dic
     narrower blocks of ``narrower`` until one does, kept in the plan. ``args``: the
     arguments, or a function of the grid making them (buffers sized by the number of
     blocks: the reverse pass's per-block slots). ``overrides``: launch arguments given
-    last. Returns the grid that ran."""
+    last. Returns the grid that ran. A width that fit no fallback is remembered per
+    kernel and constexprs (``_TOO_WIDE``): plans that are not kept (varlen calls) start
+    narrowing without launching it again."""
     from triton.runtime.errors import OutOfResources
     while True:
         grid, block, tiling = getattr(plan, attr)
         given = args(grid) if callable(args) else args
+        full = {**given, **block, **(overrides or {})}
+        key = _fallback_key(kernel, full)
         try:
-            launch(kernel, grid, {**given, **block, **(overrides or {})}, may_fall_back, tiling)
+            if key in _TOO_WIDE:
+                raise OutOfResources(0, 0, "shared memory (remembered)")
+            launch(kernel, grid, full, may_fall_back, tiling)
             return grid
         except OutOfResources:
+            _TOO_WIDE.add(key)
             smaller = narrower(getattr(plan, attr))
             if smaller is None:
                 raise
             setattr(plan, attr, smaller)
+
+
+_TOO_WIDE: set = set()   # _fallback_key of split walking launches no fallback fitted
 
 
 def narrower(launched: tuple[tuple, dict, Tiling]) -> tuple[tuple, dict, Tiling] | None:
