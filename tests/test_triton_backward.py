@@ -166,6 +166,26 @@ def test_no_initial_state_and_no_final_gradient_are_zeros_the_kernels_make(name,
         backward_torch(program, tiles, lam, None, grad_o, None, alg.eps)    # are explicit
 
 
+def _too_little_shared_memory(monkeypatch, kernel_name: str) -> list:
+    """From here on, launches of ``kernel_name`` wider than 16 in the value dim raise
+    OutOfResources at every launch fallback (as HLA2's reverse kernel at d = 128 does on the
+    H100); returns the list of the B_dv widths launched (failed or not), in order."""
+    from triton.runtime.errors import OutOfResources
+    from hladsl.runtime import launch, progress
+    real, widths = progress.first_launch, []
+
+    def small_smem(kernel, options, fn):   # every compile of a variant, tuned or not
+        if kernel.fn.__name__ == kernel_name:
+            widths.append(options["B_dv"])
+            if options["B_dv"] > 16:
+                raise OutOfResources(262144, 232448, "shared memory")
+        return real(kernel, options, fn)
+    monkeypatch.setattr(progress, "first_launch", small_smem)
+    monkeypatch.setattr(launch, "_WORKING", {})
+    monkeypatch.setattr(launch, "_TOO_WIDE", set())
+    return widths
+
+
 @pytest.mark.parametrize("tuned", [False, True], ids=["untuned", "tuned"])
 def test_reverse_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch, tmp_path, tuned):
     """A reverse kernel over the GPU's shared memory at every launch fallback (HLA2's at
@@ -174,19 +194,8 @@ def test_reverse_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch, tmp_pa
     plan keeps the width that fit -- an autotuning session's trials too (they retile
     from the narrowed widths: the buffers are sized by the number of blocks)."""
     import contextlib
-    from triton.runtime.errors import OutOfResources
-    from hladsl.runtime import autotune, launch, progress, triton_backward
-    real, grids = progress.first_launch, []
-
-    def small_smem(kernel, options, fn):   # every compile of a variant, tuned or not
-        if kernel.fn.__name__ == "reverse_kernel":
-            grids.append(options["B_dv"])
-            if options["B_dv"] > 16:
-                raise OutOfResources(262144, 232448, "shared memory")
-        return real(kernel, options, fn)
-    monkeypatch.setattr(progress, "first_launch", small_smem)
-    monkeypatch.setattr(launch, "_WORKING", {})
-    monkeypatch.setattr(launch, "_TOO_WIDE", set())
+    from hladsl.runtime import autotune, triton_backward
+    grids = _too_little_shared_memory(monkeypatch, "reverse_kernel")
     session = contextlib.nullcontext()
     if tuned:
         tuner = autotune.Tuner(str(tmp_path / "tune.json"), timer=lambda fn: (fn(), 1.0)[1])
@@ -216,19 +225,8 @@ def test_reverse_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch, tmp_pa
 def test_varlen_calls_remember_the_width_that_did_not_fit(monkeypatch):
     """A varlen call builds a new plan each time; the reverse-pass width that fit no
     launch fallback (injected above 16) is still not launched again on the next call."""
-    from triton.runtime.errors import OutOfResources
-    from hladsl.runtime import launch, progress, triton_backward
-    real, widths = progress.first_launch, []
-
-    def small_smem(kernel, options, fn):
-        if kernel.fn.__name__ == "reverse_kernel":
-            widths.append(options["B_dv"])
-            if options["B_dv"] > 16:
-                raise OutOfResources(262144, 232448, "shared memory")
-        return real(kernel, options, fn)
-    monkeypatch.setattr(progress, "first_launch", small_smem)
-    monkeypatch.setattr(launch, "_WORKING", {})
-    monkeypatch.setattr(launch, "_TOO_WIDE", set())
+    from hladsl.runtime import triton_backward
+    widths = _too_little_shared_memory(monkeypatch, "reverse_kernel")
     alg = hladsl.compile_spec("hla2")
     program = chunk_program(alg, C, (("d", 16), ("dv", 32)), True)
     tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=9)
@@ -255,17 +253,8 @@ def test_state_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch):
     """The state pass (forward, and recomputed by the backward) over shared memory at every
     launch fallback (injected above width 16) runs narrower value blocks instead of the
     whole call halving its chunk, with the same results as blocks of 16 asked for."""
-    from triton.runtime.errors import OutOfResources
-    from hladsl.runtime import launch, progress, triton_forward
+    from hladsl.runtime import triton_forward
     from hladsl.runtime.triton_backward import backward_triton
-    real, widths = progress.first_launch, []
-
-    def small_smem(kernel, options, fn):
-        if kernel.fn.__name__ == "state_pass_kernel":
-            widths.append(options["B_dv"])
-            if options["B_dv"] > 16:
-                raise OutOfResources(262144, 232448, "shared memory")
-        return real(kernel, options, fn)
     alg = hladsl.compile_spec("hla3")
     program = chunk_program(alg, C, (("d", 8), ("dv", 32)), True)
     tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=3)
@@ -273,9 +262,7 @@ def test_state_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch):
     want_o, want_f = triton_forward.forward_triton(program, *args, alg.eps, schedule="two_pass",
                                                    state_block=16)
     want_g = backward_triton(program, *args, grad_o.float(), None, alg.eps, reverse_block=16)
-    monkeypatch.setattr(progress, "first_launch", small_smem)
-    monkeypatch.setattr(launch, "_WORKING", {})
-    monkeypatch.setattr(launch, "_TOO_WIDE", set())
+    widths = _too_little_shared_memory(monkeypatch, "state_pass_kernel")
     o, f = triton_forward.forward_triton(program, *args, alg.eps, schedule="two_pass", state_block=32)
     assert widths[0] == 32 and widths[-1] == 16
     assert torch.equal(o, want_o) and all(torch.equal(f[n], want_f[n]) for n in f)
