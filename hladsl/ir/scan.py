@@ -1,0 +1,155 @@
+"""Which state-pass terms a chunk scan could take from chunk summaries.
+
+The state pass walks the chunks one after another, and each chunk's update reads
+its token tiles. Much of that work does not need the carry: the token sums of a
+chunk are its own summary (the state's *delta*, computed from zero), and a cross
+term of the combine, X@B Y@A, reads the later segment -- here the chunk -- only
+through X's delta. HLA2's G update, for instance, reads C at the chunk start times
+Σ_n k_n k_nᵀ exp(Λ_end − Λ_n), which is S's delta. A chunk-parallel state pass would
+compute every chunk's deltas at once (no carry, parallel over chunks) and then walk
+the chunks applying only the carry terms, each a product of carried states with a
+delta tile (d x d x dv MACs for HLA2's G) instead of chains over the chunk's tokens.
+
+``scan_plan`` classifies every state-pass term:
+
+* ``carry``: the decayed carried state itself;
+* ``delta``: token-only, part of the state's own chunk delta (the parallel phase);
+* ``scan``: carried states times another state's whole delta (the sequential phase);
+* ``walk``: carried states times a token sum that is no state's delta -- HLA3's
+  terms through its combine-only states (X1@B SQ@A, ...): they need the tokens in
+  the sequential phase, as today.
+
+It is an analysis for ``--emit chunk`` and the cost of such a schedule; no kernel
+uses it yet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import permutations
+
+from hladsl.ir.chunk import ChunkProgram, TermProgram
+from hladsl.ir.contract import plan
+from hladsl.ir.operands import Kind, Operand
+
+_CARRIED = (Kind.CARRY, Kind.DERIVED)
+
+
+@dataclass(frozen=True)
+class ScanTerm:
+    state: str
+    index: int                 # the term's position in the state's update
+    role: str                  # carry | delta | scan | walk
+    delta: str = ""            # scan: the state whose delta it reads
+    delta_indices: tuple[str, ...] = ()   # scan: the term's indices on the delta's axes
+    macs: int = 0              # scan: MACs of carried states x delta, per chunk and head
+    walk_macs: int = 0         # the term's MACs in today's state pass (over the chunk's tokens)
+
+
+@dataclass(frozen=True)
+class ScanPlan:
+    terms: tuple[ScanTerm, ...]
+
+    @property
+    def complete(self) -> bool:
+        """Every term is carry, delta or scan: the sequential phase needs no tokens."""
+        return all(t.role != "walk" for t in self.terms)
+
+    def describe(self) -> list[str]:
+        roles = {}
+        for t in self.terms:
+            roles.setdefault(t.role, []).append(t)
+        head = ("chunk scan: every state-pass term reads the chunk through a state's delta "
+                "(a chunk-parallel state pass needs no tokens in its sequential phase)"
+                if self.complete else
+                "chunk scan: some state-pass terms read token sums that are no state's delta "
+                "(a chunk-parallel state pass would still walk them over the tokens)")
+        today = sum(t.walk_macs for t in self.terms)
+        sequential = sum(t.macs for t in roles.get("scan", [])) + sum(t.walk_macs for t in roles.get("walk", []))
+        lines = [head, f"  sequential MACs a chunk and head: {today} walking the tokens (today), "
+                       f"{sequential} as a scan over chunk deltas"]
+        for t in roles.get("scan", []):
+            lines.append(f"  {t.state} term {t.index}: carried states x delta of {t.delta} "
+                         f"({t.macs} MACs a chunk)")
+        for t in roles.get("walk", []):
+            lines.append(f"  {t.state} term {t.index}: walks the tokens")
+        return lines
+
+
+def _signature(o: Operand) -> tuple:
+    return (o.kind, o.name, o.rel, o.weight, o.anchor, o.packed, o.power, o.weighted, len(o.indices))
+
+
+def _match(ours: list[Operand], theirs: list[Operand]) -> dict[str, str] | None:
+    """An index renaming (theirs -> ours) under which ``theirs`` is ``ours``, operand
+    for operand (the networks are a handful of operands: brute force)."""
+    if sorted(map(_signature, ours)) != sorted(map(_signature, theirs)):
+        return None
+    for order in permutations(theirs):
+        if any(_signature(a) != _signature(b) for a, b in zip(ours, order)):
+            continue
+        forward: dict[str, str] = {}
+        backward: dict[str, str] = {}
+        ok = True
+        for a, b in zip(ours, order):
+            for i, j in zip(a.indices, b.indices):
+                if forward.setdefault(j, i) != i or backward.setdefault(i, j) != j:
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok:
+            return forward
+    return None
+
+
+def _delta_terms(program: ChunkProgram) -> dict[str, TermProgram]:
+    """Each state whose delta is one token-only term (its only term without carries)."""
+    out = {}
+    for name, terms in program.states:
+        token_only = [t for t in terms if not any(o.kind in _CARRIED for o in t.operands)]
+        if len(token_only) == 1 and token_only[0].coef == 1:
+            out[name] = token_only[0]
+    return out
+
+
+def _classify(program: ChunkProgram, name: str, k: int, t: TermProgram,
+              deltas: dict[str, TermProgram]) -> ScanTerm:
+    carried = [o for o in t.operands if o.kind in _CARRIED]
+    tokens = [o for o in t.operands if o.kind not in _CARRIED]
+    cost = t.plan.flops
+    if not tokens:
+        return ScanTerm(name, k, "carry", walk_macs=cost)
+    if not carried:
+        return ScanTerm(name, k, "delta", walk_macs=cost)
+    interface = {i for o in carried for i in o.indices} | set(t.output)
+    for other, d in deltas.items():
+        renaming = _match(tokens, list(d.operands))
+        if renaming is None:
+            continue
+        exposed = {renaming[j] for j in d.output}
+        summed = {i for o in tokens for i in o.indices} - exposed
+        if exposed != {i for o in tokens for i in o.indices} & interface or summed & interface:
+            continue
+        delta_indices = tuple(renaming[j] for j in d.output)
+        sizes = dict(program.sizes)
+        index_sizes = {}
+        for o in carried:
+            dims = program.algebra.summary(o.name).dims if o.kind is Kind.CARRY else ()
+            index_sizes.update(zip(o.indices, (sizes.get(x, 1) for x in dims)))
+        for j, i in zip(d.output, delta_indices):
+            dim = program.algebra.summary(other).dims[d.output.index(j)]
+            index_sizes[i] = sizes.get(dim, 1)
+        if any(o.kind is Kind.DERIVED for o in carried) or len(index_sizes) < len(
+                {i for o in carried for i in o.indices} | set(delta_indices)):
+            macs = 0     # (a derived carry's dims: not needed by any shipped spec)
+        else:
+            macs = plan(tuple(o.indices for o in carried) + (delta_indices,), t.output,
+                        tuple(sorted(index_sizes.items()))).flops
+        return ScanTerm(name, k, "scan", other, delta_indices, macs, cost)
+    return ScanTerm(name, k, "walk", walk_macs=cost)
+
+
+def scan_plan(program: ChunkProgram) -> ScanPlan:
+    deltas = _delta_terms(program)
+    return ScanPlan(tuple(_classify(program, name, k, t, deltas)
+                          for name, terms in program.states for k, t in enumerate(terms)))
