@@ -1,17 +1,22 @@
 """ir/scan.py: which state-pass terms read the chunk only through another state's chunk
 delta. Checked by running the state pass with every such term replaced by the carried
 states times that state's delta (all chunks' deltas computed first, from zero), float64,
-against the torch state pass -- for every shipped spec, gated and not."""
-import pytest
-import torch
+against the torch state pass -- for every shipped spec, gated and not -- and the Triton
+state pass that uses it (under the interpreter)."""
+import os
 
-import hladsl
-from hladsl.api import compile_spec
-from hladsl.codegen.torch_gen import torch_module
-from hladsl.frontend.specs import shipped_names
-from hladsl.ir.pipeline import chunk_program
-from hladsl.ir.scan import scan_plan
-from hladsl.runtime import chunk_torch
+os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported anywhere
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import hladsl  # noqa: E402
+from hladsl.api import compile_spec  # noqa: E402
+from hladsl.codegen.torch_gen import torch_module  # noqa: E402
+from hladsl.frontend.specs import shipped_names  # noqa: E402
+from hladsl.ir.pipeline import chunk_program  # noqa: E402
+from hladsl.ir.scan import scan_plan  # noqa: E402
+from hladsl.runtime import chunk_torch  # noqa: E402
 
 C, N_CHUNKS = 8, 4
 
@@ -100,3 +105,35 @@ def test_emit_chunk_prints_the_scan_plan():
     text = emit("hla2", "chunk", {}, None)
     assert "1855488 walking the tokens (today), 262144 as a scan over chunk deltas" in text
     assert "G term 1: carried states x delta of S" in text
+
+
+@pytest.mark.parametrize("name,gated", [("hla2", True), ("hla2", False), ("hla3", True)])
+def test_state_pass_reading_deltas_matches_the_torch_program(name, gated, monkeypatch, tmp_path):
+    """codegen.triton_gen.STATE_PASS_READS_DELTAS (off by default until measured on the GPU):
+    the generated state pass multiplies HLA2's C by S's delta tile (no second walk over
+    the chunk's k), and its chunk-start states and outputs equal the torch program's."""
+    from hladsl.codegen import triton_gen
+    from hladsl.runtime.triton_forward import forward_triton
+    monkeypatch.setenv("HLADSL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(triton_gen, "STATE_PASS_READS_DELTAS", True)
+    monkeypatch.setattr(triton_gen, "_MODULES", {})
+    alg = hladsl.compile_spec(name)
+    program = chunk_program(alg, 16, (("d", 8), ("dv", 8)), gated)
+    source = triton_gen.generate(program)
+    assert "not its tokens again (ir.scan)" in source
+    if name == "hla2":
+        assert "_dot(tl.trans(st_C)" not in source.split("def state_pass_kernel(")[1].split("@triton.jit")[0]
+    gen = torch.Generator().manual_seed(4)
+    tokens = {x: 0.5 * torch.randn(1, 2, 3, 16, 8, generator=gen, dtype=torch.float64)
+              for x in alg.inputs}
+    lam = (-0.3 * torch.rand(1, 2, 3, 16, generator=gen, dtype=torch.float64)).cumsum(-1) if gated else None
+    init = {s: 0.3 * torch.randn(1, 2, *program.state_shape(s), generator=gen, dtype=torch.float64)
+            for s, _ in program.states}
+    starts, final = chunk_torch.state_pass(program, tokens, lam, init, torch.float64)
+    want = chunk_torch.outputs(program, "output", tokens, lam, starts, torch.float64)
+    o, got_final = forward_triton(program, {k: v.float() for k, v in tokens.items()},
+                                  None if lam is None else lam.float(),
+                                  {k: v.float() for k, v in init.items()}, alg.eps, schedule="two_pass")
+    assert (o.double() - want).norm() / want.norm() < 1e-5
+    for s in final:
+        assert (got_final[s].double() - final[s]).norm() / final[s].norm() < 1e-5, s

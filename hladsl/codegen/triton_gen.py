@@ -26,6 +26,7 @@ from hladsl.codegen.steps import Block, Tile, comment
 from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.precision import precision_plan
+from hladsl.ir.scan import scan_plan
 from hladsl.version import __version__
 from hladsl.ir.operands import Kind, Operand, exhaustive
 
@@ -61,6 +62,15 @@ def constexprs(program: ChunkProgram) -> dict[str, int]:
     return out
 
 
+# ir.scan's rewrite of the state pass: a term reading the chunk only through another state's
+# delta (HLA2's G += ΔS (ρ C)) multiplies the carried states by that delta's tile, already
+# computed for the other state's update: one d x d x dv product instead of two chained
+# C x d x dv ones over the chunk's tokens (both fp32-accurate where the precision plan says).
+# Off until measured on the H100 (speed, and the bf16 GPU suite): tested under the
+# interpreter (tests/test_scan.py); the kernels the GPU suite verified are those with it off.
+STATE_PASS_READS_DELTAS = False
+
+
 class _Lowering:
     """Walks one chunk program and collects the pieces of the template context."""
 
@@ -77,6 +87,12 @@ class _Lowering:
                            for s in alg.streaming}
         self.packed = {_ident("packed dim", pd.name): pd for pd in program.packed}
         self.precision = precision_plan(program)
+        # state-pass terms that read the chunk only through another state's delta (ir.scan):
+        # lowered as carried states x that delta's tile where the kernel has computed it
+        packed = {n for n, _ in program.states if program.is_packed(n)}
+        self.scan = {(t.state, t.index): t for t in scan_plan(program).terms
+                     if t.role == "scan" and t.delta not in packed and t.state not in packed
+                     } if STATE_PASS_READS_DELTAS else {}
         self._accs = 0
         self.derived_dims = {}
         for d in program.derived:
@@ -199,6 +215,7 @@ class _Lowering:
         """Start a new kernel: temps are numbered afresh, nothing is reused across."""
         self.block = Block()
         self.loop_init: list[str] = []
+        self.deltas: dict[str, str] = {}   # state -> the temp holding its chunk delta (ir.scan)
 
     def terms(self, terms: tuple[TermProgram, ...], acc: str, defs: dict, scale_end=False,
               tiled: frozenset = frozenset()) -> dict[str, str]:
@@ -217,13 +234,28 @@ class _Lowering:
             block.note(head)
             block.sizes = self.sizes(t.operands)
             looped = {i for i, d in self.index_dims(t.operands).items() if d in tiled}
+            name = acc[3:] if scale_end else ""
+            scan = self.scan.get((name, n))
+            steps, result = t.plan.steps, t.plan.result
             tiles, where = [], []
-            for o in t.operands:
-                block.section = "loop" if set(o.indices) & looped else "pre"
-                tiles.append(self.operand(o, defs))
-                where.append(block.section)
+            if scan is not None and scan.delta in self.deltas:
+                block.note(f"= carried states x the chunk delta of {scan.delta} "
+                           f"({self.deltas[scan.delta]}), not its tokens again (ir.scan)")
+                carried = [o for o in t.operands if o.kind in (Kind.CARRY, Kind.DERIVED)]
+                tiles = [self.operand(o, defs) for o in carried]
+                tiles.append(Tile(self.deltas[scan.delta], scan.delta_indices))
+                where = ["pre"] * len(tiles)
+                dims, sizes = self.index_dims(t.operands), dict(self.p.sizes)
+                p = plan(tuple(x.indices for x in tiles), t.output,
+                         tuple(sorted((i, sizes[dims[i]]) for x in tiles for i in x.indices)))
+                steps, result = p.steps, p.result
+            else:
+                for o in t.operands:
+                    block.section = "loop" if set(o.indices) & looped else "pre"
+                    tiles.append(self.operand(o, defs))
+                    where.append(block.section)
             in_loop_noted = False
-            for s in t.plan.steps:
+            for s in steps:
                 sides = {where[s.left], where[s.right]}
                 if "loop" in sides and "post" in sides:
                     raise ValueError(f"term {t.source}: a tiled contraction meets a finished one")
@@ -238,10 +270,13 @@ class _Lowering:
                     r, section = self._accumulate_tiles(r), "post"
                 tiles.append(r)
                 where.append(section)
-            if where[t.plan.result] == "loop":
+            if where[result] == "loop":
                 raise ValueError(f"term {t.source}: the tiled index survives to the result")
-            block.section = where[t.plan.result] if not tiled else "post"
-            value = block.reduce(tiles[t.plan.result], t.output).var
+            block.section = where[result] if not tiled else "post"
+            value = block.reduce(tiles[result], t.output).var
+            if scale_end and any(x.delta == name for x in self.scan.values()) and not any(
+                    o.kind in (Kind.CARRY, Kind.DERIVED) for o in t.operands):
+                self.deltas[name] = value   # the state's delta (its one token-only term)
             if scale_end and t.carry_weight:
                 value = f"{value} * tl.exp({int(t.carry_weight)} * lam_end)"
             self._accumulate(block, acc, value, float(t.coef), first=n == 0)
