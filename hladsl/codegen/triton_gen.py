@@ -16,6 +16,7 @@ so they cannot collide with each other or with the kernels' own names.
 """
 from __future__ import annotations
 
+import os
 import re
 
 from hladsl.codegen import templates
@@ -66,9 +67,10 @@ def constexprs(program: ChunkProgram) -> dict[str, int]:
 # delta (HLA2's G += ΔS (ρ C)) multiplies the carried states by that delta's tile, already
 # computed for the other state's update: one d x d x dv product instead of two chained
 # C x d x dv ones over the chunk's tokens (both fp32-accurate where the precision plan says).
-# Off until measured on the H100 (speed, and the bf16 GPU suite): tested under the
-# interpreter (tests/test_scan.py); the kernels the GPU suite verified are those with it off.
-STATE_PASS_READS_DELTAS = False
+# Off until measured on the H100 (speed, and the bf16 GPU suite; HLADSL_STATE_PASS_READS_DELTAS=1
+# turns it on for an A/B run): tested under the interpreter (tests/test_scan.py); the kernels
+# the GPU suite verified are those with it off.
+STATE_PASS_READS_DELTAS = os.environ.get("HLADSL_STATE_PASS_READS_DELTAS") == "1"
 
 
 class _Lowering:
