@@ -107,25 +107,30 @@ def test_emit_chunk_prints_the_scan_plan():
     assert "G term 1: carried states x delta of S" in text
 
 
-@pytest.mark.parametrize("name,gated", [("hla2", True), ("hla2", False), ("hla3", True)])
-def test_state_pass_reading_deltas_matches_the_torch_program(name, gated, monkeypatch, tmp_path):
+@pytest.mark.parametrize("name,gated,dv,block", [("hla2", True, 8, None), ("hla2", False, 8, None),
+                                                  ("hla3", True, 8, None), ("hla3", False, 32, 16),
+                                                  ("hla2", True, 32, 16)])
+def test_state_pass_reading_deltas_matches_the_torch_program(name, gated, dv, block, monkeypatch,
+                                                             tmp_path):
     """codegen.triton_gen.STATE_PASS_READS_DELTAS (off by default until measured on the GPU):
     the generated state pass multiplies HLA2's C by S's delta tile (no second walk over
-    the chunk's k), and its chunk-start states and outputs equal the torch program's."""
+    the chunk's k), and its chunk-start states and outputs equal the torch program's, also
+    over two value blocks (HLA3's G3 reads P's delta, which holds the split value dim)."""
     from hladsl.codegen import triton_gen
     from hladsl.runtime.triton_forward import forward_triton
     monkeypatch.setenv("HLADSL_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(triton_gen, "STATE_PASS_READS_DELTAS", True)
     monkeypatch.setattr(triton_gen, "_MODULES", {})
     alg = hladsl.compile_spec(name)
-    program = chunk_program(alg, 16, (("d", 8), ("dv", 8)), gated)
+    program = chunk_program(alg, 16, (("d", 8), ("dv", dv)), gated)
     source = triton_gen.generate(program)
     assert "not its tokens again (ir.scan)" in source
     if name == "hla2":
         assert "_dot(tl.trans(st_C)" not in source.split("def state_pass_kernel(")[1].split("@triton.jit")[0]
     gen = torch.Generator().manual_seed(4)
-    tokens = {x: 0.5 * torch.randn(1, 2, 3, 16, 8, generator=gen, dtype=torch.float64)
-              for x in alg.inputs}
+    sizes = dict(program.sizes)
+    tokens = {x: 0.5 * torch.randn(1, 2, 3, 16, sizes[d], generator=gen, dtype=torch.float64)
+              for x, d in alg.inputs.items()}
     lam = (-0.3 * torch.rand(1, 2, 3, 16, generator=gen, dtype=torch.float64)).cumsum(-1) if gated else None
     init = {s: 0.3 * torch.randn(1, 2, *program.state_shape(s), generator=gen, dtype=torch.float64)
             for s, _ in program.states}
@@ -133,7 +138,8 @@ def test_state_pass_reading_deltas_matches_the_torch_program(name, gated, monkey
     want = chunk_torch.outputs(program, "output", tokens, lam, starts, torch.float64)
     o, got_final = forward_triton(program, {k: v.float() for k, v in tokens.items()},
                                   None if lam is None else lam.float(),
-                                  {k: v.float() for k, v in init.items()}, alg.eps, schedule="two_pass")
+                                  {k: v.float() for k, v in init.items()}, alg.eps, schedule="two_pass",
+                                  state_block=block)
     assert (o.double() - want).norm() / want.norm() < 1e-5
     for s in final:
         assert (got_final[s].double() - final[s]).norm() / final[s].norm() < 1e-5, s
