@@ -19,8 +19,8 @@ delta tile (d x d x dv MACs for HLA2's G) instead of chains over the chunk's tok
   terms through its combine-only states (X1@B SQ@A, ...): they need the tokens in
   the sequential phase, as today.
 
-It is an analysis for ``--emit chunk`` and the cost of such a schedule; no kernel
-uses it yet.
+``--emit chunk`` prints it with the sequential MACs of such a schedule; the Triton state
+pass uses it behind ``codegen.triton_gen.STATE_PASS_READS_DELTAS`` (off until measured).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.operands import Kind, Operand
 
-_CARRIED = (Kind.CARRY, Kind.DERIVED)
+_CARRIED = (Kind.CARRY, Kind.DERIVED)   # (state-pass terms read carried states only)
 
 
 @dataclass(frozen=True)
@@ -131,20 +131,12 @@ def _classify(program: ChunkProgram, name: str, k: int, t: TermProgram,
         if exposed != {i for o in tokens for i in o.indices} & interface or summed & interface:
             continue
         delta_indices = tuple(renaming[j] for j in d.output)
-        sizes = dict(program.sizes)
-        index_sizes = {}
-        for o in carried:
-            dims = program.algebra.summary(o.name).dims if o.kind is Kind.CARRY else ()
-            index_sizes.update(zip(o.indices, (sizes.get(x, 1) for x in dims)))
-        for j, i in zip(d.output, delta_indices):
-            dim = program.algebra.summary(other).dims[d.output.index(j)]
-            index_sizes[i] = sizes.get(dim, 1)
-        if any(o.kind is Kind.DERIVED for o in carried) or len(index_sizes) < len(
-                {i for o in carried for i in o.indices} | set(delta_indices)):
-            macs = 0     # (a derived carry's dims: not needed by any shipped spec)
-        else:
-            macs = plan(tuple(o.indices for o in carried) + (delta_indices,), t.output,
-                        tuple(sorted(index_sizes.items()))).flops
+        sizes = dict(program.sizes) | {pd.name: pd.size for pd in program.packed}
+        index_sizes = {i: sizes[dim] for o in carried if o.kind is Kind.CARRY
+                       for i, dim in zip(o.indices, program.state_dims(o.name))}
+        index_sizes.update((i, sizes[dim]) for i, dim in zip(delta_indices, program.state_dims(other)))
+        macs = plan(tuple(o.indices for o in carried) + (delta_indices,), t.output,
+                    tuple(sorted(index_sizes.items()))).flops
         return ScanTerm(name, k, "scan", other, delta_indices, macs, cost)
     return ScanTerm(name, k, "walk", walk_macs=cost)
 
