@@ -92,9 +92,11 @@ class _Lowering:
         # state-pass terms that read the chunk only through another state's delta (ir.scan):
         # lowered as carried states x that delta's tile where the kernel has computed it
         packed = {n for n, _ in program.states if program.is_packed(n)}
-        self.scan = {(t.state, t.index): t for t in scan_plan(program).terms
-                     if t.role == "scan" and t.delta not in packed and t.state not in packed
-                     } if STATE_PASS_READS_DELTAS else {}
+        terms = scan_plan(program).terms if STATE_PASS_READS_DELTAS else ()
+        self.scan = {(t.state, t.index): t for t in terms
+                     if t.role == "scan" and t.delta not in packed and t.state not in packed}
+        read = {t.delta for t in self.scan.values()}   # whose delta term keeps its temp
+        self.delta_terms = {(t.state, t.index) for t in terms if t.role == "delta" and t.state in read}
         self._accs = 0
         self.derived_dims = {}
         for d in program.derived:
@@ -276,8 +278,7 @@ class _Lowering:
                 raise ValueError(f"term {t.source}: the tiled index survives to the result")
             block.section = where[result] if not tiled else "post"
             value = block.reduce(tiles[result], t.output).var
-            if scale_end and any(x.delta == name for x in self.scan.values()) and not any(
-                    o.kind in (Kind.CARRY, Kind.DERIVED) for o in t.operands):
+            if (name, n) in self.delta_terms:
                 self.deltas[name] = value   # the state's delta (its one token-only term)
             if scale_end and t.carry_weight:
                 value = f"{value} * tl.exp({int(t.carry_weight)} * lam_end)"
