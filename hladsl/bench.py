@@ -35,7 +35,7 @@ from hladsl.errors import SpecError
 
 BASELINES = ("fla", "sdpa", "retention")
 MODES = ("fwd", "fwd+bwd", "mem", "step")
-SCHEDULES = ("auto", "two_pass", "fused")
+SCHEDULES = ("auto", "two_pass", "fused", "scan")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "fp64": torch.float64}
 

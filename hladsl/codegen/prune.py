@@ -8,7 +8,7 @@ values too; the interpreter and a reader would not).
 
 Only generated names are removed (``t<n>`` temps, ``in_<x>`` / ``raw_<x>`` token
 tiles, ``base_<x>`` offsets, ``mask_`` / ``decay_`` definitions, ``ct_`` cotangent
-tiles, ``offs_`` ranges), with the one comment line that describes a temp, and never
+tiles, ``offs_`` ranges, the ``zero64`` of 64-bit chunk offsets), with the one comment line that describes a temp, and never
 the last statement of a block.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import re
 
-_GENERATED = re.compile(r"(t\d+|in_\w+|raw_\w+|base_\w+|mask_\w+|decay_\w+|ct_\w+|offs_\w+)$")
+_GENERATED = re.compile(r"(t\d+|in_\w+|raw_\w+|base_\w+|mask_\w+|decay_\w+|ct_\w+|offs_\w+|zero64)$")
 _DESCRIBES = re.compile(r"^\s*# (?!----)")     # a step's comment (not a section header)
 
 

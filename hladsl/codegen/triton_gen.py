@@ -91,12 +91,15 @@ class _Lowering:
         self.precision = precision_plan(program)
         # state-pass terms that read the chunk only through another state's delta (ir.scan):
         # lowered as carried states x that delta's tile where the kernel has computed it
+        # (the chunk-parallel state pass, ``_chunk_scan``, loads those deltas instead)
         packed = {n for n, _ in program.states if program.is_packed(n)}
-        terms = scan_plan(program).terms if STATE_PASS_READS_DELTAS else ()
+        self.scan_plan = scan_plan(program)
+        terms = self.scan_plan.terms
         self.scan = {(t.state, t.index): t for t in terms
                      if t.role == "scan" and t.delta not in packed and t.state not in packed}
         read = {t.delta for t in self.scan.values()}   # whose delta term keeps its temp
-        self.delta_terms = {(t.state, t.index) for t in terms if t.role == "delta" and t.state in read}
+        self.delta_terms = {(t.state, t.index) for t in terms if t.role == "delta" and t.state in read
+                            and STATE_PASS_READS_DELTAS}
         self._accs = 0
         self.derived_dims = {}
         for d in program.derived:
@@ -222,16 +225,20 @@ class _Lowering:
         self.deltas: dict[str, str] = {}   # state -> the temp holding its chunk delta (ir.scan)
 
     def terms(self, terms: tuple[TermProgram, ...], acc: str, defs: dict, scale_end=False,
-              tiled: frozenset = frozenset()) -> dict[str, str]:
+              tiled: frozenset = frozenset(), only: frozenset | None = None) -> dict[str, str]:
         """Code summing ``terms`` into ``acc``, by section (pre / loop / post, see
         ``steps``); ``scale_end``: state pass (carry weights). Indices of a ``tiled``
         dim are looped over in tiles: every step reading a tile runs in the loop,
-        and the first step that sums the index away accumulates across tiles."""
+        and the first step that sums the index away accumulates across tiles.
+        ``only``: the positions of the terms to emit (the others are left out)."""
         block = self.block
         block.exact = self.exact_sum(acc)
         block.exact_tokens = acc[3:] in self.precision.exact_tokens if acc.startswith("nx_") else False
         start = {k: len(v) for k, v in block.sections.items()}
+        emitted = 0
         for n, t in enumerate(terms):
+            if only is not None and n not in only:
+                continue
             head = f"{t.coef:+g} · {t.source}"
             block.section = "pre"
             block.lines.append("")
@@ -282,7 +289,8 @@ class _Lowering:
                 self.deltas[name] = value   # the state's delta (its one token-only term)
             if scale_end and t.carry_weight:
                 value = f"{value} * tl.exp({int(t.carry_weight)} * lam_end)"
-            self._accumulate(block, acc, value, float(t.coef), first=n == 0)
+            self._accumulate(block, acc, value, float(t.coef), first=emitted == 0)
+            emitted += 1
         block.section, block.exact, block.exact_tokens = "pre", False, False
         return {k: "\n".join(v[start[k]:]).strip("\n") for k, v in block.sections.items()}
 
@@ -447,6 +455,7 @@ def kernel_context(program: ChunkProgram) -> dict:
     if tiled:
         loop = {"dim": tiled[0], "init": low.loop_init,
                 "code": "\n\n".join(c for c in (num["loop"], den["loop"]) if c)}
+    chunk_scan = _chunk_scan(low, program)        # fresh kernel regions
     fused = _fused(low, program, splits, o_dim)   # a fresh kernel region: last
     return {
         "name": alg.name,
@@ -472,6 +481,7 @@ def kernel_context(program: ChunkProgram) -> dict:
         "state_chained_dots": state_chained,
         "output_chained_dots": output_chained,
         "fused": fused,
+        "chunk_scan": chunk_scan,
         "output_text": comment(f"{alg.output_name}[{o_index}] = {alg.output.text()}"),
         "normalizer_text": comment(alg.normalizer.text()) if alg.normalizer is not None else "",
     }
@@ -499,6 +509,49 @@ def _fused(low: _Lowering, program: ChunkProgram, splits, o_dim) -> dict | None:
             "den_code": den, "state_code": state_code,
             "inputs": [{"name": x, "dim": low.input_dim[x]} for x in names],
             "chained_dots": low.block.chained}
+
+
+def _chunk_scan(low: _Lowering, program: ChunkProgram) -> dict | None:
+    """The chunk-parallel state pass (``ir.scan``), where every state-pass term is a
+    carry, a delta or a scan term: ``delta_kernel`` computes every chunk's deltas at once
+    (each state's token-only terms, from zero: parallel over chunks, the token work of
+    the walk), then ``scan_kernel`` walks the chunks applying only the carry terms and
+    the scan terms -- carried states times another state's delta tile, read back from
+    HBM (HLA2's G += ΔS (ρ C): one d x d x dv product a chunk, no token loads, no chained
+    dots, so its value dim can be split over many programs). None where a term walks the
+    tokens (HLA3's terms through combine-only states) or a state is packed."""
+    plan = low.scan_plan
+    if not plan.complete or program.packed:
+        return None
+    role = {(t.state, t.index): t.role for t in plan.terms}
+    def positions(name, terms, roles):
+        return frozenset(n for n in range(len(terms)) if role[(name, n)] in roles)
+
+    low.region()
+    delta_defs, delta_code = {}, []
+    for name, terms in program.states:
+        keep = positions(name, terms, ("delta",))
+        if keep:
+            code = low.terms(terms, f"nx_{name}", delta_defs, scale_end=True, only=keep)["pre"]
+            delta_code.append({"name": name, "code": code})
+    delta_chained = low.block.chained
+    with_delta = [c["name"] for c in delta_code]
+
+    low.region()
+    low.deltas = {name: f"dl_{name}" for name in with_delta}   # scan terms read these tiles
+    scan_defs, scan_code = {}, []
+    for name, terms in program.states:
+        keep = positions(name, terms, ("carry", "scan"))
+        code = low.terms(terms, f"nx_{name}", scan_defs, scale_end=True, only=keep)["pre"] if keep else ""
+        if name in with_delta:
+            code += (f"\nnx_{name} += dl_{name}" if keep else f"nx_{name} = dl_{name}") + \
+                "  # + the chunk's own delta (delta_kernel)"
+        scan_code.append({"name": name, "code": code.strip("\n")})
+    if scan_defs:
+        raise ValueError(f"{low.alg.name}: a carry or scan term of the state pass reads the tokens")
+    return {"deltas": with_delta, "delta_defs": _defs(delta_defs), "delta_code": delta_code,
+            "delta_chained_dots": delta_chained, "scan_code": scan_code,
+            "scan_chained_dots": low.block.chained}
 
 
 def _state_splits(low: _Lowering, o_dim: str) -> list[str]:

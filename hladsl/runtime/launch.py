@@ -19,7 +19,8 @@ Rules:
   elements it holds (``walker_options``).
 * schedule: fused (one kernel) when there are enough (sequence, head) pairs to
   fill the GPU without chunk parallelism and more than one chunk, else two-pass
-  (``use_fused``).
+  (``use_fused``); its state pass chunk-parallel (deltas, then a scan over them) where
+  the walking one cannot be split over the value dim (``use_chunk_scan``).
 * gradient kernels: one gradient target group (a token input, or Λ) per program
   (``grad_target_sets``), so that one target's tiles are live at a time; the packed
   dim they loop over in narrow tiles (``grad_loop_tile``); a target with many
@@ -131,12 +132,32 @@ def use_fused(schedule: str, has_fused: bool, device, programs: int, n_chunks: i
     (the two-pass state pass only writes the initial state as the chunk's start). (The
     H100 fault that showed this, hla2's fused kernel at B = 64, T = 1, was at C = 16,
     which ``chunk_for`` no longer gives on CUDA.)"""
-    if schedule not in ("auto", "two_pass", "fused"):
-        raise ValueError(f"schedule must be 'auto', 'two_pass' or 'fused', got {schedule!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
     if schedule == "fused":
         return True
     return (schedule == "auto" and has_fused and device.type == "cuda" and n_chunks > 1
             and programs >= FUSED_MIN_PROGRAMS_PER_SM * sms(device))
+
+
+SCHEDULES = ("auto", "two_pass", "fused", "scan")
+
+
+def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: bool) -> bool:
+    """The chunk-parallel state pass (``delta_kernel`` over every chunk at once, then
+    ``scan_kernel`` walking the deltas; ``triton_gen._chunk_scan``) instead of the walking
+    ``state_pass_kernel``: when asked for ("scan"), and under "auto" where the program has
+    one, the tiles span more than one chunk, and the walking pass cannot split its value
+    dim (chained bf16 / fp16 dots, ``state_block``): it then walks with one program per
+    (sequence, head) -- hla2 at B = 2, H = 16: 32 programs on 132 SMs, 85 % of its forward --
+    while the scan kernel, with no token work and no chained dots, splits."""
+    if schedule == "scan":
+        if not chunk_scan:
+            raise autotune.Unavailable("this program has no chunk-parallel state pass "
+                                       "(a state-pass term walks the tokens, or a state is packed)")
+        return True
+    return (schedule == "auto" and bool(chunk_scan) and first.shape[2] > 1
+            and not narrow_ok(first, walk_chained))
 
 
 def narrow_ok(first, chained_dots: bool) -> bool:
@@ -254,19 +275,24 @@ class Tiling:
     narrowable: tuple[str, ...] = ()           # the B_<dim> of split value dims (``narrower``)
 
 
-def split_blocks(programs: int, splits, program, common: dict, first, chained: bool,
-                 width: int | None = None, fixed_blocks: bool = False) -> tuple[tuple, dict, Tiling]:
+def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict, first, chained: bool,
+                 width: int | None = None, fixed_blocks: bool = False,
+                 fill: bool = False) -> tuple[tuple, dict, Tiling]:
     """Grid (programs, blocks of each split dim), block arguments and the Tiling of a
-    state-pass-like kernel. A packed dim keeps its tile (common's B_); any other
+    state-pass-like kernel (``programs`` a tuple: the leading grid axes, e.g. the delta
+    kernel's (chunks, sequence·head)). A packed dim keeps its tile (common's B_); any other
     split dim takes ``width`` or ``state_block``'s rule (each dim seeing the
     programs of the ones before it); the dot dtype follows ``dot_override``. The
     tuner may try other widths where the rule may narrow (``tune_widths``), unless
-    ``fixed_blocks`` (the caller sizes buffers by the number of blocks)."""
+    ``fixed_blocks`` (the caller sizes buffers by the number of blocks). ``fill``: narrow
+    to fill the GPU even over chained bf16 / fp16 dots, which then run with fp32 tiles
+    (``dot_override``; ``REVERSE_FILLS_GPU``)."""
     first = TileMeta(first.dtype, first.device, tuple(first.shape))   # retile must not pin the tensor
     sizes = dict(program.sizes)
     packed = {pd.name for pd in program.packed}
-    narrow = narrow_ok(first, chained)
-    widths, n = {}, programs
+    narrow = narrow_ok(first, chained) or fill
+    lead = tuple(programs) if isinstance(programs, tuple) else (programs,)
+    widths, n = {}, math.prod(lead)
     for dim in splits:
         if dim in packed:
             w = common[f"B_{dim}"]
@@ -277,7 +303,7 @@ def split_blocks(programs: int, splits, program, common: dict, first, chained: b
 
     def retile(chosen: dict) -> tuple[tuple, dict]:
         block = {f"B_{d}": chosen.get(f"B_{d}", w) for d, w in widths.items()}
-        grid = (programs,) + tuple(-(-common[f"D_{d}"] // block[f"B_{d}"]) for d in widths)
+        grid = lead + tuple(-(-common[f"D_{d}"] // block[f"B_{d}"]) for d in widths)
         held = sum(math.prod(block.get(f"B_{d}", common.get(f"B_{d}", 1)) for d in program.state_dims(s.name))
                    for s in program.algebra.streaming)
         walker = walker_options(held)
@@ -291,6 +317,15 @@ def split_blocks(programs: int, splits, program, common: dict, first, chained: b
     grid, block = retile({})
     return grid, block, Tiling(choices, retile, narrowable=tuple(f"B_{d}" for d in widths if d not in packed))
 
+
+# Off: should the reverse state pass narrow its value blocks to fill the GPU even where its
+# chained bf16 dots then run with fp32 tiles? Measured on the H100 (fwd + bwd, B = 2, H = 16,
+# d = 64; runs 66, 67): hla2 gains (10.19 -> 8.47 ms at T = 16384, 40.3 -> 33.7 at 65536),
+# ahla loses (4.43 -> 5.35, 17.0 -> 20.8) and hla3_masked loses badly (13.8 -> 37.5, 54.1 ->
+# 148.9): no rule over the program's sizes separates them yet (a tuned choice would).
+# The forward's walking state pass loses too (hla2 2.35 -> 3.45 ms at 16384); where it
+# cannot split, the chunk-parallel pass replaces it (``use_chunk_scan``).
+REVERSE_FILLS_GPU = False
 
 NARROWEST_SPLIT = 16   # tl.dot's minimum tile
 

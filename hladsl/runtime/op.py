@@ -76,7 +76,7 @@ class Op:
         self.algebra = alg
         self.backend = backend
         self.chunk_size = chunk_size
-        self.schedule = "auto"            # Triton: "two_pass", "fused" or "auto" (runtime.launch)
+        self.schedule = "auto"            # Triton: "two_pass", "fused", "scan" or "auto" (runtime.launch)
         self.autotune = False             # time launch configs per shape class (runtime.autotune)
         self.inputs = tuple(alg.inputs)   # declaration order
         self.queries = query_inputs(alg)

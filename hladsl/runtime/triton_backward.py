@@ -9,7 +9,8 @@ from hladsl.codegen.triton_bwd import backward_kernels
 from hladsl.codegen.triton_gen import constexprs
 from hladsl.runtime import autotune, launch
 from hladsl.runtime.triton_forward import (_packed_tables, _state_buffers, _token_args, tile_args,
-                                           token_layout, walk_args, per_chunk_alloc)
+                                           token_layout, walk_args, per_chunk_alloc, plan_state_pass,
+                                           run_state_pass)
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime.backward_torch import check_backward_args
 
@@ -69,9 +70,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             init = state_args[f"init_{s['name']}"]
             starts[s["name"]] = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{s['name']}"] = starts[s["name"]]
-    state_args.update(_token_args(fwd["state_inputs"], tiles, lam, program.gated), **packed)
-    launch.launch_narrowing(module.state_pass_kernel, plan, "state_launch", {**state_args, **walk, **common},
-                            True)
+    run_state_pass(module, fwd, plan, state_args, {**_token_args(fwd["state_inputs"], tiles, lam, program.gated),
+                                                  **packed}, lam, True)
 
     # the cotangents of num (and den)
     if grad_o.stride(-1) != 1:
@@ -236,8 +236,7 @@ class _BackwardPlan:
             **constexprs(program))
         features = launch.feature_blocks(program, common)
         self.packed = _packed_tables(program, device)
-        self.state_launch = launch.split_blocks(walkers * heads, fwd["splits"], program, common, first,
-                                                fwd["state_chained_dots"])
+        plan_state_pass(self, program, fwd, common, first, schedule)
         self.cotangent_dot = launch.dot_override(first, fwd["output_chained_dots"], {}, features)
         self.fused = seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device,
                                                              n_seq * heads, n_chunks)
@@ -247,7 +246,8 @@ class _BackwardPlan:
             return
         self.reverse_launch = launch.split_blocks(walkers * heads, ctx["reverse_splits"], program, common,
                                                   first, ctx["reverse_chained_dots"], reverse_block,
-                                                  fixed_blocks=bool(ctx["reverse_partial"]))
+                                                  fixed_blocks=bool(ctx["reverse_partial"]),
+                                                  fill=launch.REVERSE_FILLS_GPU)
         self.grad_loop = {}
         if ctx["grad_loop_dim"]:
             pd = f"B_{ctx['grad_loop_dim']}"

@@ -105,7 +105,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     plan = launch.remembered(_PLANS, key, lambda: _ForwardPlan(
         program, ctx, first, precision, state_block, num_warps, num_stages, packed_block, schedule,
         seq_chunks), cacheable=seq_chunks is None and not (state_options or output_options))
-    common, walk = plan.common, plan.walk
+    common = plan.common
     if plan.fused:
         try:
             return _fused(module, ctx, plan, tiles, lam, init_states, eps, num_stages is None,
@@ -122,9 +122,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
             init = state_args[f"init_{s['name']}"]
             starts = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
-    state_args.update(_token_args(ctx["state_inputs"], tiles, lam, program.gated), **plan.packed)
-    launch.launch_narrowing(module.state_pass_kernel, plan, "state_launch", {**state_args, **walk, **common},
-                            num_stages is None, state_options)
+    tokens = {**_token_args(ctx["state_inputs"], tiles, lam, program.gated), **plan.packed}
+    run_state_pass(module, ctx, plan, state_args, tokens, lam, num_stages is None, state_options)
 
     o, out = _output_buffer(program, ctx, first, eps, out_dtype)
     out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated), **plan.packed, **out)
@@ -155,7 +154,7 @@ class _ForwardPlan:
             common.update({f"B_{pd.name}": packed_block for pd in program.packed})
         self.common = common
         self.walk = walk_args(seq_chunks, n_seq, device)   # (a varlen plan is never reused)
-        self.walkers = walkers = self.walk.pop("walkers")   # sequences the state pass walks
+        self.walkers = self.walk.pop("walkers")   # sequences the state pass walks
         self.fused = seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device,
                                                              n_seq * heads, n_chunks)
         if self.fused:
@@ -163,10 +162,49 @@ class _ForwardPlan:
             self.fused_launch = launch.split_blocks(n_seq * heads, [f["split"]] if f["split"] else [],
                                                     program, common, first, f["chained_dots"], state_block)
         self.packed = _packed_tables(program, device)
-        self.state_launch = launch.split_blocks(walkers * heads, ctx["splits"], program, common, first,
-                                                ctx["state_chained_dots"], state_block)
+        plan_state_pass(self, program, ctx, common, first, schedule, state_block)
         self.output_dot = launch.dot_override(first, ctx["output_chained_dots"], {},
                                               launch.feature_blocks(program, common))
+
+
+def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first, schedule: str,
+                    state_block: int | None = None) -> None:
+    """A plan's state-pass launches (forward, and the backward's recomputation): the
+    walking kernel's (``state_launch``), and where ``launch.use_chunk_scan`` takes the
+    chunk-parallel pass, the delta and scan kernels' (``delta_launch``, ``scan_launch``)."""
+    n_seq, heads, n_chunks = first.shape[:3]
+    plan.state_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common, first,
+                                            ctx["state_chained_dots"], state_block)
+    cs = ctx["chunk_scan"]
+    plan.chunk_scan = launch.use_chunk_scan(schedule, cs, first, ctx["state_chained_dots"])
+    if plan.chunk_scan:
+        plan.delta_launch = launch.split_blocks((n_chunks, n_seq * heads), ctx["splits"], program, common,
+                                                first, cs["delta_chained_dots"])
+        plan.scan_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common, first,
+                                               cs["scan_chained_dots"], state_block)
+
+
+def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam, may_fall_back: bool,
+                   overrides: dict | None = None) -> None:
+    """The chunk-start states (``starts_``) and final states of ``state_args`` (init_ /
+    final_ / starts_ buffers, HAS_INIT): the walking state pass, or the chunk-parallel one
+    (``plan.chunk_scan``): every chunk's deltas into a per-chunk buffer, then the scan."""
+    walk, common = plan.walk, plan.common
+    if not plan.chunk_scan:
+        launch.launch_narrowing(module.state_pass_kernel, plan, "state_launch",
+                                {**state_args, **tokens, **walk, **common}, may_fall_back, overrides)
+        return
+    first = next(iter(v for k, v in tokens.items() if k.startswith("in_")))
+    rows = tuple(first.shape[:3])        # (N, H, nC): a delta per chunk, laid out as the starts
+    deltas = {}
+    for name in ctx["chunk_scan"]["deltas"]:
+        init = state_args[f"init_{name}"]
+        deltas[f"deltas_{name}"] = init.new_empty(rows + tuple(init.shape[2:]))
+    launch.launch_narrowing(module.delta_kernel, plan, "delta_launch", {**tokens, **deltas, **common},
+                            may_fall_back, overrides)
+    gate = {"lam_ptr": lam} if lam is not None else {}
+    launch.launch_narrowing(module.scan_kernel, plan, "scan_launch",
+                            {**state_args, **deltas, **gate, **walk, **common}, may_fall_back, overrides)
 
 
 def per_chunk_alloc(like: torch.Tensor, seq_chunks):

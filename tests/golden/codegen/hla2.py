@@ -7,6 +7,11 @@ state_pass_kernel  grid (N*H, blocks of dv): walks the chunks of one
                    (sequence, head) in order, every streaming summary (its
                    block) an fp32 register tile; writes the chunk-start states
                    the output kernel reads, and the final state.
+delta_kernel       grid (nC, N*H, blocks of dv): the chunk-parallel state pass's
+                   first phase, every chunk's own summaries (from zero) at once.
+scan_kernel        grid (N*H, blocks of dv): its second phase, walking the
+                   chunks with the deltas: carry and scan terms only, no tokens;
+                   writes what state_pass_kernel writes.
 output_kernel      grid (nC, N*H): one chunk each; derived carries, every output
                    term.
 Varlen (VARLEN): all sequences' chunks in one row (N = 1), each sequence padded to whole
@@ -461,6 +466,195 @@ def fused_kernel(
         # [i,e] = t32[e,Tn1] · t33[i,Tn1]   (matmul over Tn1)
         t34 = _dot(t33, tl.trans(t32), DOT, PREC)
         nx_G += t34
+
+        st_S = nx_S
+        st_C = nx_C
+        st_G = nx_G
+    tl.store(final_S + pid_nh * (D_d * D_d) + off_S, st_S, mask=own_S)
+    tl.store(final_C + pid_nh * (D_d * D_dv) + off_C, st_C, mask=own_C)
+    tl.store(final_G + pid_nh * (D_d * D_dv) + off_G, st_G, mask=own_G)
+
+
+@triton.jit
+def delta_kernel(
+    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t,  # k [N, H, nC, C, d]
+    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t,  # q [N, H, nC, C, d]
+    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t,  # v [N, H, nC, C, dv]
+    lam_ptr,  # [N, H, nC, C]
+    deltas_S,  # S[i,j] of each chunk alone: [N, H, nC, d, d]
+    deltas_C,  # C[i,e] of each chunk alone: [N, H, nC, d, dv]
+    deltas_G,  # G[i,e] of each chunk alone: [N, H, nC, d, dv]
+    H, n_chunks,
+    C: tl.constexpr,
+    D_d: tl.constexpr, B_d: tl.constexpr,
+    D_dv: tl.constexpr, B_dv: tl.constexpr,
+    DOT: tl.constexpr, SDOT: tl.constexpr, PREC: tl.constexpr,
+):
+    """Every chunk's deltas at once: the state pass's token-only terms, from zero."""
+    i_c = tl.program_id(0)
+    pid_nh = tl.program_id(1).to(tl.int64)
+    pid_dv = tl.program_id(2)  # this program's block of dv
+    n = pid_nh // H
+    h = pid_nh % H
+    crow = pid_nh  # the row of per-chunk buffers (lam, starts, ...): [N*H, nC]
+    zero64 = pid_nh * 0  # chunk offsets (zero64 + i_c) * stride in 64 bits: a row can pass 2^31 elements
+    offs_t = tl.arange(0, C)
+    offs_d = tl.arange(0, B_d)
+    offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
+
+    base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
+    raw_k = tl.load(  # the input dtype: dots read it as is
+        in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
+        mask=offs_d[None, :] < D_d, other=0.0)
+    base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
+    base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
+    raw_v = tl.load(  # the input dtype: dots read it as is
+        in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
+        mask=offs_dv[None, :] < D_dv, other=0.0)
+    lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
+    lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
+
+    decay_end_w1 = tl.exp(1 * (lam_end - lam))  # exp(1(Λ_end−Λ_Tn0))
+    decay_end_w2 = tl.exp(2 * (lam_end - lam))  # exp(2(Λ_end−Λ_Tn1))
+
+    # ---- S: this chunk's delta
+    # +1 · k_n0[i] k_n0[j]   [n0 in chunk; w(n0)=1]
+    # in_kᵀ, loaded transposed in the input dtype
+    t1 = tl.load(in_k_ptr + base_k + offs_d[:, None] + offs_t[None, :] * str_k_t, mask=offs_d[:, None] < D_d, other=0.0)
+    t2 = t1.to(tl.float32)
+    # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
+    t3 = t2 * decay_end_w1[None, :]
+    # [i,j] = in_k[Tn0,j] · t3[i,Tn0]   (matmul over Tn0)
+    t4 = _dot(t3, raw_k, DOT, PREC)
+    nx_S = t4
+
+    # ---- C: this chunk's delta
+    # +1 · q_n0[i] v_n0[e]   [n0 in chunk; w(n0)=1]
+    # in_qᵀ, loaded transposed in the input dtype
+    t5 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
+    t6 = t5.to(tl.float32)
+    # [i,Tn0] = in_q[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
+    t7 = t6 * decay_end_w1[None, :]
+    # [i,e] = in_v[Tn0,e] · t7[i,Tn0]   (matmul over Tn0)
+    t8 = _dot(t7, raw_v, DOT, PREC)
+    nx_C = t8
+
+    # ---- G: this chunk's delta
+    # +1 · k_n1[i] k_n1[s1] q_n0[s1] v_n0[e]   [n0 < n1, n1 in chunk; w(n0)=1, w(n1)=1]
+    # in_qᵀ, loaded transposed in the input dtype   = t5, computed above
+    # [Tn1,Tn0] = in_k[Tn1,s1] · in_q[Tn0,s1]   (matmul over s1)
+    t9 = _dot(raw_k, t5, DOT, PREC)
+    # in_vᵀ, loaded transposed in the input dtype
+    t11 = tl.load(in_v_ptr + base_v + offs_dv[:, None] + offs_t[None, :] * str_v_t, mask=offs_dv[:, None] < D_dv, other=0.0)
+    # mask_lt_w1ᵀ, computed transposed
+    t13 = tl.exp(tl.where(offs_t[None, :] > offs_t[:, None], 1 * (lam[None, :] - lam[:, None]), float("-inf")))
+    t14 = tl.trans(t9) * t13
+    # [e,Tn1] = in_v[Tn0,e] · t10[Tn1,Tn0]   (matmul over Tn0)
+    t15 = _dot(t11, t14, DOT, PREC)
+    # in_kᵀ, loaded transposed in the input dtype   = t1, computed above
+    # [i,Tn1] = in_k[Tn1,i] · decay_end_w2[Tn1]   (elementwise)
+    t16 = t2 * decay_end_w2[None, :]
+    # [i,e] = t15[e,Tn1] · t16[i,Tn1]   (matmul over Tn1)
+    t17 = _dot(t16, tl.trans(t15), DOT, PREC)
+    nx_G = t17
+
+    off_S = offs_d[:, None] * D_d + offs_d[None, :]
+    msk_S = (offs_d[:, None] < D_d) & (offs_d[None, :] < D_d)
+    own_S = tl.where((pid_dv == 0), msk_S, False)
+    tl.store(deltas_S + (crow * n_chunks + i_c) * (D_d * D_d) + off_S, nx_S, mask=own_S)
+    off_C = offs_d[:, None] * D_dv + offs_dv[None, :]
+    msk_C = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_C = msk_C
+    tl.store(deltas_C + (crow * n_chunks + i_c) * (D_d * D_dv) + off_C, nx_C, mask=own_C)
+    off_G = offs_d[:, None] * D_dv + offs_dv[None, :]
+    msk_G = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_G = msk_G
+    tl.store(deltas_G + (crow * n_chunks + i_c) * (D_d * D_dv) + off_G, nx_G, mask=own_G)
+
+
+@triton.jit
+def scan_kernel(
+    init_S, final_S, starts_S, deltas_S,  # S[i,j]: [d, d]
+    init_C, final_C, starts_C, deltas_C,  # C[i,e]: [d, dv]
+    init_G, final_G, starts_G, deltas_G,  # G[i,e]: [d, dv]
+    lam_ptr,  # [N, H, nC, C]: the last entry of each chunk (its log decay) is read
+    HAS_INIT: tl.constexpr,  # False: every initial state is zero (init_ is not read)
+    seq_chunks, VARLEN: tl.constexpr,  # VARLEN: sequence n owns chunks seq_chunks[n] .. seq_chunks[n + 1] - 1
+    H, n_chunks,
+    C: tl.constexpr,
+    D_d: tl.constexpr, B_d: tl.constexpr,
+    D_dv: tl.constexpr, B_dv: tl.constexpr,
+    DOT: tl.constexpr, SDOT: tl.constexpr, PREC: tl.constexpr,
+):
+    """Walks the chunks of one (sequence, head): each chunk's end state from its start
+    state and the deltas delta_kernel wrote (carry and scan terms; no token is read)."""
+    pid_nh = tl.program_id(0).to(tl.int64)
+    pid_dv = tl.program_id(1)  # this program's block of dv
+    # states without a split dim are computed by every block and written by its block 0 (own_)
+    n = pid_nh // H
+    h = pid_nh % H
+    crow = pid_nh  # the row of per-chunk buffers (lam, starts, ...): [N*H, nC]
+    offs_d = tl.arange(0, B_d)
+    offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
+
+    c_lo = 0
+    c_hi = n_chunks
+    if VARLEN:  # every sequence's chunks lie in one row per head (N = 1): walk this program's
+        c_lo = tl.load(seq_chunks + n)
+        c_hi = tl.load(seq_chunks + n + 1)
+        crow = h
+        n = n * 0  # the token row
+
+    off_S = offs_d[:, None] * D_d + offs_d[None, :]
+    msk_S = (offs_d[:, None] < D_d) & (offs_d[None, :] < D_d)
+    own_S = tl.where((pid_dv == 0), msk_S, False)
+    if HAS_INIT:
+        st_S = tl.load(init_S + pid_nh * (D_d * D_d) + off_S, mask=msk_S, other=0.0)
+    else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
+        st_S = tl.zeros_like(off_S).to(tl.float32)
+    off_C = offs_d[:, None] * D_dv + offs_dv[None, :]
+    msk_C = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_C = msk_C
+    if HAS_INIT:
+        st_C = tl.load(init_C + pid_nh * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
+    else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
+        st_C = tl.zeros_like(off_C).to(tl.float32)
+    off_G = offs_d[:, None] * D_dv + offs_dv[None, :]
+    msk_G = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_G = msk_G
+    if HAS_INIT:
+        st_G = tl.load(init_G + pid_nh * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
+    else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
+        st_G = tl.zeros_like(off_G).to(tl.float32)
+    for i_c in range(c_lo, c_hi):
+        tl.store(starts_S + (crow * n_chunks + i_c) * (D_d * D_d) + off_S, st_S, mask=own_S)
+        tl.store(starts_C + (crow * n_chunks + i_c) * (D_d * D_dv) + off_C, st_C, mask=own_C)
+        tl.store(starts_G + (crow * n_chunks + i_c) * (D_d * D_dv) + off_G, st_G, mask=own_G)
+        lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
+        dl_S = tl.load(deltas_S + (crow * n_chunks + i_c) * (D_d * D_d) + off_S, mask=msk_S, other=0.0)
+        dl_C = tl.load(deltas_C + (crow * n_chunks + i_c) * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
+        dl_G = tl.load(deltas_G + (crow * n_chunks + i_c) * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
+
+        # ---- S: state at the end of this chunk
+        # +1 · S@P[i,j]   [carry only; w(P)=1]
+        nx_S = st_S * tl.exp(1 * lam_end)
+        nx_S += dl_S  # + the chunk's own delta (delta_kernel)
+
+        # ---- C: state at the end of this chunk
+        # +1 · C@P[i,e]   [carry only; w(P)=1]
+        nx_C = st_C * tl.exp(1 * lam_end)
+        nx_C += dl_C  # + the chunk's own delta (delta_kernel)
+
+        # ---- G: state at the end of this chunk
+        # +1 · G@P[i,e]   [carry only; w(P)=2]
+        nx_G = st_G * tl.exp(2 * lam_end)
+
+        # +1 · C@P[s0,e] k_n0[i] k_n0[s0]   [n0 in chunk; w(n0)=1, w(P)=1]
+        # = carried states x the chunk delta of S (dl_S), not its tokens again (ir.scan)
+        # [i,e] = st_C[s0,e] · dl_S[i,s0]   (matmul over s0)
+        t1 = _dot(dl_S, st_C, tl.float32, PREC)
+        nx_G += t1 * tl.exp(1 * lam_end)
+        nx_G += dl_G  # + the chunk's own delta (delta_kernel)
 
         st_S = nx_S
         st_C = nx_C

@@ -1,0 +1,144 @@
+"""The chunk-parallel state pass (``schedule="scan"``: ``delta_kernel`` over every chunk at
+once, then ``scan_kernel`` walking the deltas; ``codegen.triton_gen._chunk_scan``) under
+the Triton interpreter (CPU, float32) against the float64 torch backend: outputs, final
+states and every gradient (the backward recomputes its chunk-start states the same way),
+dense and varlen, with and without an initial state, over one and two value blocks."""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported anywhere
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import hladsl  # noqa: E402
+from hladsl.ir.pipeline import chunk_program  # noqa: E402
+from hladsl.runtime import autotune, launch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HLADSL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "hladsl-cache"))
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Names of the kernels the walking launches ran (the scan must not be a no-op)."""
+    names = []
+    real = launch.launch_narrowing
+
+    def spy(kernel, *args, **kwargs):
+        names.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
+        return real(kernel, *args, **kwargs)
+    monkeypatch.setattr(launch, "launch_narrowing", spy)
+    for module in ("triton_forward", "triton_backward"):
+        monkeypatch.setattr(f"hladsl.runtime.{module}.launch.launch_narrowing", spy)
+    return names
+
+
+# (spec, params, gated, initial state, varlen, dv): every spec with a chunk scan; HLA2's G
+# reads S's delta, its normalised form h too, and ridge adds an identity term
+CASES = [("hla2", {}, True, True, False, 8), ("hla2", {}, False, False, False, 8),
+         ("hla2", {"normalize": True, "ridge": 0.3}, True, True, True, 8),
+         ("hla2", {}, True, True, True, 32), ("linear", {}, True, True, False, 8),
+         ("linear", {"normalize": True}, False, False, True, 8)]
+
+
+def _loss_and_grads(op, tensors, init, w_o, w_s, cu, scale):
+    q, k, v, g = tensors
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    gl = None if g is None else g.clone().requires_grad_()
+    il = None if init is None else {n: x.clone().requires_grad_() for n, x in init.items()}
+    o, final = op(*leaves, g=gl, scale=scale, initial_state=il, output_final_state=True, cu_seqlens=cu)
+    loss = (o * w_o).sum() + sum((final[n] * w_s[n]).sum() for n in final)
+    wrt = leaves + ([gl] if gl is not None else []) + (list(il.values()) if il else [])
+    return o, final, torch.autograd.grad(loss, wrt)
+
+
+@pytest.mark.parametrize("name,params,gated,with_init,varlen,dv", CASES,
+                         ids=[f"{c[0]}{'-norm' if c[1] else ''}-{'gated' if c[2] else 'plain'}"
+                              f"{'-init' if c[3] else ''}{'-varlen' if c[4] else ''}-dv{c[5]}" for c in CASES])
+def test_scan_schedule_matches_torch_float64(name, params, gated, with_init, varlen, dv, launched):
+    gen = torch.Generator().manual_seed(11)
+    B, T, H, d = (1, 70, 2, 8) if varlen else (2, 53, 2, 8)
+    q, k = (0.5 * torch.randn(B, T, H, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    if params.get("normalize"):
+        q, k = q.abs() + 0.1, k.abs() + 0.1
+    v = torch.randn(B, T, H, dv, generator=gen, dtype=torch.float64)
+    g = -0.3 * torch.rand(B, T, H, generator=gen, dtype=torch.float64) if gated else None
+    cu = torch.tensor([0, 21, 22, 70]) if varlen else None
+    n_seq = 3 if varlen else B
+    ref = hladsl.load(name, backend="torch", chunk_size=16, **params)
+    op = hladsl.load(name, backend="triton", chunk_size=16, **params)
+    op.schedule = "scan"
+    shapes = ref.state_shapes(d, dv)
+    init = ({n: 0.2 * torch.randn(n_seq, H, *s, generator=gen, dtype=torch.float64).abs()
+             for n, s in shapes.items()} if with_init else None)
+    w_o = torch.randn(B, T, H, dv, generator=gen, dtype=torch.float64)
+    w_s = {n: torch.randn(n_seq, H, *s, generator=gen, dtype=torch.float64) for n, s in shapes.items()}
+    want_o, want_f, want_g = _loss_and_grads(ref, (q, k, v, g), init, w_o, w_s, cu, 0.5)
+
+    def f32(x):
+        return None if x is None else x.float()
+    got_o, got_f, got_g = _loss_and_grads(
+        op, tuple(map(f32, (q, k, v, g))), None if init is None else {n: f32(x) for n, x in init.items()},
+        f32(w_o), {n: f32(x) for n, x in w_s.items()}, cu, 0.5)
+
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+    assert rel(got_o, want_o) < 1e-5
+    for n in shapes:
+        assert rel(got_f[n], want_f[n]) < 1e-5, n
+    for a, b in zip(got_g, want_g):
+        assert rel(a, b) < 1e-4
+    # the forward and the backward's recomputation both ran the chunk-parallel pass
+    assert launched.count("delta_kernel") == 2 and launched.count("scan_kernel") == 2
+    assert "state_pass_kernel" not in launched
+
+
+def test_scan_kernel_splits_the_value_dim_and_reads_no_tokens():
+    """HLA2's scan kernel: G's cross term is one fp32 product of S's delta with the carried
+    C (ir.precision keeps it exact), no token pointer, no chained dots: it may be split."""
+    from hladsl.codegen.triton_gen import kernel_context, generate
+    program = chunk_program(hladsl.compile_spec("hla2"), 64, (("d", 64), ("dv", 64)), True)
+    ctx = kernel_context(program)
+    cs = ctx["chunk_scan"]
+    assert cs["deltas"] == ["S", "C", "G"]
+    assert not cs["scan_chained_dots"] and ctx["state_chained_dots"]
+    source = generate(program)
+    scan = source.split("def scan_kernel(")[1]
+    assert "in_k_ptr" not in scan and "in_q_ptr" not in scan
+    assert "_dot(dl_S, st_C, tl.float32, PREC)" in scan
+    delta = source.split("def delta_kernel(")[1].split("@triton.jit")[0]
+    assert "st_" not in delta   # from zero: no carried state
+
+
+@pytest.mark.parametrize("name,params", [("hla3", {}), ("ahla", {}), ("power", {"p": 2})])
+def test_programs_without_a_chunk_scan_refuse_the_schedule(name, params):
+    """A term walking the tokens (HLA3's, AHLA's through combine-only states) or a packed
+    state (power): no chunk scan; asked for explicitly it raises, under auto it walks."""
+    from hladsl.codegen.triton_gen import kernel_context
+    from hladsl.runtime.triton_forward import forward_triton
+    program = chunk_program(hladsl.compile_spec(name, **params), 16, (("d", 8), ("dv", 8)), False)
+    assert kernel_context(program)["chunk_scan"] is None
+    tiles = {x: torch.zeros(1, 1, 2, 16, 8) for x in program.algebra.inputs}
+    with pytest.raises(autotune.Unavailable, match="no chunk-parallel state pass"):
+        forward_triton(program, tiles, None, None, 1e-6, schedule="scan")
+
+
+class _Tile:
+    def __init__(self, dtype, chunks):
+        self.dtype, self.shape, self.device = dtype, (2, 16, chunks, 64), torch.device("cuda")
+
+
+def test_auto_takes_the_chunk_scan_where_the_walk_cannot_split():
+    """Under auto: the scan where the walking pass has chained bf16 dots (it cannot split
+    its value dim, launch.state_block) and there is more than one chunk; fp32 tiles split
+    the walk itself; two_pass and fused never scan."""
+    cs = {"deltas": ["S"]}
+    assert launch.use_chunk_scan("auto", cs, _Tile(torch.bfloat16, 4), walk_chained=True)
+    assert not launch.use_chunk_scan("auto", cs, _Tile(torch.bfloat16, 1), walk_chained=True)
+    assert not launch.use_chunk_scan("auto", cs, _Tile(torch.float32, 4), walk_chained=True)
+    assert not launch.use_chunk_scan("auto", cs, _Tile(torch.bfloat16, 4), walk_chained=False)
+    assert not launch.use_chunk_scan("auto", None, _Tile(torch.bfloat16, 4), walk_chained=True)
+    assert not launch.use_chunk_scan("two_pass", cs, _Tile(torch.bfloat16, 4), walk_chained=True)
+    assert launch.use_chunk_scan("scan", cs, _Tile(torch.float32, 1), walk_chained=False)
