@@ -221,6 +221,20 @@ def _triton_step(spec, params, out_dir):
                     f"{alg.name}_triton_step.py", f"Triton decode step for {alg.name}: d = dv = 64, gated")
 
 
+def reverse_scan_lines(bwd) -> list[str]:
+    """How the chunk-parallel reverse pass (``ir.scan.reverse_scan``) splits the d-state
+    updates, or why there is none."""
+    from hladsl.ir.scan import reverse_scan
+    split = reverse_scan(bwd) if scan_plan(bwd.forward).complete and not bwd.forward.packed else None
+    if split is None:
+        return ["reverse scan: none (the forward has no chunk scan, or a d-state update walks the tokens)"]
+    lines = [f"reverse scan: {len(split.parallel)} d-state networks every chunk at once (no chunk-end "
+             f"cotangent), then a scan of {len(split.carry)} carry networks"
+             + (f" and {len(split.scan)} reading forward chunk deltas:" if split.scan else "")]
+    lines += [f"  {g.text()}" for g in split.scan]
+    return lines
+
+
 def _chunk_bwd(spec, params, out_dir):
     from hladsl.ir.precision import quotient_cancelling
     compiled = compile_spec(spec, target=_target(), **params)
@@ -229,7 +243,7 @@ def _chunk_bwd(spec, params, out_dir):
     if precision_plan(compiled.program).exact_backward:
         reasons = ("every product reading a state or d-state (the program cancels at degree three "
                    "or more: its d-states cancel in each token's gradient)",) + tuple(reasons)
-    text = backward_text(bwd)
+    text = backward_text(bwd) + "\n".join(reverse_scan_lines(bwd)) + "\n"
     if reasons:   # where the backward keeps cotangent products fp32-accurate, and why
         text += "\n" + "\n".join(["precision: cotangent products stay fp32-accurate (tf32x3) in:"]
                                   + [f"  {r}" for r in reasons]) + "\n"

@@ -1,8 +1,9 @@
 """The chunk-parallel state pass (``schedule="scan"``: ``delta_kernel`` over every chunk at
-once, then ``scan_kernel`` walking the deltas; ``codegen.triton_gen._chunk_scan``) under
-the Triton interpreter (CPU, float32) against the float64 torch backend: outputs, final
-states and every gradient (the backward recomputes its chunk-start states the same way),
-dense and varlen, with and without an initial state, over one and two value blocks."""
+once, then ``scan_kernel`` walking the deltas; ``codegen.triton_gen._chunk_scan``) and the
+backward's chunk-parallel reverse pass (``rdelta_kernel``, ``rscan_kernel``;
+``codegen.triton_bwd._reverse_scan``) under the Triton interpreter (CPU, float32) against
+the float64 torch backend: outputs, final states and every gradient, dense and varlen,
+with and without an initial state, over one and two value blocks."""
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported anywhere
@@ -22,17 +23,27 @@ def _cache_dir(tmp_path_factory, monkeypatch):
 
 @pytest.fixture
 def launched(monkeypatch):
-    """Names of the kernels the walking launches ran (the scan must not be a no-op)."""
-    names = []
+    """Names of the kernels the walking launches ran (the scan must not be a no-op), and
+    ``launched.grids``: each one's grid."""
+    names = _Launched()
     real = launch.launch_narrowing
 
     def spy(kernel, *args, **kwargs):
-        names.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
-        return real(kernel, *args, **kwargs)
+        name = kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__
+        names.append(name)
+        grid = real(kernel, *args, **kwargs)
+        names.grids.append((name, grid))
+        return grid
     monkeypatch.setattr(launch, "launch_narrowing", spy)
     for module in ("triton_forward", "triton_backward"):
         monkeypatch.setattr(f"hladsl.runtime.{module}.launch.launch_narrowing", spy)
     return names
+
+
+class _Launched(list):
+    def __init__(self):
+        super().__init__()
+        self.grids = []
 
 
 # (spec, params, gated, initial state, varlen, dv): every spec with a chunk scan; HLA2's G
@@ -90,9 +101,11 @@ def test_scan_schedule_matches_torch_float64(name, params, gated, with_init, var
         assert rel(got_f[n], want_f[n]) < 1e-5, n
     for a, b in zip(got_g, want_g):
         assert rel(a, b) < 1e-4
-    # the forward and the backward's recomputation both ran the chunk-parallel pass
+    # the forward and the backward's recomputation both ran the chunk-parallel pass, and the
+    # backward's reverse pass ran chunk-parallel too
     assert launched.count("delta_kernel") == 2 and launched.count("scan_kernel") == 2
-    assert "state_pass_kernel" not in launched
+    assert launched.count("rdelta_kernel") == 1 and launched.count("rscan_kernel") == 1
+    assert "state_pass_kernel" not in launched and "reverse_kernel" not in launched
 
 
 def test_scan_kernel_splits_the_value_dim_and_reads_no_tokens():
@@ -142,3 +155,59 @@ def test_auto_takes_the_chunk_scan_where_the_walk_cannot_split():
     assert not launch.use_chunk_scan("auto", None, _Tile(torch.bfloat16, 4), walk_chained=True)
     assert not launch.use_chunk_scan("two_pass", cs, _Tile(torch.bfloat16, 4), walk_chained=True)
     assert launch.use_chunk_scan("scan", cs, _Tile(torch.float32, 1), walk_chained=False)
+
+
+@pytest.mark.parametrize("name,params", [("hla2", {}), ("hla2", {"normalize": True})])
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_scan_kernels_over_two_value_blocks(name, params, varlen, launched):
+    """scan_kernel and rscan_kernel split the value dim (two blocks of 16 here): states
+    without it (S, m) are computed whole by every block and written by block 0; against the
+    float64 torch programs (forward and backward)."""
+    from hladsl.runtime.backward_torch import backward_torch
+    from hladsl.runtime.chunk_torch import outputs, state_pass
+    from hladsl.runtime.triton_backward import backward_triton
+    from hladsl.runtime.triton_forward import forward_triton
+    from test_triton_backward import _inputs, _varlen_reference
+    alg = hladsl.compile_spec(name, **params)
+    program = chunk_program(alg, 16, (("d", 8), ("dv", 32)), True)
+    tiles, lam, init, grad_o, grad_final = _inputs(program, bool(params), seed=3)
+    seq_chunks = None
+    if varlen:   # sequences of 2 and 1 chunks in one row
+        seq_chunks = torch.tensor([0, 2, 3], dtype=torch.int32)
+        init = {k: torch.cat([v, 0.5 * v]) for k, v in init.items()}
+        grad_final = {k: torch.cat([v, -v]) for k, v in grad_final.items()}
+
+    def f32(d):
+        return {k: v.float() for k, v in d.items()}
+    o, final = forward_triton(program, f32(tiles), lam.float(), f32(init), alg.eps, schedule="scan",
+                              state_block=16, seq_chunks=seq_chunks)
+    got = backward_triton(program, f32(tiles), lam.float(), f32(init), grad_o.float(), f32(grad_final),
+                          alg.eps, schedule="scan", reverse_block=16, seq_chunks=seq_chunks)
+    walkers = 4 if varlen else 2     # (sequences, heads) walked; two value blocks each
+    assert ("scan_kernel", (walkers, 2)) in launched.grids and ("rscan_kernel", (walkers, 2)) in launched.grids
+    ref = _varlen_reference(program, tiles, lam, init, grad_o, grad_final, alg.eps, seq_chunks)
+    if seq_chunks is None:
+        starts, want_final = state_pass(program, tiles, lam, init, torch.float64)
+        if not params:
+            want_o = outputs(program, "output", tiles, lam, starts, torch.float64)
+            assert (o.double() - want_o).norm() / want_o.norm() < 1e-5
+        for s in want_final:
+            assert (final[s].double() - want_final[s]).norm() / want_final[s].norm() < 1e-5, s
+
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+    for x in tiles:
+        assert rel(got[0][x], ref[0][x]) <= 1e-4, x
+    assert rel(got[1], ref[1]) <= 1e-4
+    for s in init:
+        assert rel(got[2][s], ref[2][s]) <= 1e-4, s
+
+
+def test_the_reverse_scan_runs_only_when_asked_for():
+    """The chunk-parallel reverse pass needs the forward deltas of the chunk scan; under
+    auto it stays off until measured on the GPU (launch.use_reverse_scan)."""
+    rs = {"states": []}
+    assert launch.use_reverse_scan("scan", True, rs)
+    assert not launch.use_reverse_scan("auto", True, rs)
+    assert not launch.use_reverse_scan("scan", False, rs)      # walking state pass: no deltas
+    assert not launch.use_reverse_scan("scan", True, None)     # the program has none

@@ -48,6 +48,7 @@ from hladsl.ir.backward import (
 )
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.ir.operands import Kind
+from hladsl.ir.scan import reverse_scan
 from hladsl.version import __version__
 
 TEMPLATE = "chunk_bwd_kernels.py.jinja"
@@ -370,7 +371,52 @@ def backward_context(program: ChunkProgram) -> dict:
         "grad_loop_dot": any(", DOT, PREC)" in c["loop"] for g in groups for c in (g["whole"], g["parted"])),
         "grad_groups": groups,
         "fused": None if fused is None else {**fused, "reads": [info(n) for n in fused["reads"]]},
+        "reverse_scan": _reverse_scan(low, bwd, fwd, info),   # fresh kernel regions
     }
+
+
+def _reverse_scan(low: _BwdLowering, bwd, fwd: dict, info) -> dict | None:
+    """The chunk-parallel reverse pass (``ir.scan.reverse_scan``), beside the forward's chunk
+    scan whose per-chunk deltas it reads: ``rdelta_kernel`` sums every chunk's parallel
+    d-state networks at once (d num / d den through the outputs and derived carries, reading
+    the chunk-start states), then ``rscan_kernel`` walks the chunks last to first applying only
+    the carry networks and the scan networks (chunk-end cotangent x a forward chunk delta: no
+    token load, no chained dot, so its value dim can be split). None where the forward has
+    no chunk scan or a d-state update walks the tokens otherwise."""
+    split = reverse_scan(bwd) if fwd["chunk_scan"] else None
+    if split is None:
+        return None
+    low.region()
+    defs: dict = {}
+    derived, code, written = _reverse_code(low, list(split.parallel), defs)
+    delta_chained = low.block.chained
+    low.region()
+    scan_defs: dict = {}
+    _, scan_code, scan_written = _reverse_code(low, list(split.carry + split.scan), scan_defs)
+    if scan_defs:
+        raise ValueError(f"{bwd.forward.algebra.name}: a carry or scan network of the reverse pass "
+                         f"reads the tokens")
+    states = [s["name"] for s in fwd["states"]]
+    ends = {}
+    for name in states:
+        parts = ([f"ds_{name}"] if name in scan_written else []) + \
+                ([f"rdl_{name}"] if name in written else [])
+        ends[name] = " + ".join(parts) if parts else f"tl.zeros_like(ct_end_{name})"
+    o = low.o_dim
+    splits = [o] if all(list(low.state_dims[n]).count(o) <= 1 for n in states) and all(
+        low.keeps_free(g, o) for g in split.carry + split.scan) else []
+
+    def own(name):
+        lacking = [d for d in splits if d not in low.state_dims[name]]
+        owner = " & ".join(f"(pid_{d} == 0)" for d in lacking)
+        return f"tl.where({owner}, msk_{name}, False)" if owner else f"msk_{name}"
+    return {"reads": [info(n) for n in states if n in _carried(split.parallel)],
+            "written": [info(n) for n in states if n in written],
+            "deltas": [info(n) for n in states if n in split.deltas],
+            "states": [info(n, own=own(n), end=ends[n]) for n in states],
+            "splits": splits, "delta_defs": _defs(defs), "derived": derived, "delta_code": code,
+            "delta_chained_dots": delta_chained, "scan_code": scan_code,
+            "scan_chained_dots": low.block.chained}
 
 
 def _sums_split_partially(low: _BwdLowering, reverse, dim: str) -> bool:

@@ -24,9 +24,10 @@ pass uses it behind ``codegen.triton_gen.STATE_PASS_READS_DELTAS`` (off until me
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import permutations
 
+from hladsl.ir.backward import REVERSE, BackwardProgram, GradTerm
 from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.operands import Kind, Operand
@@ -112,16 +113,12 @@ def _delta_terms(program: ChunkProgram) -> dict[str, TermProgram]:
     return out
 
 
-def _classify(program: ChunkProgram, name: str, k: int, t: TermProgram,
-              deltas: dict[str, TermProgram]) -> ScanTerm:
-    carried = [o for o in t.operands if o.kind in _CARRIED]
-    tokens = [o for o in t.operands if o.kind not in _CARRIED]
-    cost = t.plan.flops
-    if not tokens:
-        return ScanTerm(name, k, "carry", walk_macs=cost)
-    if not carried:
-        return ScanTerm(name, k, "delta", walk_macs=cost)
-    interface = {i for o in carried for i in o.indices} | set(t.output)
+def _delta_match(program: ChunkProgram, carried: list[Operand], tokens: list[Operand], output,
+                 deltas: dict[str, TermProgram]):
+    """(state, the term's indices on its delta's axes, the plan of carried x delta) where the
+    token side of a term is exactly one state's chunk delta, contracted with the carried side
+    only through that delta's free indices; else None."""
+    interface = {i for o in carried for i in o.indices} | set(output)
     for other, d in deltas.items():
         renaming = _match(tokens, list(d.operands))
         if renaming is None:
@@ -132,16 +129,87 @@ def _classify(program: ChunkProgram, name: str, k: int, t: TermProgram,
             continue
         delta_indices = tuple(renaming[j] for j in d.output)
         sizes = dict(program.sizes) | {pd.name: pd.size for pd in program.packed}
-        index_sizes = {i: sizes[dim] for o in carried if o.kind is Kind.CARRY
-                       for i, dim in zip(o.indices, program.state_dims(o.name))}
+        index_sizes = {i: sizes[dim] for o in carried if o.kind in (Kind.CARRY, Kind.COTANGENT)
+                       for i, dim in zip(o.indices, program.state_dims(_state_of(o)))}
         index_sizes.update((i, sizes[dim]) for i, dim in zip(delta_indices, program.state_dims(other)))
-        macs = plan(tuple(o.indices for o in carried) + (delta_indices,), t.output,
-                    tuple(sorted(index_sizes.items()))).flops
-        return ScanTerm(name, k, "scan", other, delta_indices, macs, cost)
-    return ScanTerm(name, k, "walk", walk_macs=cost)
+        pl = plan(tuple(o.indices for o in carried) + (delta_indices,), tuple(output),
+                  tuple(sorted(index_sizes.items())))
+        return other, delta_indices, pl
+    return None
+
+
+def _state_of(o: Operand) -> str:
+    """The state a carried operand holds (a chunk-end cotangent: its state's)."""
+    return o.name[len("end_"):] if o.kind is Kind.COTANGENT else o.name
+
+
+def _classify(program: ChunkProgram, name: str, k: int, t: TermProgram,
+              deltas: dict[str, TermProgram]) -> ScanTerm:
+    carried = [o for o in t.operands if o.kind in _CARRIED]
+    tokens = [o for o in t.operands if o.kind not in _CARRIED]
+    cost = t.plan.flops
+    if not tokens:
+        return ScanTerm(name, k, "carry", walk_macs=cost)
+    if not carried:
+        return ScanTerm(name, k, "delta", walk_macs=cost)
+    found = _delta_match(program, carried, tokens, t.output, deltas)
+    if found is None:
+        return ScanTerm(name, k, "walk", walk_macs=cost)
+    other, delta_indices, pl = found
+    return ScanTerm(name, k, "scan", other, delta_indices, pl.flops, cost)
 
 
 def scan_plan(program: ChunkProgram) -> ScanPlan:
     deltas = _delta_terms(program)
     return ScanPlan(tuple(_classify(program, name, k, t, deltas)
                           for name, terms in program.states for k, t in enumerate(terms)))
+
+
+@dataclass(frozen=True)
+class ReverseScan:
+    """The reverse state pass split as ``scan_plan`` splits the forward one. Each d-state
+    update of the backward program (``ir.backward``: gradient networks targeting a carry or a
+    derived carry) either reads no chunk-end cotangent -- the output's and the derived
+    carries' networks read d num / d den, the chunk's tokens and the chunk-start states the
+    forward computed: ``parallel``, every chunk at once -- or reads the chunk-end cotangent
+    alone (``carry``: the decayed d-state) or times the chunk's tokens, which for the VJP of a
+    forward ``scan`` term are exactly another state's chunk delta: ``scan`` holds those
+    networks rewritten as cotangent x that delta (a CARRY operand named after the state, read
+    from the forward's per-chunk deltas). HLA2: dC += exp(Λ_end) ΔSᵀ dG_end."""
+    parallel: tuple[GradTerm, ...]
+    carry: tuple[GradTerm, ...]
+    scan: tuple[GradTerm, ...]
+    deltas: tuple[str, ...]       # forward states whose chunk deltas ``scan`` reads
+
+
+def reverse_scan(bwd: BackwardProgram) -> ReverseScan | None:
+    """The split of ``bwd``'s reverse pass, or None where a d-state update walks the
+    tokens otherwise (reads start states beside the cotangent, or a token sum that is no
+    state's delta)."""
+    program = bwd.forward
+    deltas = _delta_terms(program)
+    parallel, carry, scan = [], [], []
+    for g in bwd.all_terms():
+        if g.target not in REVERSE:
+            continue
+        ct = g.cotangent
+        if not ct.name.startswith("end_"):
+            parallel.append(g)
+            continue
+        others = [o for o in g.term.operands if o.kind is not Kind.COTANGENT]
+        if not others:
+            carry.append(g)
+            continue
+        if any(o.kind in _CARRIED for o in others):
+            return None
+        found = _delta_match(program, [ct], others, g.term.output, deltas)
+        if found is None:
+            return None
+        other, delta_indices, pl = found
+        t = g.term
+        term = TermProgram(t.coef, (ct, Operand(Kind.CARRY, other, delta_indices)), t.output, pl,
+                           t.carry_weight, f"{t.source}, its tokens = the chunk delta of {other}")
+        scan.append(replace(g, term=term))
+    return ReverseScan(tuple(parallel), tuple(carry), tuple(scan),
+                       tuple(dict.fromkeys(o.name for g in scan for o in g.term.operands
+                                           if o.kind is Kind.CARRY)))

@@ -160,6 +160,17 @@ def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: 
             and not narrow_ok(first, walk_chained))
 
 
+def use_reverse_scan(schedule: str, chunk_scan: bool, reverse_scan: dict | None) -> bool:
+    """The backward's chunk-parallel reverse pass (``rdelta_kernel``, then ``rscan_kernel``;
+    ``triton_bwd._reverse_scan``) instead of the walking ``reverse_kernel``: where the
+    chunk-start states came from the chunk-parallel state pass (whose per-chunk deltas its
+    scan reads), the program has one, and "scan" was asked for. Not under "auto" yet: its
+    speed on the H100 is not measured (the walking reverse pass is 47 % of hla2's fwd + bwd
+    at 16k, run 65), and its one GPU accuracy run (run 69) gave a bf16 dk of 1.15e-2 for
+    normalised hla2 that still needs the walking pass's figure at the same inputs."""
+    return chunk_scan and bool(reverse_scan) and schedule == "scan"
+
+
 def narrow_ok(first, chained_dots: bool) -> bool:
     return first.dtype not in TENSOR_CORE_DTYPES or not chained_dots
 

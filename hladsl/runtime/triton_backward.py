@@ -31,8 +31,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     of contiguous [N, nC*C, H, dim] tensors}, d_lam [N, H, nC, C] fp32 or None, d_init
     {summary: [N, H, *shape] fp32}). d_lam is the gradient w.r.t. lam (dg: its reverse
     cumulative sum within each chunk). precision / num_warps as for forward_triton;
-    reverse_block: the value-dim block of one reverse-pass program where the program
-    splits it (default: small enough to fill the GPU). schedule: "two_pass" (reverse
+    reverse_block: the value-dim block of one reverse-pass program (walking or scan) where
+    the program splits it (default: small enough to fill the GPU). schedule: "two_pass" (reverse
     pass writing per-chunk d-states, then a gradient kernel parallel over chunks),
     "fused" (one kernel per (sequence, head) walking the chunks backwards; programs
     without packed states) or "auto" (fused on a GPU when there are enough
@@ -70,8 +70,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             init = state_args[f"init_{s['name']}"]
             starts[s["name"]] = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{s['name']}"] = starts[s["name"]]
-    run_state_pass(module, fwd, plan, state_args, {**_token_args(fwd["state_inputs"], tiles, lam, program.gated),
-                                                  **packed}, lam, True)
+    deltas = run_state_pass(module, fwd, plan, state_args,
+                            {**_token_args(fwd["state_inputs"], tiles, lam, program.gated), **packed}, lam, True)
 
     # the cotangents of num (and den)
     if grad_o.stride(-1) != 1:
@@ -92,10 +92,15 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                       grad_dtype, grad_scales)
 
     # (b) reverse state pass: d(end state) of every chunk, d initial state
-    fixed = {**tokens, **packed, **cot, **walk, **common,
-             **{f"starts_{s['name']}": starts[s["name"]] for s in ctx["reverse_reads"]}}
-    d_init, dends, blocks = _reverse_pass(module, ctx, plan, fixed, state_args, grad_final, seq_chunks,
-                                          (n_seq, heads, n_chunks))
+    if plan.reverse_scan:
+        d_init, dends, blocks = _reverse_scan(module, ctx, plan, {**tokens, **packed, **cot}, starts, deltas,
+                                              state_args, grad_final, seq_chunks, lam, (n_seq, heads, n_chunks))
+    else:
+        del deltas
+        fixed = {**tokens, **packed, **cot, **walk, **common,
+                 **{f"starts_{s['name']}": starts[s["name"]] for s in ctx["reverse_reads"]}}
+        d_init, dends, blocks = _reverse_pass(module, ctx, plan, fixed, state_args, grad_final, seq_chunks,
+                                              (n_seq, heads, n_chunks))
 
     # (c) token and Λ gradients, parallel over chunks
     d_tiles, d_lam = _grad_buffers(ctx, first, common, lam, grad_dtype)
@@ -152,6 +157,44 @@ def _reverse_pass(module, ctx, plan, fixed: dict, state_args: dict, grad_final, 
     for name in partial:
         d_init[name] = d_init[name].sum(2)
     return d_init, dends, _value_blocks(ctx, grid)
+
+
+def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, state_args: dict,
+                  grad_final, seq_chunks, lam, rows: tuple) -> tuple[dict, dict, int]:
+    """The chunk-parallel reverse pass (``triton_bwd._reverse_scan``): every chunk's own part
+    of its d-states at once, then the scan over them, reading the forward's per-chunk deltas
+    ``deltas`` (those it does not read lend their memory to the d-state parts). Returns what
+    ``_reverse_pass`` returns, each d-state whole (one slot: the reverse pass's partial sums
+    are its walking kernel's)."""
+    rs = ctx["reverse_scan"]
+    read = {f"deltas_{s['name']}" for s in rs["deltas"]}
+    spare = [x for k, x in deltas.items() if k not in read]
+    parts = {}
+    for s in rs["written"]:
+        init = state_args[f"init_{s['name']}"]
+        shape = rows + tuple(init.shape[2:])
+        reuse = next((x for x in spare if tuple(x.shape) == shape), None)
+        spare = [x for x in spare if x is not reuse]
+        parts[f"rdeltas_{s['name']}"] = reuse if reuse is not None else init.new_empty(shape)
+    del spare
+    launch.launch_narrowing(module.rdelta_kernel, plan, "rdelta_launch",
+                            {**fixed, **{f"starts_{s['name']}": starts[s["name"]] for s in rs["reads"]},
+                             **parts, **plan.common}, True)
+    partial = set(ctx["reverse_partial"])
+    has_dfinal = _has_dfinal(grad_final)
+    args, d_init, dends = {"HAS_DFINAL": has_dfinal}, {}, {}
+    for s in rs["states"]:
+        name = s["name"]
+        init = state_args[f"init_{name}"]
+        slots = (1,) if name in partial else ()   # the gradient kernel's layout, one block
+        args[f"dfinal_{name}"] = _dfinal(grad_final, name, init, has_dfinal)
+        args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
+        args[f"dends_{name}"] = dends[name] = per_chunk_alloc(init, seq_chunks)(rows + slots + tuple(init.shape[2:]))
+    gate = {"lam_ptr": lam} if lam is not None else {}
+    launch.launch_narrowing(module.rscan_kernel, plan, "rscan_launch",
+                            {**args, **parts, **{k: deltas[k] for k in read}, **gate, **plan.walk,
+                             **plan.common}, True)
+    return d_init, dends, 1
 
 
 def _value_blocks(ctx, grid) -> int:
@@ -244,6 +287,13 @@ class _BackwardPlan:
             self.fused_dot = launch.dot_override(first, ctx["fused"]["chained_dots"], {}, features)
             self.fused_targets = launch.grad_target_sets(len(ctx["fused"]["groups"]), targets_per_program)
             return
+        rs = ctx["reverse_scan"]
+        self.reverse_scan = launch.use_reverse_scan(schedule, self.chunk_scan, rs)
+        if self.reverse_scan:
+            self.rdelta_launch = launch.split_blocks((n_chunks, n_seq * heads), [], program, common, first,
+                                                     rs["delta_chained_dots"])
+            self.rscan_launch = launch.split_blocks(walkers * heads, rs["splits"], program, common, first,
+                                                    rs["scan_chained_dots"], reverse_block)
         self.reverse_launch = launch.split_blocks(walkers * heads, ctx["reverse_splits"], program, common,
                                                   first, ctx["reverse_chained_dots"], reverse_block,
                                                   fixed_blocks=bool(ctx["reverse_partial"]),

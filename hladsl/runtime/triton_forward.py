@@ -185,15 +185,17 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
 
 
 def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam, may_fall_back: bool,
-                   overrides: dict | None = None) -> None:
+                   overrides: dict | None = None) -> dict:
     """The chunk-start states (``starts_``) and final states of ``state_args`` (init_ /
     final_ / starts_ buffers, HAS_INIT): the walking state pass, or the chunk-parallel one
-    (``plan.chunk_scan``): every chunk's deltas into a per-chunk buffer, then the scan."""
+    (``plan.chunk_scan``): every chunk's deltas into a per-chunk buffer, then the scan.
+    Returns those per-chunk deltas ({"deltas_<state>": buffer}; none for the walk): the
+    backward's chunk-parallel reverse pass reads some and reuses the others' memory."""
     walk, common = plan.walk, plan.common
     if not plan.chunk_scan:
         launch.launch_narrowing(module.state_pass_kernel, plan, "state_launch",
                                 {**state_args, **tokens, **walk, **common}, may_fall_back, overrides)
-        return
+        return {}
     first = next(iter(v for k, v in tokens.items() if k.startswith("in_")))
     rows = tuple(first.shape[:3])        # (N, H, nC): a delta per chunk, laid out as the starts
     deltas = {}
@@ -205,6 +207,7 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     gate = {"lam_ptr": lam} if lam is not None else {}
     launch.launch_narrowing(module.scan_kernel, plan, "scan_launch",
                             {**state_args, **deltas, **gate, **walk, **common}, may_fall_back, overrides)
+    return deltas
 
 
 def per_chunk_alloc(like: torch.Tensor, seq_chunks):
