@@ -163,7 +163,6 @@ def test_scan_kernels_over_two_value_blocks(name, params, varlen, launched):
     """scan_kernel and rscan_kernel split the value dim (two blocks of 16 here): states
     without it (S, m) are computed whole by every block and written by block 0; against the
     float64 torch programs (forward and backward)."""
-    from hladsl.runtime.backward_torch import backward_torch
     from hladsl.runtime.chunk_torch import outputs, state_pass
     from hladsl.runtime.triton_backward import backward_triton
     from hladsl.runtime.triton_forward import forward_triton
