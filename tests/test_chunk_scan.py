@@ -51,7 +51,10 @@ class _Launched(list):
 CASES = [("hla2", {}, True, True, False, 8), ("hla2", {}, False, False, False, 8),
          ("hla2", {"normalize": True, "ridge": 0.3}, True, True, True, 8),
          ("hla2", {}, True, True, True, 32), ("linear", {}, True, True, False, 8),
-         ("linear", {"normalize": True}, False, False, True, 8)]
+         ("linear", {"normalize": True}, False, False, True, 8),
+         # chunk summaries no state holds (ir.scan.AuxDelta): AHLA's Σ k qᵀ, HLA3-masked's three
+         ("ahla", {}, True, True, False, 8), ("ahla", {"normalize": True}, False, False, True, 8),
+         ("hla3_masked", {}, True, True, False, 8), ("hla3_masked", {"normalize": True}, True, False, True, 8)]
 
 
 def _loss_and_grads(op, tensors, init, w_o, w_s, cu, scale):
@@ -102,10 +105,13 @@ def test_scan_schedule_matches_torch_float64(name, params, gated, with_init, var
     for a, b in zip(got_g, want_g):
         assert rel(a, b) < 1e-4
     # the forward and the backward's recomputation both ran the chunk-parallel pass, and the
-    # backward's reverse pass ran chunk-parallel too
+    # backward's reverse pass ran chunk-parallel too where the program has one (AHLA's reads
+    # its forward chunk summary Σ k qᵀ; HLA3-masked's networks read start states beside the
+    # chunk-end cotangent: none)
     assert launched.count("delta_kernel") == 2 and launched.count("scan_kernel") == 2
-    assert launched.count("rdelta_kernel") == 1 and launched.count("rscan_kernel") == 1
-    assert "state_pass_kernel" not in launched and "reverse_kernel" not in launched
+    assert "state_pass_kernel" not in launched
+    reverse = "reverse_kernel" if name == "hla3_masked" else "rscan_kernel"
+    assert launched.count(reverse) == 1
 
 
 def test_scan_kernel_splits_the_value_dim_and_reads_no_tokens():
@@ -125,10 +131,10 @@ def test_scan_kernel_splits_the_value_dim_and_reads_no_tokens():
     assert "st_" not in delta   # from zero: no carried state
 
 
-@pytest.mark.parametrize("name,params", [("hla3", {}), ("ahla", {}), ("power", {"p": 2})])
+@pytest.mark.parametrize("name,params", [("hla3", {}), ("power", {"p": 2})])
 def test_programs_without_a_chunk_scan_refuse_the_schedule(name, params):
-    """A term walking the tokens (HLA3's, AHLA's through combine-only states) or a packed
-    state (power): no chunk scan; asked for explicitly it raises, under auto it walks."""
+    """A term walking the tokens (HLA3's through its four-index combine-only states) or a
+    packed state (power): no chunk scan; asked for explicitly it raises, under auto it walks."""
     from hladsl.codegen.triton_gen import kernel_context
     from hladsl.runtime.triton_forward import forward_triton
     program = chunk_program(hladsl.compile_spec(name, **params), 16, (("d", 8), ("dv", 8)), False)
@@ -147,8 +153,11 @@ def test_auto_takes_the_chunk_scan_where_the_walk_cannot_split():
     """Under auto: the scan where the walking pass has chained bf16 dots (it cannot split
     its value dim, launch.state_block) and there is more than one chunk; fp32 tiles split
     the walk itself; two_pass and fused never scan."""
-    cs = {"deltas": ["S"]}
+    cs = {"deltas": ["S"], "aux": []}
     assert launch.use_chunk_scan("auto", cs, _Tile(torch.bfloat16, 4), walk_chained=True)
+    # one reading chunk summaries no state holds: only when asked for (not measured yet)
+    assert not launch.use_chunk_scan("auto", {**cs, "aux": ["aux_E_1"]}, _Tile(torch.bfloat16, 4), True)
+    assert launch.use_chunk_scan("scan", {**cs, "aux": ["aux_E_1"]}, _Tile(torch.bfloat16, 4), True)
     assert not launch.use_chunk_scan("auto", cs, _Tile(torch.bfloat16, 1), walk_chained=True)
     assert not launch.use_chunk_scan("auto", cs, _Tile(torch.float32, 4), walk_chained=True)
     assert not launch.use_chunk_scan("auto", cs, _Tile(torch.bfloat16, 4), walk_chained=False)
@@ -157,12 +166,13 @@ def test_auto_takes_the_chunk_scan_where_the_walk_cannot_split():
     assert launch.use_chunk_scan("scan", cs, _Tile(torch.float32, 1), walk_chained=False)
 
 
-@pytest.mark.parametrize("name,params", [("hla2", {}), ("hla2", {"normalize": True})])
+@pytest.mark.parametrize("name,params", [("hla2", {}), ("hla2", {"normalize": True}), ("ahla", {})])
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 def test_scan_kernels_over_two_value_blocks(name, params, varlen, launched):
     """scan_kernel and rscan_kernel split the value dim (two blocks of 16 here): states
-    without it (S, m) are computed whole by every block and written by block 0; against the
-    float64 torch programs (forward and backward)."""
+    without it (S, m) and chunk summaries without it (AHLA's Σ k qᵀ) are read whole by every
+    block, states written by block 0; against the float64 torch programs (forward and
+    backward)."""
     from hladsl.runtime.chunk_torch import outputs, state_pass
     from hladsl.runtime.triton_backward import backward_triton
     from hladsl.runtime.triton_forward import forward_triton

@@ -16,7 +16,9 @@ from hladsl.codegen.torch_gen import torch_module  # noqa: E402
 from hladsl.frontend.specs import shipped_names  # noqa: E402
 from hladsl.ir.pipeline import chunk_program  # noqa: E402
 from hladsl.ir.scan import scan_plan  # noqa: E402
+from hladsl.ir.backward import GradTerm, Target  # noqa: E402
 from hladsl.runtime import chunk_torch  # noqa: E402
+from hladsl.runtime.backward_torch import GradEnv, evaluate  # noqa: E402
 
 C, N_CHUNKS = 8, 4
 
@@ -42,6 +44,9 @@ def _scan_state_pass(program, tokens, lam, init):
     every = chunk_torch.Env(tokens, lam, {}, program.chunk, torch.float64)
     deltas = {name: sum(fn(every) for fn, reads, _ in entries if not reads)
               for name, entries in module.STATES.items()}
+    for aux in scan_plan(program).aux:   # chunk summaries no state holds: their token networks
+        net = GradTerm(Target.CARRY, aux.name, None, aux.term, aux.term.output)
+        deltas[aux.name] = evaluate(net, GradEnv(tokens, lam, {}, program.chunk, torch.float64))
     state = dict(init)
     for c in range(N_CHUNKS):
         env = chunk_torch.Env({k: v[:, :, c] for k, v in tokens.items()},
@@ -88,11 +93,16 @@ def test_scan_terms_are_carried_states_times_a_delta(name, gated):
 @pytest.mark.parametrize("name,params,complete,scans", [
     ("linear", {}, True, []), ("hla2", {}, True, [("G", "S")]),
     ("hla2", {"normalize": True}, True, [("G", "S"), ("h", "S")]),
-    ("hla3", {}, False, [("G1", "SK"), ("G2", "SQ"), ("G3", "P")]),
-    ("ahla", {}, False, []), ("power", {"p": 2}, True, [])])
+    ("hla3", {}, False, [("G1", "SK"), ("G1", "aux_G1_3"), ("G2", "SQ"), ("G2", "aux_G2_2"),
+                         ("G2", "aux_G2_3"), ("G3", "P"), ("G3", "aux_G3_3")]),
+    ("ahla", {}, True, [("E", "aux_E_1")]),
+    ("hla3_masked", {}, True, [("H", "aux_H_1"), ("H", "aux_H_2"), ("H", "aux_H_3")]),
+    ("power", {"p": 2}, True, [])])
 def test_scan_plan_of_the_shipped_specs(name, params, complete, scans):
-    """HLA2's G (and h) read the chunk through S's delta: its sequential phase would need
-    no tokens; HLA3's and AHLA's cross terms through combine-only states still walk them."""
+    """HLA2's G (and h) read the chunk through S's delta: its sequential phase needs no
+    tokens; AHLA's E and HLA3-masked's H read chunk summaries no state holds (their
+    combine-only R, QQ, N, M), held per chunk; two of HLA3's terms through four-index
+    combine-only states still walk the tokens (their summaries exceed the largest state)."""
     plan = scan_plan(compile_spec(name, **params).program)
     assert plan.complete is complete
     assert [(t.state, t.delta) for t in plan.terms if t.role == "scan"] == scans

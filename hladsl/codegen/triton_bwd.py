@@ -392,6 +392,9 @@ def _reverse_scan(low: _BwdLowering, bwd, fwd: dict, info) -> dict | None:
     delta_chained = low.block.chained
     low.region()
     scan_defs: dict = {}
+    buffers = {b["name"]: b for b in fwd["chunk_scan"]["buffers"]}
+    for name in split.deltas:   # a forward chunk summary no state holds: its axes' dims
+        low.state_dims.setdefault(name, tuple(buffers[name]["dims"]))
     _, scan_code, scan_written = _reverse_code(low, list(split.carry + split.scan), scan_defs)
     if scan_defs:
         raise ValueError(f"{bwd.forward.algebra.name}: a carry or scan network of the reverse pass "
@@ -412,7 +415,7 @@ def _reverse_scan(low: _BwdLowering, bwd, fwd: dict, info) -> dict | None:
         return f"tl.where({owner}, msk_{name}, False)" if owner else f"msk_{name}"
     return {"reads": [info(n) for n in states if n in _carried(split.parallel)],
             "written": [info(n) for n in states if n in written],
-            "deltas": [info(n) for n in states if n in split.deltas],
+            "deltas": [buffers[n] for n in split.deltas],   # read into st_<name>
             "states": [info(n, own=own(n), end=ends[n]) for n in states],
             "splits": splits, "delta_defs": _defs(defs), "derived": derived, "delta_code": code,
             "delta_chained_dots": delta_chained, "scan_code": scan_code,

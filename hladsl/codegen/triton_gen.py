@@ -225,15 +225,18 @@ class _Lowering:
         self.deltas: dict[str, str] = {}   # state -> the temp holding its chunk delta (ir.scan)
 
     def terms(self, terms: tuple[TermProgram, ...], acc: str, defs: dict, scale_end=False,
-              tiled: frozenset = frozenset(), only: frozenset | None = None) -> dict[str, str]:
+              tiled: frozenset = frozenset(), only: frozenset | None = None,
+              precision_of: str | None = None) -> dict[str, str]:
         """Code summing ``terms`` into ``acc``, by section (pre / loop / post, see
         ``steps``); ``scale_end``: state pass (carry weights). Indices of a ``tiled``
         dim are looped over in tiles: every step reading a tile runs in the loop,
         and the first step that sums the index away accumulates across tiles.
-        ``only``: the positions of the terms to emit (the others are left out)."""
+        ``only``: the positions of the terms to emit (the others are left out);
+        ``precision_of``: the sum (``nx_<state>``, ...) whose precision rules apply, if not ``acc``."""
         block = self.block
-        block.exact = self.exact_sum(acc)
-        block.exact_tokens = acc[3:] in self.precision.exact_tokens if acc.startswith("nx_") else False
+        rules = precision_of or acc
+        block.exact = self.exact_sum(rules)
+        block.exact_tokens = rules[3:] in self.precision.exact_tokens if rules.startswith("nx_") else False
         start = {k: len(v) for k, v in block.sections.items()}
         emitted = 0
         for n, t in enumerate(terms):
@@ -455,7 +458,7 @@ def kernel_context(program: ChunkProgram) -> dict:
     if tiled:
         loop = {"dim": tiled[0], "init": low.loop_init,
                 "code": "\n\n".join(c for c in (num["loop"], den["loop"]) if c)}
-    chunk_scan = _chunk_scan(low, program)        # fresh kernel regions
+    chunk_scan = _chunk_scan(low, program, states, splits)   # fresh kernel regions
     fused = _fused(low, program, splits, o_dim)   # a fresh kernel region: last
     return {
         "name": alg.name,
@@ -511,7 +514,7 @@ def _fused(low: _Lowering, program: ChunkProgram, splits, o_dim) -> dict | None:
             "chained_dots": low.block.chained}
 
 
-def _chunk_scan(low: _Lowering, program: ChunkProgram) -> dict | None:
+def _chunk_scan(low: _Lowering, program: ChunkProgram, states: list[dict], splits) -> dict | None:
     """The chunk-parallel state pass (``ir.scan``), where every state-pass term is a
     carry, a delta or a scan term: ``delta_kernel`` computes every chunk's deltas at once
     (each state's token-only terms, from zero: parallel over chunks, the token work of
@@ -519,7 +522,9 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram) -> dict | None:
     the scan terms -- carried states times another state's delta tile, read back from
     HBM (HLA2's G += ΔS (ρ C): one d x d x dv product a chunk, no token loads, no chained
     dots, so its value dim can be split over many programs). None where a term walks the
-    tokens (HLA3's terms through combine-only states) or a state is packed."""
+    tokens (HLA3's terms through its four-index combine-only states) or a state is packed.
+    Chunk summaries no state holds (``ir.scan.AuxDelta``: AHLA's Σ k qᵀ) are per-chunk
+    buffers beside the deltas (``buffers``: every one the delta kernel writes)."""
     plan = low.scan_plan
     if not plan.complete or program.packed:
         return None
@@ -534,11 +539,24 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram) -> dict | None:
         if keep:
             code = low.terms(terms, f"nx_{name}", delta_defs, scale_end=True, only=keep)["pre"]
             delta_code.append({"name": name, "code": code})
+    for aux in plan.aux:   # its products as precise as the state update reading it
+        code = low.terms((aux.term,), f"ax_{aux.name}", delta_defs, precision_of=f"nx_{aux.state}")["pre"]
+        delta_code.append({"name": aux.name, "code": code})
     delta_chained = low.block.chained
-    with_delta = [c["name"] for c in delta_code]
+    with_delta = [c["name"] for c in delta_code if c["name"] in low.state_dims]
+
+    buffers = [{**s, "var": f"nx_{s['name']}", "shape": list(program.state_shape(s["name"]))}
+               for s in states if s["name"] in with_delta]
+    sizes = dict(program.sizes)
+    for aux in plan.aux:
+        off, msk, numel = _layout(aux.dims)
+        owner = " & ".join(f"(pid_{d} == 0)" for d in splits if d not in aux.dims)
+        buffers.append({"name": aux.name, "index": "", "var": f"ax_{aux.name}", "dims": list(aux.dims), "off": off,
+                        "msk": msk, "numel": numel, "shape": [sizes[d] for d in aux.dims],
+                        "own": f"tl.where({owner}, msk_{aux.name}, False)" if owner else f"msk_{aux.name}"})
 
     low.region()
-    low.deltas = {name: f"dl_{name}" for name in with_delta}   # scan terms read these tiles
+    low.deltas = {b["name"]: f"dl_{b['name']}" for b in buffers}   # scan terms read these tiles
     scan_defs, scan_code = {}, []
     for name, terms in program.states:
         keep = positions(name, terms, ("carry", "scan"))
@@ -549,7 +567,8 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram) -> dict | None:
         scan_code.append({"name": name, "code": code.strip("\n")})
     if scan_defs:
         raise ValueError(f"{low.alg.name}: a carry or scan term of the state pass reads the tokens")
-    return {"deltas": with_delta, "delta_defs": _defs(delta_defs), "delta_code": delta_code,
+    return {"deltas": with_delta, "buffers": buffers, "aux": [a.name for a in plan.aux],
+            "delta_defs": _defs(delta_defs), "delta_code": delta_code,
             "delta_chained_dots": delta_chained, "scan_code": scan_code,
             "scan_chained_dots": low.block.chained}
 

@@ -9,10 +9,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-import networkx as nx
 
 from hladsl.errors import Pos, SpecCheckError, SpecError, SpecErrors
 from hladsl.frontend import ast
+from hladsl.frontend.graph import Digraph, dependencies_first, find_cycle
 
 BUILTIN_EYE = "eye"                 # Kronecker delta eye[i,j]; both indices of one dim
 _STATE_KEYWORDS = ("cross", "decay", "symmetric", "combine_only")   # may follow a state's delta
@@ -71,9 +71,9 @@ def _slots(indices) -> tuple[tuple[str, object], ...]:
     return tuple((i.name, i.count) for i in indices)
 
 
-def dependency_graph(spec: ast.Spec) -> nx.DiGraph:
+def dependency_graph(spec: ast.Spec) -> Digraph:
     """Edge X -> Y (attribute side) when Y appears in a cross term of X."""
-    graph = nx.DiGraph()
+    graph = Digraph()
     for s in spec.states:
         graph.add_node(s.name)
         for term in (s.cross.terms if s.cross else ()):
@@ -83,12 +83,12 @@ def dependency_graph(spec: ast.Spec) -> nx.DiGraph:
     return graph
 
 
-def declaration_order(spec: ast.Spec, graph: nx.DiGraph | None = None) -> list[str]:
+def declaration_order(spec: ast.Spec, graph: Digraph | None = None) -> list[str]:
     """Summaries ordered so each comes after those its cross terms read, ties
     broken by declaration order (the graph must be acyclic)."""
     graph = dependency_graph(spec) if graph is None else graph
     rank = {s.name: n for n, s in enumerate(spec.states)}
-    return list(nx.lexicographical_topological_sort(graph.reverse(), key=rank.__getitem__))
+    return dependencies_first(graph, rank.__getitem__)
 
 
 def _tensors(factors):
@@ -169,10 +169,9 @@ def _check_params(ctx: _Ctx) -> None:
         ctx.err("parameter 'normalize' needs a 'normalizer = ...' declaration", spec.param("normalize").pos)
 
 
-def _check_cycles(ctx: _Ctx, graph: nx.DiGraph) -> bool:
-    try:
-        cycle = nx.find_cycle(graph)
-    except nx.NetworkXNoCycle:
+def _check_cycles(ctx: _Ctx, graph: Digraph) -> bool:
+    cycle = find_cycle(graph)
+    if cycle is None:
         return True
     names = [u for u, _ in cycle] + [cycle[0][0]]
     first = ctx.spec.state(names[0])

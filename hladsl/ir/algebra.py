@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import networkx as nx
+from hladsl.frontend.graph import Digraph, descendants
 
 from hladsl.ir.expr import Factor, Monomial, Poly
 
@@ -53,9 +53,9 @@ class Algebra:
     def eps(self) -> float:
         return float(self.params.get("eps", 0.0))
 
-    def graph(self) -> nx.DiGraph:
+    def graph(self) -> Digraph:
         """X -> Y (side=...) when a cross term of X reads Y; outputs as node '<out>'."""
-        g = nx.DiGraph()
+        g = Digraph()
         for s in self.summaries:
             g.add_node(s.name)
             for c in s.crosses:
@@ -75,7 +75,7 @@ class Algebra:
         closed under A-side reads. The rest are combine-only: a later segment's
         value is formed from its tokens when needed."""
         g = self.graph()
-        a_side = nx.DiGraph([(u, v) for u, v, side in g.edges(data="side") if side == "A"])
+        a_side = Digraph([(u, v) for u, v, side in g.edges(data="side") if side == "A"])
         a_side.add_node("<out>")
-        keep = nx.descendants(a_side, "<out>")
+        keep = descendants(a_side, "<out>")
         return tuple(s for s in self.summaries if s.name in keep)

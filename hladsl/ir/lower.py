@@ -6,11 +6,11 @@ from __future__ import annotations
 import sys
 from fractions import Fraction
 
-import networkx as nx
 
 from hladsl.errors import AlgebraError, SpecError
 from hladsl.frontend import ast
 from hladsl.frontend.check import BUILTIN_EYE, MAX_PACK_COUNT, declaration_order
+from hladsl.frontend.graph import Digraph, descendants
 from hladsl.frontend.printer import sum_text
 from hladsl.ir.algebra import Algebra, Summary
 from hladsl.ir.expr import Factor, Monomial, Poly, eliminate_eye
@@ -266,7 +266,7 @@ def _weight(decl: ast.StateDecl, cross_terms, weights: dict[str, int]) -> int:
 
 
 def _needed(summaries: dict[str, Summary], output: Poly, normalizer: Poly | None) -> set[str]:
-    graph = nx.DiGraph()
+    graph = Digraph()
     graph.add_node("<out>")
     for s in summaries.values():
         for c in s.crosses:
@@ -277,4 +277,4 @@ def _needed(summaries: dict[str, Summary], output: Poly, normalizer: Poly | None
             for f in t.factors:
                 if f.kind == "state":
                     graph.add_edge("<out>", f.name)
-    return nx.descendants(graph, "<out>")
+    return descendants(graph, "<out>")

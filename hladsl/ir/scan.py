@@ -15,15 +15,21 @@ delta tile (d x d x dv MACs for HLA2's G) instead of chains over the chunk's tok
 * ``carry``: the decayed carried state itself;
 * ``delta``: token-only, part of the state's own chunk delta (the parallel phase);
 * ``scan``: carried states times another state's whole delta (the sequential phase);
-* ``walk``: carried states times a token sum that is no state's delta -- HLA3's
-  terms through its combine-only states (X1@B SQ@A, ...): they need the tokens in
-  the sequential phase, as today.
+* ``walk``: carried states times a token sum too large to hold per chunk -- HLA3's
+  terms through its four-index combine-only states (X1@B SQ@A, ...): they need the
+  tokens in the sequential phase, as today.
+
+A scan term's chunk summary is another state's delta where one matches (HLA2's G reads
+S's); otherwise an ``AuxDelta``, the term's token side summed over the chunk to the
+indices it shares with the carried side (AHLA's Σ k qᵀ, its combine-only R; HLA3-masked's
+QQ, N and M), computed beside the deltas, if it is no larger than the largest state.
 
 ``--emit chunk`` prints it with the sequential MACs of such a schedule; the Triton state
 pass uses it behind ``codegen.triton_gen.STATE_PASS_READS_DELTAS`` (off until measured).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from itertools import permutations
 
@@ -36,19 +42,36 @@ _CARRIED = (Kind.CARRY, Kind.DERIVED)   # (state-pass terms read carried states 
 
 
 @dataclass(frozen=True)
+class AuxDelta:
+    """A chunk summary no state holds: the token side of a scan term whose tokens are no
+    state's delta (AHLA's Σ_n k_n q_nᵀ, its combine-only R), summed over the chunk to the
+    indices it shares with the carried side. The chunk-parallel pass computes it beside the
+    states' deltas and stores it per chunk."""
+    name: str                  # aux_<state>_<term position> (the state's name is an identifier)
+    state: str                 # whose update reads it (its products take that state's precision)
+    dims: tuple[str, ...]      # the dims of its axes
+    term: TermProgram          # tokens, masks, decays -> its axes (coef 1, no carry weight)
+
+
+@dataclass(frozen=True)
 class ScanTerm:
     state: str
     index: int                 # the term's position in the state's update
     role: str                  # carry | delta | scan | walk
-    delta: str = ""            # scan: the state whose delta it reads
+    delta: str = ""            # scan: the state (or AuxDelta) whose chunk summary it reads
     delta_indices: tuple[str, ...] = ()   # scan: the term's indices on the delta's axes
     macs: int = 0              # scan: MACs of carried states x delta, per chunk and head
     walk_macs: int = 0         # the term's MACs in today's state pass (over the chunk's tokens)
+    aux: AuxDelta | None = None   # scan: the chunk summary it reads, where no state holds it
 
 
 @dataclass(frozen=True)
 class ScanPlan:
     terms: tuple[ScanTerm, ...]
+
+    @property
+    def aux(self) -> tuple[AuxDelta, ...]:
+        return tuple(t.aux for t in self.terms if t.aux is not None)
 
     @property
     def complete(self) -> bool:
@@ -59,8 +82,9 @@ class ScanPlan:
         roles = {}
         for t in self.terms:
             roles.setdefault(t.role, []).append(t)
-        head = ("chunk scan: every state-pass term reads the chunk through a state's delta "
-                "(a chunk-parallel state pass needs no tokens in its sequential phase)"
+        head = ("chunk scan: every state-pass term reads the chunk through a chunk summary, a "
+                "state's delta or one no state holds (a chunk-parallel state pass needs no tokens "
+                "in its sequential phase)"
                 if self.complete else
                 "chunk scan: some state-pass terms read token sums that are no state's delta "
                 "(a chunk-parallel state pass would still walk them over the tokens)")
@@ -69,8 +93,9 @@ class ScanPlan:
         lines = [head, f"  sequential MACs a chunk and head: {today} walking the tokens (today), "
                        f"{sequential} as a scan over chunk deltas"]
         for t in roles.get("scan", []):
-            lines.append(f"  {t.state} term {t.index}: carried states x delta of {t.delta} "
-                         f"({t.macs} MACs a chunk)")
+            what = (f"a chunk summary [{','.join(t.aux.dims)}] no state holds ({t.aux.name})"
+                    if t.aux else f"delta of {t.delta}")
+            lines.append(f"  {t.state} term {t.index}: carried states x {what} ({t.macs} MACs a chunk)")
         for t in roles.get("walk", []):
             lines.append(f"  {t.state} term {t.index}: walks the tokens")
         return lines
@@ -114,10 +139,12 @@ def _delta_terms(program: ChunkProgram) -> dict[str, TermProgram]:
 
 
 def _delta_match(program: ChunkProgram, carried: list[Operand], tokens: list[Operand], output,
-                 deltas: dict[str, TermProgram]):
+                 deltas: dict[str, TermProgram], aux: dict[str, AuxDelta] | None = None):
     """(state, the term's indices on its delta's axes, the plan of carried x delta) where the
-    token side of a term is exactly one state's chunk delta, contracted with the carried side
-    only through that delta's free indices; else None."""
+    token side of a term is exactly one state's chunk delta (or one of ``aux``, by name),
+    contracted with the carried side only through that delta's free indices; else None."""
+    aux = aux or {}
+    deltas = {**deltas, **{name: a.term for name, a in aux.items()}}
     interface = {i for o in carried for i in o.indices} | set(output)
     for other, d in deltas.items():
         renaming = _match(tokens, list(d.operands))
@@ -131,7 +158,8 @@ def _delta_match(program: ChunkProgram, carried: list[Operand], tokens: list[Ope
         sizes = dict(program.sizes) | {pd.name: pd.size for pd in program.packed}
         index_sizes = {i: sizes[dim] for o in carried if o.kind in (Kind.CARRY, Kind.COTANGENT)
                        for i, dim in zip(o.indices, program.state_dims(_state_of(o)))}
-        index_sizes.update((i, sizes[dim]) for i, dim in zip(delta_indices, program.state_dims(other)))
+        axes = aux[other].dims if other in aux else program.state_dims(other)
+        index_sizes.update((i, sizes[dim]) for i, dim in zip(delta_indices, axes))
         pl = plan(tuple(o.indices for o in carried) + (delta_indices,), tuple(output),
                   tuple(sorted(index_sizes.items())))
         return other, delta_indices, pl
@@ -153,10 +181,50 @@ def _classify(program: ChunkProgram, name: str, k: int, t: TermProgram,
     if not carried:
         return ScanTerm(name, k, "delta", walk_macs=cost)
     found = _delta_match(program, carried, tokens, t.output, deltas)
-    if found is None:
+    if found is not None:
+        other, delta_indices, pl = found
+        return ScanTerm(name, k, "scan", other, delta_indices, pl.flops, cost)
+    aux = _aux_delta(program, name, k, carried, tokens, t.output)
+    if aux is None:
         return ScanTerm(name, k, "walk", walk_macs=cost)
-    other, delta_indices, pl = found
-    return ScanTerm(name, k, "scan", other, delta_indices, pl.flops, cost)
+    sizes = _feature_sizes(program)
+    index_sizes = {i: sizes[dim] for o in carried if o.kind is Kind.CARRY
+                   for i, dim in zip(o.indices, program.state_dims(o.name))}
+    index_sizes.update((i, sizes[dim]) for i, dim in zip(aux.term.output, aux.dims))
+    pl = plan(tuple(o.indices for o in carried) + (aux.term.output,), t.output,
+              tuple(sorted(index_sizes.items())))
+    return ScanTerm(name, k, "scan", aux.name, aux.term.output, pl.flops, cost, aux)
+
+
+def _feature_sizes(program: ChunkProgram) -> dict[str, int]:
+    return dict(program.sizes) | {pd.name: pd.size for pd in program.packed}
+
+
+def _aux_delta(program: ChunkProgram, state: str, k: int, carried: list[Operand],
+               tokens: list[Operand], output) -> AuxDelta | None:
+    """The token side of a term summed over the chunk to the feature indices it shares with
+    the carried side or the result, where that summary is no larger than the program's
+    largest state (it is held in registers and stored per chunk); None for token powers."""
+    if any(o.kind is Kind.POWER for o in tokens) or not all(o.kind is Kind.CARRY for o in carried):
+        return None
+    dims = {}
+    for o in tokens:
+        if o.kind is Kind.TOKEN:
+            dims[o.indices[1]] = program.algebra.inputs[o.name]
+    outside = {i for o in carried for i in o.indices} | set(output)
+    axes = tuple(i for i in dict.fromkeys(list(output) + [i for o in carried for i in o.indices])
+                 if i in dims)
+    if not axes or any(i in outside and i not in dims for o in tokens for i in o.indices):
+        return None
+    sizes = _feature_sizes(program)
+    largest = max(math.prod(program.state_shape(s)) for s, _ in program.states)
+    if math.prod(sizes[dims[i]] for i in axes) > largest:
+        return None
+    index_sizes = {i: program.chunk for o in tokens for i in o.indices if i not in dims}
+    index_sizes.update((i, sizes[d]) for i, d in dims.items())
+    pl = plan(tuple(o.indices for o in tokens), axes, tuple(sorted(index_sizes.items())))
+    term = TermProgram(1.0, tuple(tokens), axes, pl, 0, f"the chunk summary of {state} term {k}'s tokens")
+    return AuxDelta(f"aux_{state}_{k}", state, tuple(dims[i] for i in axes), term)
 
 
 def scan_plan(program: ChunkProgram) -> ScanPlan:
@@ -179,7 +247,7 @@ class ReverseScan:
     parallel: tuple[GradTerm, ...]
     carry: tuple[GradTerm, ...]
     scan: tuple[GradTerm, ...]
-    deltas: tuple[str, ...]       # forward states whose chunk deltas ``scan`` reads
+    deltas: tuple[str, ...]       # forward states (or AuxDelta) whose chunk deltas ``scan`` reads
 
 
 def reverse_scan(bwd: BackwardProgram) -> ReverseScan | None:
@@ -188,6 +256,7 @@ def reverse_scan(bwd: BackwardProgram) -> ReverseScan | None:
     state's delta)."""
     program = bwd.forward
     deltas = _delta_terms(program)
+    aux = {a.name: a for a in scan_plan(program).aux}   # the forward's, stored per chunk too
     parallel, carry, scan = [], [], []
     for g in bwd.all_terms():
         if g.target not in REVERSE:
@@ -202,7 +271,7 @@ def reverse_scan(bwd: BackwardProgram) -> ReverseScan | None:
             continue
         if any(o.kind in _CARRIED for o in others):
             return None
-        found = _delta_match(program, [ct], others, g.term.output, deltas)
+        found = _delta_match(program, [ct], others, g.term.output, deltas, aux)
         if found is None:
             return None
         other, delta_indices, pl = found

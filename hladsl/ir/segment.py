@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import networkx as nx
+from hladsl.frontend.graph import Digraph, descendants
 
 from hladsl.ir.algebra import Algebra, Summary
 from hladsl.ir.combine import combine
@@ -42,10 +42,10 @@ class SegmentAlgebra(Algebra):
     @property
     def streaming(self) -> tuple[Summary, ...]:
         g = self.graph()
-        a_side = nx.DiGraph([(u, v) for u, v, side in g.edges(data="side") if side == "A"])
+        a_side = Digraph([(u, v) for u, v, side in g.edges(data="side") if side == "A"])
         roots = ["<out>", *self.carried]
         a_side.add_nodes_from(roots)
-        keep = set(self.carried).union(*(nx.descendants(a_side, r) for r in roots))
+        keep = set(self.carried).union(*(descendants(a_side, r) for r in roots))
         return tuple(s for s in self.summaries if s.name in keep)
 
 

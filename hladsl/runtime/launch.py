@@ -157,7 +157,13 @@ def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: 
                                        "(a state-pass term walks the tokens, or a state is packed)")
         return True
     return (schedule == "auto" and bool(chunk_scan) and first.shape[2] > 1
-            and not narrow_ok(first, walk_chained))
+            and not narrow_ok(first, walk_chained) and (AUTO_SCAN_AUX or not chunk_scan["aux"]))
+
+
+# Under "auto", chunk scans that read chunk summaries no state holds (``ir.scan.AuxDelta``:
+# AHLA's, HLA3-masked's) stay off until measured on the H100: they were written after the
+# round's last GPU run (tested under the interpreter only); "scan" asks for them.
+AUTO_SCAN_AUX = False
 
 
 def use_reverse_scan(schedule: str, chunk_scan: bool, reverse_scan: dict | None) -> bool:

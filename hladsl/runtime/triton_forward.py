@@ -198,10 +198,9 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
         return {}
     first = next(iter(v for k, v in tokens.items() if k.startswith("in_")))
     rows = tuple(first.shape[:3])        # (N, H, nC): a delta per chunk, laid out as the starts
-    deltas = {}
-    for name in ctx["chunk_scan"]["deltas"]:
-        init = state_args[f"init_{name}"]
-        deltas[f"deltas_{name}"] = init.new_empty(rows + tuple(init.shape[2:]))
+    like = state_args[next(k for k in state_args if k.startswith("init_"))]
+    deltas = {f"deltas_{b['name']}": like.new_empty(rows + tuple(b["shape"]))
+              for b in ctx["chunk_scan"]["buffers"]}
     launch.launch_narrowing(module.delta_kernel, plan, "delta_launch", {**tokens, **deltas, **common},
                             may_fall_back, overrides)
     gate = {"lam_ptr": lam} if lam is not None else {}

@@ -7,6 +7,11 @@ state_pass_kernel  grid (N*H, blocks of dv): walks the chunks of one
                    (sequence, head) in order, every streaming summary (its
                    block) an fp32 register tile; writes the chunk-start states
                    the output kernel reads, and the final state.
+delta_kernel       grid (nC, N*H, blocks of dv): the chunk-parallel state pass's
+                   first phase, every chunk's own summaries (from zero) at once.
+scan_kernel        grid (N*H, blocks of dv): its second phase, walking the
+                   chunks with the deltas: carry and scan terms only, no tokens;
+                   writes what state_pass_kernel writes.
 output_kernel      grid (nC, N*H): one chunk each; derived carries, every output
                    term.
 Varlen (VARLEN): all sequences' chunks in one row (N = 1), each sequence padded to whole
@@ -383,6 +388,177 @@ def fused_kernel(
         # [i,e] = t15[e,Tn1] · t19[i,Tn1]   (matmul over Tn1)
         t23 = _dot(t19, tl.trans(t15), DOT, PREC)
         nx_E += t23
+
+        st_P = nx_P
+        st_E = nx_E
+    tl.store(final_P + pid_nh * (D_d * D_dv) + off_P, st_P, mask=own_P)
+    tl.store(final_E + pid_nh * (D_d * D_dv) + off_E, st_E, mask=own_E)
+
+
+@triton.jit
+def delta_kernel(
+    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t,  # k [N, H, nC, C, d]
+    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t,  # v [N, H, nC, C, dv]
+    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t,  # q [N, H, nC, C, d]
+    lam_ptr,  # [N, H, nC, C]
+    deltas_P,  # P[i,e] of each chunk alone: [N, H, nC, d, dv]
+    deltas_E,  # E[i,e] of each chunk alone: [N, H, nC, d, dv]
+    deltas_aux_E_1,  # aux_E_1, a chunk summary no state holds of each chunk alone: [N, H, nC, d, d]
+    H, n_chunks,
+    C: tl.constexpr,
+    D_d: tl.constexpr, B_d: tl.constexpr,
+    D_dv: tl.constexpr, B_dv: tl.constexpr,
+    DOT: tl.constexpr, SDOT: tl.constexpr, PREC: tl.constexpr,
+):
+    """Every chunk's deltas at once: the state pass's token-only terms, from zero (and the
+    token sums of scan terms that no state's delta is)."""
+    i_c = tl.program_id(0)
+    pid_nh = tl.program_id(1).to(tl.int64)
+    pid_dv = tl.program_id(2)  # this program's block of dv
+    n = pid_nh // H
+    h = pid_nh % H
+    crow = pid_nh  # the row of per-chunk buffers (lam, starts, ...): [N*H, nC]
+    zero64 = pid_nh * 0  # chunk offsets (zero64 + i_c) * stride in 64 bits: a row can pass 2^31 elements
+    offs_t = tl.arange(0, C)
+    offs_d = tl.arange(0, B_d)
+    offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
+
+    base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
+    base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
+    raw_v = tl.load(  # the input dtype: dots read it as is
+        in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
+        mask=offs_dv[None, :] < D_dv, other=0.0)
+    base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
+    raw_q = tl.load(  # the input dtype: dots read it as is
+        in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
+        mask=offs_d[None, :] < D_d, other=0.0)
+    lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
+    lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
+
+    decay_end_w1 = tl.exp(1 * (lam_end - lam))  # exp(1(Λ_end−Λ_Tn0))
+
+    # ---- P: this chunk's delta
+    # +1 · k_n0[i] v_n0[e]   [n0 in chunk; w(n0)=1]
+    # in_kᵀ, loaded transposed in the input dtype
+    t1 = tl.load(in_k_ptr + base_k + offs_d[:, None] + offs_t[None, :] * str_k_t, mask=offs_d[:, None] < D_d, other=0.0)
+    t2 = t1.to(tl.float32)
+    # [i,Tn0] = in_k[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
+    t3 = t2 * decay_end_w1[None, :]
+    # [i,e] = in_v[Tn0,e] · t3[i,Tn0]   (matmul over Tn0)
+    t4 = _dot(t3, raw_v, DOT, PREC)
+    nx_P = t4
+
+    # ---- E: this chunk's delta
+    # +1 · k_n1[i] q_n1[s2] k_n0[s2] v_n0[e]   [n0 <= n1, n1 in chunk; w(n0)=1]
+    # in_kᵀ, loaded transposed in the input dtype   = t1, computed above
+    # [Tn1,Tn0] = in_q[Tn1,s2] · in_k[Tn0,s2]   (matmul over s2)
+    t5 = _dot(raw_q, t1, DOT, PREC)
+    # in_vᵀ, loaded transposed in the input dtype
+    t7 = tl.load(in_v_ptr + base_v + offs_dv[:, None] + offs_t[None, :] * str_v_t, mask=offs_dv[:, None] < D_dv, other=0.0)
+    # mask_le_w1ᵀ, computed transposed
+    t9 = tl.exp(tl.where(offs_t[None, :] >= offs_t[:, None], 1 * (lam[None, :] - lam[:, None]), float("-inf")))
+    t10 = tl.trans(t5) * t9
+    # [e,Tn1] = in_v[Tn0,e] · t6[Tn1,Tn0]   (matmul over Tn0)
+    t11 = _dot(t7, t10, DOT, PREC)
+    # in_kᵀ, loaded transposed in the input dtype   = t1, computed above
+    # [i,Tn1] = in_k[Tn1,i] · decay_end_w1[Tn1]   (elementwise)   = t3, computed above
+    # [i,e] = t11[e,Tn1] · t3[i,Tn1]   (matmul over Tn1)
+    t12 = _dot(t3, tl.trans(t11), DOT, PREC)
+    nx_E = t12
+
+    # ---- aux_E_1: this chunk's delta
+    # +1 · the chunk summary of E term 1's tokens
+    # in_kᵀ, loaded transposed in the input dtype   = t1, computed above
+    # [i,s0] = in_k[Tn0,i] · in_q[Tn0,s0]   (matmul over Tn0)
+    t13 = _dot(t1, raw_q, DOT, PREC)
+    ax_aux_E_1 = t13
+
+    off_P = offs_d[:, None] * D_dv + offs_dv[None, :]
+    msk_P = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_P = msk_P
+    tl.store(deltas_P + (crow * n_chunks + i_c) * (D_d * D_dv) + off_P, nx_P, mask=own_P)
+    off_E = offs_d[:, None] * D_dv + offs_dv[None, :]
+    msk_E = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_E = msk_E
+    tl.store(deltas_E + (crow * n_chunks + i_c) * (D_d * D_dv) + off_E, nx_E, mask=own_E)
+    off_aux_E_1 = offs_d[:, None] * D_d + offs_d[None, :]
+    msk_aux_E_1 = (offs_d[:, None] < D_d) & (offs_d[None, :] < D_d)
+    own_aux_E_1 = tl.where((pid_dv == 0), msk_aux_E_1, False)
+    tl.store(deltas_aux_E_1 + (crow * n_chunks + i_c) * (D_d * D_d) + off_aux_E_1, ax_aux_E_1, mask=own_aux_E_1)
+
+
+@triton.jit
+def scan_kernel(
+    init_P, final_P, starts_P, deltas_P,  # P[i,e]: [d, dv]
+    init_E, final_E, starts_E, deltas_E,  # E[i,e]: [d, dv]
+    deltas_aux_E_1,  # aux_E_1: a chunk summary no state holds, per chunk: [N, H, nC, d, d]
+    lam_ptr,  # [N, H, nC, C]: the last entry of each chunk (its log decay) is read
+    HAS_INIT: tl.constexpr,  # False: every initial state is zero (init_ is not read)
+    seq_chunks, VARLEN: tl.constexpr,  # VARLEN: sequence n owns chunks seq_chunks[n] .. seq_chunks[n + 1] - 1
+    H, n_chunks,
+    C: tl.constexpr,
+    D_d: tl.constexpr, B_d: tl.constexpr,
+    D_dv: tl.constexpr, B_dv: tl.constexpr,
+    DOT: tl.constexpr, SDOT: tl.constexpr, PREC: tl.constexpr,
+):
+    """Walks the chunks of one (sequence, head): each chunk's end state from its start
+    state and the deltas delta_kernel wrote (carry and scan terms; no token is read)."""
+    pid_nh = tl.program_id(0).to(tl.int64)
+    pid_dv = tl.program_id(1)  # this program's block of dv
+    # states without a split dim are computed by every block and written by its block 0 (own_)
+    n = pid_nh // H
+    h = pid_nh % H
+    crow = pid_nh  # the row of per-chunk buffers (lam, starts, ...): [N*H, nC]
+    offs_d = tl.arange(0, B_d)
+    offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
+
+    c_lo = 0
+    c_hi = n_chunks
+    if VARLEN:  # every sequence's chunks lie in one row per head (N = 1): walk this program's
+        c_lo = tl.load(seq_chunks + n)
+        c_hi = tl.load(seq_chunks + n + 1)
+        crow = h
+        n = n * 0  # the token row
+
+    off_P = offs_d[:, None] * D_dv + offs_dv[None, :]
+    msk_P = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_P = msk_P
+    if HAS_INIT:
+        st_P = tl.load(init_P + pid_nh * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
+    else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
+        st_P = tl.zeros_like(off_P).to(tl.float32)
+    off_E = offs_d[:, None] * D_dv + offs_dv[None, :]
+    msk_E = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    own_E = msk_E
+    if HAS_INIT:
+        st_E = tl.load(init_E + pid_nh * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
+    else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
+        st_E = tl.zeros_like(off_E).to(tl.float32)
+    off_aux_E_1 = offs_d[:, None] * D_d + offs_d[None, :]
+    msk_aux_E_1 = (offs_d[:, None] < D_d) & (offs_d[None, :] < D_d)
+    for i_c in range(c_lo, c_hi):
+        tl.store(starts_P + (crow * n_chunks + i_c) * (D_d * D_dv) + off_P, st_P, mask=own_P)
+        tl.store(starts_E + (crow * n_chunks + i_c) * (D_d * D_dv) + off_E, st_E, mask=own_E)
+        lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
+        dl_P = tl.load(deltas_P + (crow * n_chunks + i_c) * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
+        dl_E = tl.load(deltas_E + (crow * n_chunks + i_c) * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
+        dl_aux_E_1 = tl.load(deltas_aux_E_1 + (crow * n_chunks + i_c) * (D_d * D_d) + off_aux_E_1, mask=msk_aux_E_1, other=0.0)
+
+        # ---- P: state at the end of this chunk
+        # +1 · P@P[i,e]   [carry only; w(P)=1]
+        nx_P = st_P * tl.exp(1 * lam_end)
+        nx_P += dl_P  # + the chunk's own delta (delta_kernel)
+
+        # ---- E: state at the end of this chunk
+        # +1 · E@P[i,e]   [carry only; w(P)=1]
+        nx_E = st_E * tl.exp(1 * lam_end)
+
+        # +1 · P@P[s0,e] k_n0[i] q_n0[s0]   [n0 in chunk; w(P)=1]
+        # = carried states x the chunk delta of aux_E_1 (dl_aux_E_1), not its tokens again (ir.scan)
+        # [i,e] = st_P[s0,e] · dl_aux_E_1[i,s0]   (matmul over s0)
+        t1 = _dot(dl_aux_E_1, st_P, SDOT, PREC)
+        nx_E += t1 * tl.exp(1 * lam_end)
+        nx_E += dl_E  # + the chunk's own delta (delta_kernel)
 
         st_P = nx_P
         st_E = nx_E

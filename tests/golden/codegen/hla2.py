@@ -490,7 +490,8 @@ def delta_kernel(
     D_dv: tl.constexpr, B_dv: tl.constexpr,
     DOT: tl.constexpr, SDOT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Every chunk's deltas at once: the state pass's token-only terms, from zero."""
+    """Every chunk's deltas at once: the state pass's token-only terms, from zero (and the
+    token sums of scan terms that no state's delta is)."""
     i_c = tl.program_id(0)
     pid_nh = tl.program_id(1).to(tl.int64)
     pid_dv = tl.program_id(2)  # this program's block of dv
