@@ -98,7 +98,8 @@ if not cases:   # no JUnit XML: the outcomes xdist printed as they landed (-v)
         if outcome in ("FAILED", "ERROR"):
             failures.append(name + (" (error)" if outcome == "ERROR" else ""))
     if any(counts.values()):
-        failures[0] = "no JUnit XML: outcomes counted from the -v log"
+        failures = ["no JUnit XML (or none of its cases): outcomes counted from the -v log"] + [
+            f for f in failures if not f.startswith("no JUnit XML")]
 for case in cases:
     if case.get("name") is None:   # the test running when the budget interrupted pytest
         continue

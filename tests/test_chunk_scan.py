@@ -220,3 +220,91 @@ def test_the_reverse_scan_runs_only_when_asked_for():
     assert not launch.use_reverse_scan("auto", True, rs)
     assert not launch.use_reverse_scan("scan", False, rs)      # walking state pass: no deltas
     assert not launch.use_reverse_scan("scan", True, None)     # the program has none
+
+
+@pytest.mark.parametrize("name,params,varlen", [("hla2", {"normalize": True, "ridge": 0.3}, True),
+                                                ("ahla", {}, False), ("hla3_masked", {}, False),
+                                                ("linear", {"normalize": True}, True)])
+def test_split_delta_kernels_on_a_many_sm_gpu(name, params, varlen, monkeypatch, launched):
+    """With the SM count of an H100 the launch rules split delta_kernel's and the scan
+    kernels' value dim at these small shapes (the CPU counts one SM and never does): the
+    scan schedule's outputs and gradients equal the walking two-pass schedule's."""
+    from hladsl.runtime import triton_backward, triton_forward
+    monkeypatch.setattr(launch, "sms", lambda device: 132)
+    monkeypatch.setattr(triton_forward, "_PLANS", {})
+    monkeypatch.setattr(triton_backward, "_PLANS", {})
+    gen = torch.Generator().manual_seed(5)
+    B, T, H, d, dv = (1, 70, 2, 16, 32) if varlen else (2, 40, 2, 16, 32)
+    q, k = (0.5 * torch.randn(B, T, H, d, generator=gen) for _ in range(2))
+    if params.get("normalize"):
+        q, k = q.abs() + 0.1, k.abs() + 0.1
+    v = torch.randn(B, T, H, dv, generator=gen)
+    g = -0.3 * torch.rand(B, T, H, generator=gen)
+    cu = torch.tensor([0, 21, 70]) if varlen else None
+    shapes = hladsl.load(name, backend="torch", **params).state_shapes(d, dv)
+    n_seq = 2 if varlen else B
+    w_s = {n: torch.randn(n_seq, H, *s, generator=gen) for n, s in shapes.items()}
+    w_o = torch.randn(B, T, H, dv, generator=gen)
+    out = {}
+    for schedule in ("two_pass", "scan"):
+        op = hladsl.load(name, backend="triton", chunk_size=16, **params)
+        op.schedule = schedule
+        try:
+            out[schedule] = _loss_and_grads(op, (q, k, v, g), None, w_o, w_s, cu, 0.5)
+        finally:
+            op.schedule = "auto"
+    (o1, f1, g1), (o2, f2, g2) = out["two_pass"], out["scan"]
+    torch.testing.assert_close(o2, o1, rtol=1e-5, atol=1e-5)
+    for n in f1:
+        torch.testing.assert_close(f2[n], f1[n], rtol=1e-5, atol=1e-5)
+    for a, b in zip(g2, g1):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    grids = dict(launched.grids)
+    assert grids["delta_kernel"][2] > 1 and grids["scan_kernel"][1] > 1, f"nothing was split: {grids}"
+
+
+def test_a_reverse_scan_that_does_not_fit_runs_the_walking_pass(monkeypatch):
+    """rdelta_kernel holds every d-state whole (hla2's at d = 128 needs 262144 B of shared
+    memory on sm_90); where no launch fallback fits, the backward runs the walking reverse
+    pass, which narrows, and the gradients are the same."""
+    from triton.runtime.errors import OutOfResources
+    from hladsl.runtime import progress, triton_backward, triton_forward
+    from test_triton_backward import _inputs
+    from hladsl.runtime.backward_torch import backward_torch
+    real = progress.first_launch
+
+    def small_smem(kernel, options, fn):
+        if kernel.fn.__name__ == "rdelta_kernel":
+            raise OutOfResources(262144, 232448, "shared memory")
+        return real(kernel, options, fn)
+    monkeypatch.setattr(progress, "first_launch", small_smem)
+    monkeypatch.setattr(launch, "_WORKING", {})
+    monkeypatch.setattr(launch, "_TOO_WIDE", set())
+    monkeypatch.setattr(triton_backward, "_PLANS", {})
+    alg = hladsl.compile_spec("hla2")
+    program = chunk_program(alg, 16, (("d", 8), ("dv", 8)), True)
+    tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=2)
+    ref = backward_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps)
+
+    def f32(d):
+        return {k: v.float() for k, v in d.items()}
+    got = triton_backward.backward_triton(program, f32(tiles), lam.float(), f32(init), grad_o.float(),
+                                          f32(grad_final), alg.eps, schedule="scan")
+    assert not next(iter(triton_backward._PLANS.values())).reverse_scan
+    for x in tiles:
+        assert ((got[0][x].double() - ref[0][x]).norm() / ref[0][x].norm()).item() < 1e-4, x
+    for s in init:
+        assert ((got[2][s].double() - ref[2][s]).norm() / ref[2][s].norm()).item() < 1e-4, s
+    assert triton_forward is not None
+
+
+def test_a_tuning_session_times_only_what_auto_may_run(monkeypatch):
+    """The tuner picks by speed alone: under a session "scan" leaves out the reverse scan
+    and the scans reading chunk summaries no state holds (not measured on the GPU yet)."""
+    from hladsl.runtime import autotune
+    monkeypatch.setattr(autotune, "current", lambda: object())
+    cs = {"deltas": ["P", "E"], "aux": ["aux_E_1"]}
+    with pytest.raises(autotune.Unavailable, match="not measured"):
+        launch.use_chunk_scan("scan", cs, _Tile(torch.bfloat16, 4), True)
+    assert launch.use_chunk_scan("scan", {**cs, "aux": []}, _Tile(torch.bfloat16, 4), True)
+    assert not launch.use_reverse_scan("scan", True, {"states": []})

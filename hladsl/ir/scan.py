@@ -24,8 +24,10 @@ S's); otherwise an ``AuxDelta``, the term's token side summed over the chunk to 
 indices it shares with the carried side (AHLA's Σ k qᵀ, its combine-only R; HLA3-masked's
 QQ, N and M), computed beside the deltas, if it is no larger than the largest state.
 
-``--emit chunk`` prints it with the sequential MACs of such a schedule; the Triton state
-pass uses it behind ``codegen.triton_gen.STATE_PASS_READS_DELTAS`` (off until measured).
+``--emit chunk`` prints it with the sequential MACs of such a schedule. The chunk-parallel
+state pass (``codegen.triton_gen._chunk_scan``, schedule "scan") is built from it; the walking
+state pass reads deltas so only behind ``codegen.triton_gen.STATE_PASS_READS_DELTAS`` (off).
+``reverse_scan`` splits the backward's reverse pass the same way.
 """
 from __future__ import annotations
 

@@ -155,6 +155,10 @@ def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: 
         if not chunk_scan:
             raise autotune.Unavailable("this program has no chunk-parallel state pass "
                                        "(a state-pass term walks the tokens, or a state is packed)")
+        if chunk_scan["aux"] and not AUTO_SCAN_AUX and autotune.current() is not None:
+            # a tuning session picks by speed alone: it times only what "auto" may run
+            raise autotune.Unavailable("chunk scans reading summaries no state holds are not "
+                                       "measured on the GPU yet (launch.AUTO_SCAN_AUX)")
         return True
     return (schedule == "auto" and bool(chunk_scan) and first.shape[2] > 1
             and not narrow_ok(first, walk_chained) and (AUTO_SCAN_AUX or not chunk_scan["aux"]))
@@ -174,7 +178,8 @@ def use_reverse_scan(schedule: str, chunk_scan: bool, reverse_scan: dict | None)
     speed on the H100 is not measured (the walking reverse pass is 47 % of hla2's fwd + bwd
     at 16k, run 65), and its one GPU accuracy run (run 69) gave a bf16 dk of 1.15e-2 for
     normalised hla2 that still needs the walking pass's figure at the same inputs."""
-    return chunk_scan and bool(reverse_scan) and schedule == "scan"
+    # (a tuning session, which picks by speed alone, times only what "auto" may run)
+    return chunk_scan and bool(reverse_scan) and schedule == "scan" and autotune.current() is None
 
 
 def narrow_ok(first, chained_dots: bool) -> bool:

@@ -4,6 +4,7 @@ convention, the layouts of ``triton_forward.forward_triton``)."""
 from __future__ import annotations
 
 import torch
+import triton.runtime.errors
 
 from hladsl.codegen.triton_bwd import backward_kernels
 from hladsl.codegen.triton_gen import constexprs
@@ -35,8 +36,11 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     the program splits it (default: small enough to fill the GPU). schedule: "two_pass" (reverse
     pass writing per-chunk d-states, then a gradient kernel parallel over chunks),
     "fused" (one kernel per (sequence, head) walking the chunks backwards; programs
-    without packed states) or "auto" (fused on a GPU when there are enough
-    (sequence, head) pairs to fill it, as forward_triton decides). targets_per_program:
+    without packed states), "scan" (the chunk-start states from the chunk-parallel state
+    pass, and the reverse pass chunk-parallel too where the program has one:
+    ``launch.use_reverse_scan``) or "auto" (fused on a GPU when there are enough
+    (sequence, head) pairs to fill it, else its state pass as forward_triton decides).
+    targets_per_program:
     how many gradient target groups (token inputs, then Λ) one gradient program
     computes (default: launch.grad_target_sets' rule, one). seq_chunks: varlen, as for
     forward_triton (init_states, grad_final and d_init then have one row per sequence).
@@ -88,13 +92,23 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         cot = {**tile_args("dnum", dnum), "dden_ptr": dden}
 
     if plan.fused:
+        del deltas
         return _fused(module, ctx, plan, tokens, state_args, starts, cot, grad_final, first, lam,
                       grad_dtype, grad_scales)
 
     # (b) reverse state pass: d(end state) of every chunk, d initial state
+    reversed_ = None
     if plan.reverse_scan:
-        d_init, dends, blocks = _reverse_scan(module, ctx, plan, {**tokens, **packed, **cot}, starts, deltas,
-                                              state_args, grad_final, seq_chunks, lam, (n_seq, heads, n_chunks))
+        try:
+            reversed_ = _reverse_scan(module, ctx, plan, {**tokens, **packed, **cot}, starts, deltas,
+                                      state_args, grad_final, seq_chunks, lam, (n_seq, heads, n_chunks))
+        except triton.runtime.errors.OutOfResources:
+            # rdelta_kernel holds every d-state whole (hla2 at d = 128: 262144 B of shared
+            # memory on sm_90, the H100 has 232448) and has no value split to narrow: the
+            # walking pass, which narrows, runs instead (the plan keeps it)
+            plan.reverse_scan = False
+    if reversed_ is not None:
+        d_init, dends, blocks = reversed_
     else:
         del deltas
         fixed = {**tokens, **packed, **cot, **walk, **common,

@@ -80,14 +80,16 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     allows splitting (default: small enough to fill the GPU). packed_block: the tile
     of a packed symmetric dim (default triton_gen.PACKED_TILE). state_options /
     output_options: launch arguments overriding the defaults of one kernel
-    (e.g. {"DOT": tl.float32, "num_stages": 1}). schedule: "two_pass" (state pass,
+    (e.g. {"DOT": tl.float32, "num_stages": 1}). schedule: "scan" (the chunk-parallel
+    state pass, ``launch.use_chunk_scan``, then the outputs), "two_pass" (state pass,
     then outputs parallel over chunks), "fused" (one kernel, no chunk-start states
     in HBM; needs a program without packed states) or "auto" (on a GPU, fused when
-    there are enough (sequence, head) pairs to fill it without chunk parallelism). Returns (o [N, H, nC, C, dv]
+    there are enough (sequence, head) pairs to fill it without chunk parallelism, else
+    the scan where ``launch.use_chunk_scan`` takes it, else two-pass). Returns (o [N, H, nC, C, dv]
     in ``out_dtype``, a tile view of a contiguous [N, nC*C, H, dv] tensor, {summary: final state
     [N, H, *shape] fp32}). seq_chunks (varlen, int32 [S + 1]): the tiles hold S sequences
     in one row (N = 1), sequence n in chunks seq_chunks[n] .. seq_chunks[n+1] - 1; its
-    initial and final states are row n of [S, H, *shape]; always the two-pass schedule."""
+    initial and final states are row n of [S, H, *shape]; never the fused schedule."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
         raise ValueError("lam must be given exactly when the chunk program is gated")

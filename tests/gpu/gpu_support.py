@@ -60,7 +60,7 @@ mechanism two_kv {
 @dataclass(frozen=True)
 class Spec:
     """A spec under test. ``fused``: it has the single-kernel schedule (no packed
-    state; DESIGN section 5). ``d``/``long_d``: its head dim in the main cases and
+    state; DESIGN section 5); ``scan``: the chunk-parallel state pass. ``d``/``long_d``: its head dim in the main cases and
     in the T = 65536 test (power p = 3 keeps its packed state C(d+2, 3) x dv small)."""
     id: str
     name: str                       # shipped name, or "" for TWO_KV_SOURCE
@@ -70,6 +70,7 @@ class Spec:
     d: int = 64
     long_d: int = 64
     heavy: bool = False             # minutes-long compiles (benchmarks/compile_probe.py): `slow`
+    scan: bool = False              # it has the chunk-parallel state pass (schedule "scan")
 
     def source(self) -> str:
         return self.name or _spec_file(TWO_KV_SOURCE)
@@ -79,14 +80,14 @@ class Spec:
 # collection order (after sorting by size), so the long poles start early.
 SPECS = [
     Spec("hla3", "hla3", heavy=True),
-    Spec("hla3_masked", "hla3_masked", heavy=True),
-    Spec("hla2", "hla2"),
-    Spec("ahla", "ahla"),
+    Spec("hla3_masked", "hla3_masked", heavy=True, scan=True),
+    Spec("hla2", "hla2", scan=True),
+    Spec("ahla", "ahla", scan=True),
     Spec("power2", "power", {"p": 2}, fused=False),
     # d = 32: the packed p = 3 state has C(34, 3) = 5984 rows (45760 at d = 64,
     # 11.7 MB per head in fp32: too much for a suite running 8 workers on one GPU)
     Spec("power3", "power", {"p": 3}, fused=False, d=32, long_d=16),
-    Spec("linear", "linear"),
+    Spec("linear", "linear", scan=True),
     Spec("two_kv", "", inputs=(("q", "d"), ("k", "d"), ("u", "d"), ("v", "dv"))),
 ]
 SHIPPED = [s for s in SPECS if s.name]

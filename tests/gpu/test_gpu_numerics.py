@@ -4,8 +4,10 @@ kernels) against the fp32 torch path, by RMS error ratio (gpu_support).
 Cases per spec at its head dim (64; 32 for power p = 3):
   bf16: ungated without state (the plain training call), gated + initial/final
   state, gated + normalised + state; fp16: ungated + state, gated + normalised +
-  state; both with the two-pass schedule, and the fused schedule (bf16, ungated +
-  state and gated + normalised + state) for specs that have it. d = 128 for
+  state; both with the two-pass schedule, the fused schedule (bf16, ungated +
+  state and gated + normalised + state) for specs that have it, and the chunk-parallel
+  "scan" schedule (bf16: plain, gated + state, gated + normalised + state) for specs
+  that have it. d = 128 for
   linear, hla2, ahla and power p = 2 (hla3 kernels take minutes to compile there);
   d = 32 (gated + state) and d = 16 (plain) for every spec whose head dim is larger.
 Then varlen (cu_seqlens) against each sequence run alone, backend="triton",
@@ -54,6 +56,9 @@ GATED = Variant(BF16, gated=True, normalize=False)
 TWO_PASS = [PLAIN, GATED, Variant(BF16, True, True),
             Variant(FP16, False, False), Variant(FP16, True, True)]
 FUSED = [Variant(BF16, False, False, "fused"), Variant(BF16, True, True, "fused")]
+# the chunk-parallel state pass and (where the program has one) reverse pass, forced
+SCAN = [Variant(BF16, False, False, "scan", with_state=False), Variant(BF16, True, False, "scan"),
+        Variant(BF16, True, True, "scan")]
 D128 = {"linear": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128),
                    Variant(BF16, True, True, "fused", d=128)],
         "hla2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128)],
@@ -69,7 +74,8 @@ NARROW = [Variant(BF16, True, False, d=32), Variant(BF16, False, False, with_sta
 def cases():
     for spec in SPECS:
         narrow = [v for v in NARROW if v.d < spec.d]
-        variants = TWO_PASS + (FUSED if spec.fused else []) + D128.get(spec.id, []) + narrow
+        variants = (TWO_PASS + (FUSED if spec.fused else []) + (SCAN if spec.scan else [])
+                    + D128.get(spec.id, []) + narrow)
         for v in variants:
             d = v.d or spec.d
             # slow: d = 128, and a heavy spec's kernel sets beyond the PLAIN and GATED ones
