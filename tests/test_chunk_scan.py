@@ -308,3 +308,23 @@ def test_a_tuning_session_times_only_what_auto_may_run(monkeypatch):
         launch.use_chunk_scan("scan", cs, _Tile(torch.bfloat16, 4), True)
     assert launch.use_chunk_scan("scan", {**cs, "aux": []}, _Tile(torch.bfloat16, 4), True)
     assert not launch.use_reverse_scan("scan", True, {"states": []})
+
+
+def test_schedule_check_script_compares_schedules(tmp_path, capsys):
+    """benchmarks/schedule_check.py (the GPU accuracy A/B of schedules) under the
+    interpreter: every schedule's ratios against the fp32 torch backend, fp32 here."""
+    import importlib.util
+    import json
+    from pathlib import Path
+    path = Path(__file__).parents[1] / "benchmarks" / "schedule_check.py"
+    spec = importlib.util.spec_from_file_location("schedule_check", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "check.json"
+    script.main(["--specs", "hla2", "--schedules", "two_pass", "scan", "--T", "40", "--d", "8",
+                 "--chunk", "16", "--dtype", "fp32", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert [r["schedule"] for r in rows] == ["two_pass", "scan"]
+    for r in rows:
+        assert "error" not in r, r
+        assert max(r[k] for k in ("o", "states", "dq", "dk", "dv", "dg")) < 1e-5, r
