@@ -416,6 +416,7 @@ def _reverse_scan(low: _BwdLowering, bwd, fwd: dict, info) -> dict | None:
     return {"reads": [info(n) for n in states if n in _carried(split.parallel)],
             "written": [info(n) for n in states if n in written],
             "deltas": [buffers[n] for n in split.deltas],   # read into st_<name>
+            "starts": [info(n) for n in states if n in split.starts],   # and these, st_<state>
             "states": [info(n, own=own(n), end=ends[n]) for n in states],
             "splits": splits, "delta_defs": _defs(defs), "derived": derived, "delta_code": code,
             "delta_chained_dots": delta_chained, "scan_code": scan_code,

@@ -243,13 +243,15 @@ class ReverseScan:
     carries' networks read d num / d den, the chunk's tokens and the chunk-start states the
     forward computed: ``parallel``, every chunk at once -- or reads the chunk-end cotangent
     alone (``carry``: the decayed d-state) or times the chunk's tokens, which for the VJP of a
-    forward ``scan`` term are exactly another state's chunk delta: ``scan`` holds those
-    networks rewritten as cotangent x that delta (a CARRY operand named after the state, read
-    from the forward's per-chunk deltas). HLA2: dC += exp(Λ_end) ΔSᵀ dG_end."""
+    forward ``scan`` term are exactly another state's chunk delta (or an ``AuxDelta``):
+    ``scan`` holds those networks rewritten as cotangent (x the chunk-start states the term
+    reads) x that delta (a CARRY operand named after it, read from the forward's per-chunk
+    deltas). HLA2: dC += exp(Λ_end) ΔSᵀ dG_end; HLA3-masked: dS += dH_end Pᵀ (Σ q qᵀ)."""
     parallel: tuple[GradTerm, ...]
     carry: tuple[GradTerm, ...]
     scan: tuple[GradTerm, ...]
     deltas: tuple[str, ...]       # forward states (or AuxDelta) whose chunk deltas ``scan`` reads
+    starts: tuple[str, ...] = ()  # forward states whose chunk-start values ``scan`` reads too
 
 
 def reverse_scan(bwd: BackwardProgram) -> ReverseScan | None:
@@ -271,16 +273,20 @@ def reverse_scan(bwd: BackwardProgram) -> ReverseScan | None:
         if not others:
             carry.append(g)
             continue
-        if any(o.kind in _CARRIED for o in others):
+        starts = [o for o in others if o.kind in _CARRIED]
+        tokens = [o for o in others if o.kind not in _CARRIED]
+        if not tokens or any(o.kind is not Kind.CARRY for o in starts):
             return None
-        found = _delta_match(program, [ct], others, g.term.output, deltas, aux)
-        if found is None:
-            return None
+        found = _delta_match(program, [ct] + starts, tokens, g.term.output, deltas, aux)
+        if found is None or any(o.name == found[0] for o in starts):
+            return None     # (a start state and a delta of one name would share its tile)
         other, delta_indices, pl = found
         t = g.term
-        term = TermProgram(t.coef, (ct, Operand(Kind.CARRY, other, delta_indices)), t.output, pl,
-                           t.carry_weight, f"{t.source}, its tokens = the chunk delta of {other}")
+        term = TermProgram(t.coef, (ct, *starts, Operand(Kind.CARRY, other, delta_indices)), t.output,
+                           pl, t.carry_weight, f"{t.source}, its tokens = the chunk delta of {other}")
         scan.append(replace(g, term=term))
-    return ReverseScan(tuple(parallel), tuple(carry), tuple(scan),
-                       tuple(dict.fromkeys(o.name for g in scan for o in g.term.operands
-                                           if o.kind is Kind.CARRY)))
+    deltas_read = tuple(dict.fromkeys(g.term.operands[-1].name for g in scan))
+    starts_read = tuple(dict.fromkeys(o.name for g in scan for o in g.term.operands[1:-1]))
+    if set(deltas_read) & set(starts_read):
+        return None         # one tile name per chunk-wise operand (see above)
+    return ReverseScan(tuple(parallel), tuple(carry), tuple(scan), deltas_read, starts_read)

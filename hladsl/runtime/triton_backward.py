@@ -207,6 +207,7 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
     gate = {"lam_ptr": lam} if lam is not None else {}
     launch.launch_narrowing(module.rscan_kernel, plan, "rscan_launch",
                             {**args, **parts, **{k: deltas[k] for k in read}, **gate, **plan.walk,
+                             **{f"starts_{s['name']}": starts[s["name"]] for s in rs["starts"]},
                              **plan.common}, True)
     return d_init, dends, 1
 
