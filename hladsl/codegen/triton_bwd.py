@@ -36,7 +36,7 @@ from hladsl.codegen.prune import prune_dead
 from hladsl.codegen.templates import render_template
 
 from hladsl.codegen.steps import Block, Tile
-from hladsl.codegen.triton_gen import _Lowering, kernel_context
+from hladsl.codegen.triton_gen import _Lowering, kernel_context, owned_mask
 from hladsl.ir.precision import precision_plan, quotient_cancelling
 from hladsl.ir.backward import (
     PARALLEL,
@@ -338,9 +338,7 @@ def backward_context(program: ChunkProgram) -> dict:
 
     def own(name):   # the reverse pass writes a d-state from block 0 of each split it lacks
         # (a partial sum's block 0 alone loads d final state: the blocks' sum is the d-state)
-        s = info(name)
-        owner = " & ".join(f"(pid_{d} == 0)" for d in splits if d not in s["dims"])
-        return f"tl.where({owner}, msk_{name}, False)" if owner else f"msk_{name}"
+        return owned_mask(name, info(name)["dims"], splits)
 
     all_inputs = [{"name": x, "dim": low.input_dim[x]} for x in low.input_dim]
     states = [s["name"] for s in fwd["states"]]
@@ -410,9 +408,7 @@ def _reverse_scan(low: _BwdLowering, bwd, fwd: dict, info) -> dict | None:
         low.keeps_free(g, o) for g in split.carry + split.scan) else []
 
     def own(name):
-        lacking = [d for d in splits if d not in low.state_dims[name]]
-        owner = " & ".join(f"(pid_{d} == 0)" for d in lacking)
-        return f"tl.where({owner}, msk_{name}, False)" if owner else f"msk_{name}"
+        return owned_mask(name, low.state_dims[name], splits)
     return {"reads": [info(n) for n in states if n in _carried(split.parallel)],
             "written": [info(n) for n in states if n in written],
             "deltas": [buffers[n] for n in split.deltas],   # read into st_<name>

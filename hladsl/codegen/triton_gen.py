@@ -404,6 +404,13 @@ def _layout(dims) -> tuple[str, str, str]:
     return " + ".join(offs), " & ".join(masks), numel if r == 1 else f"({numel})"
 
 
+def owned_mask(name: str, dims, splits) -> str:
+    """The store mask of a tile ``name`` over ``dims`` in a kernel split over ``splits``:
+    a tile lacking a split dim is computed by every block of it and written by block 0."""
+    owner = " & ".join(f"(pid_{d} == 0)" for d in splits if d not in dims)
+    return f"tl.where({owner}, msk_{name}, False)" if owner else f"msk_{name}"
+
+
 def _defs(defs: dict) -> list[dict]:
     return [{"var": var, "text": text, "expr": expr} for var, (text, expr) in defs.items()]
 
@@ -435,9 +442,8 @@ def kernel_context(program: ChunkProgram) -> dict:
         if not dims:
             raise ValueError(f"summary {s.name} has no indices: scalar states are not supported")
         off, msk, numel = _layout(dims)
-        owner = " & ".join(f"(pid_{d} == 0)" for d in splits if d not in dims)
         states.append({"name": s.name, "index": ",".join(s.indices), "dims": list(dims),
-                       "off": off, "msk": msk, "own": f"tl.where({owner}, msk_{s.name}, False)" if owner else f"msk_{s.name}",
+                       "off": off, "msk": msk, "own": owned_mask(s.name, dims, splits),
                        "numel": numel, "read": s.name in read,
                        "tiled": any(d in tiled for d in dims)})
     state_defs, out_defs = {}, {}
@@ -550,10 +556,9 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram, states: list[dict], split
     sizes = dict(program.sizes)
     for aux in plan.aux:
         off, msk, numel = _layout(aux.dims)
-        owner = " & ".join(f"(pid_{d} == 0)" for d in splits if d not in aux.dims)
         buffers.append({"name": aux.name, "index": "", "var": f"ax_{aux.name}", "dims": list(aux.dims), "off": off,
                         "msk": msk, "numel": numel, "shape": [sizes[d] for d in aux.dims],
-                        "own": f"tl.where({owner}, msk_{aux.name}, False)" if owner else f"msk_{aux.name}"})
+                        "own": owned_mask(aux.name, aux.dims, splits)})
 
     low.region()
     low.deltas = {b["name"]: f"dl_{b['name']}" for b in buffers}   # scan terms read these tiles

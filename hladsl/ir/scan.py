@@ -157,7 +157,7 @@ def _delta_match(program: ChunkProgram, carried: list[Operand], tokens: list[Ope
         if exposed != {i for o in tokens for i in o.indices} & interface or summed & interface:
             continue
         delta_indices = tuple(renaming[j] for j in d.output)
-        sizes = dict(program.sizes) | {pd.name: pd.size for pd in program.packed}
+        sizes = _feature_sizes(program)
         index_sizes = {i: sizes[dim] for o in carried if o.kind in (Kind.CARRY, Kind.COTANGENT)
                        for i, dim in zip(o.indices, program.state_dims(_state_of(o)))}
         axes = aux[other].dims if other in aux else program.state_dims(other)

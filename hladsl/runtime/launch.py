@@ -11,7 +11,9 @@ Rules:
 * launch options: the default software pipelining first; one stage, then eight
   warps when shared memory runs out (``launch``, remembered per kernel).
 * state-pass block of the value dim: narrow enough to fill the GPU
-  (``state_block``), except where Hopper miscompiles narrow chained dots; a state or
+  (``state_block``), except where Hopper miscompiles narrow chained dots (narrowing those
+  anyway with fp32 dots measured slower for ahla's and hla3_masked's reverse passes,
+  faster for hla2's: RESULTS round 10, so it is not a rule); a state or
   reverse pass that fits no launch fallback at its width runs narrower blocks
   (``narrower``) before the chunk is halved.
 * fp32 tiles for chains of bf16/fp16 dots at a narrow chunk or block (``dot_override``).
@@ -298,21 +300,18 @@ class Tiling:
 
 
 def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict, first, chained: bool,
-                 width: int | None = None, fixed_blocks: bool = False,
-                 fill: bool = False) -> tuple[tuple, dict, Tiling]:
+                 width: int | None = None, fixed_blocks: bool = False) -> tuple[tuple, dict, Tiling]:
     """Grid (programs, blocks of each split dim), block arguments and the Tiling of a
     state-pass-like kernel (``programs`` a tuple: the leading grid axes, e.g. the delta
     kernel's (chunks, sequence·head)). A packed dim keeps its tile (common's B_); any other
     split dim takes ``width`` or ``state_block``'s rule (each dim seeing the
     programs of the ones before it); the dot dtype follows ``dot_override``. The
     tuner may try other widths where the rule may narrow (``tune_widths``), unless
-    ``fixed_blocks`` (the caller sizes buffers by the number of blocks). ``fill``: narrow
-    to fill the GPU even over chained bf16 / fp16 dots, which then run with fp32 tiles
-    (``dot_override``; ``REVERSE_FILLS_GPU``)."""
+    ``fixed_blocks`` (the caller sizes buffers by the number of blocks)."""
     first = TileMeta(first.dtype, first.device, tuple(first.shape))   # retile must not pin the tensor
     sizes = dict(program.sizes)
     packed = {pd.name for pd in program.packed}
-    narrow = narrow_ok(first, chained) or fill
+    narrow = narrow_ok(first, chained)
     lead = tuple(programs) if isinstance(programs, tuple) else (programs,)
     widths, n = {}, math.prod(lead)
     for dim in splits:
@@ -339,15 +338,6 @@ def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict,
     grid, block = retile({})
     return grid, block, Tiling(choices, retile, narrowable=tuple(f"B_{d}" for d in widths if d not in packed))
 
-
-# Off: should the reverse state pass narrow its value blocks to fill the GPU even where its
-# chained bf16 dots then run with fp32 tiles? Measured on the H100 (fwd + bwd, B = 2, H = 16,
-# d = 64; runs 66, 67): hla2 gains (10.19 -> 8.47 ms at T = 16384, 40.3 -> 33.7 at 65536),
-# ahla loses (4.43 -> 5.35, 17.0 -> 20.8) and hla3_masked loses badly (13.8 -> 37.5, 54.1 ->
-# 148.9): no rule over the program's sizes separates them yet (a tuned choice would).
-# The forward's walking state pass loses too (hla2 2.35 -> 3.45 ms at 16384); where it
-# cannot split, the chunk-parallel pass replaces it (``use_chunk_scan``).
-REVERSE_FILLS_GPU = False
 
 NARROWEST_SPLIT = 16   # tl.dot's minimum tile
 

@@ -311,8 +311,7 @@ class _BackwardPlan:
                                                     rs["scan_chained_dots"], reverse_block)
         self.reverse_launch = launch.split_blocks(walkers * heads, ctx["reverse_splits"], program, common,
                                                   first, ctx["reverse_chained_dots"], reverse_block,
-                                                  fixed_blocks=bool(ctx["reverse_partial"]),
-                                                  fill=launch.REVERSE_FILLS_GPU)
+                                                  fixed_blocks=bool(ctx["reverse_partial"]))
         self.grad_loop = {}
         if ctx["grad_loop_dim"]:
             pd = f"B_{ctx['grad_loop_dim']}"
