@@ -213,13 +213,15 @@ def test_scan_kernels_over_two_value_blocks(name, params, varlen, launched):
         assert rel(got[2][s], ref[2][s]) <= 1e-4, s
 
 
-def test_the_reverse_scan_runs_only_when_asked_for():
-    """The chunk-parallel reverse pass needs the forward deltas of the chunk scan; under
-    auto it stays off until measured on the GPU (launch.use_reverse_scan)."""
+def test_the_reverse_scan_follows_the_chunk_scan():
+    """The chunk-parallel reverse pass reads the forward deltas of the chunk scan: it runs
+    wherever the state pass was the chunk scan ("scan", or "auto" having taken it) and the
+    program has one, never after the walking state pass (launch.use_reverse_scan)."""
     rs = {"states": []}
     assert launch.use_reverse_scan("scan", True, rs)
-    assert not launch.use_reverse_scan("auto", True, rs)
-    assert not launch.use_reverse_scan("scan", False, rs)      # walking state pass: no deltas
+    assert launch.use_reverse_scan("auto", True, rs)
+    assert not launch.use_reverse_scan("two_pass", True, rs)
+    assert not launch.use_reverse_scan("auto", False, rs)      # walking state pass: no deltas
     assert not launch.use_reverse_scan("scan", True, None)     # the program has none
 
 
@@ -299,16 +301,17 @@ def test_a_reverse_scan_that_does_not_fit_runs_the_walking_pass(monkeypatch):
     assert triton_forward is not None
 
 
-def test_a_tuning_session_times_only_what_auto_may_run(monkeypatch):
-    """The tuner picks by speed alone: under a session "scan" leaves out the reverse scan
-    and the scans reading chunk summaries no state holds (not measured on the GPU yet)."""
+def test_auto_leaves_scans_of_summaries_no_state_holds_to_the_tuner(monkeypatch):
+    """Under "auto" a chunk scan reading summaries no state holds stays off (measured mixed
+    on the H100: launch.AUTO_SCAN_AUX); a tuning session times it beside the others."""
     from hladsl.runtime import autotune
-    monkeypatch.setattr(autotune, "current", lambda: object())
     cs = {"deltas": ["P", "E"], "aux": ["aux_E_1"]}
-    with pytest.raises(autotune.Unavailable, match="not measured"):
-        launch.use_chunk_scan("scan", cs, _Tile(torch.bfloat16, 4), True)
-    assert launch.use_chunk_scan("scan", {**cs, "aux": []}, _Tile(torch.bfloat16, 4), True)
-    assert not launch.use_reverse_scan("scan", True, {"states": []})
+    many_chunks = _Tile(torch.bfloat16, 4)
+    assert not launch.use_chunk_scan("auto", cs, many_chunks, True)
+    assert launch.use_chunk_scan("auto", {**cs, "aux": []}, many_chunks, True)
+    monkeypatch.setattr(autotune, "current", lambda: object())
+    assert launch.use_chunk_scan("scan", cs, many_chunks, True)
+    assert launch.use_reverse_scan("scan", True, {"states": []})
 
 
 def test_schedule_check_script_compares_schedules(tmp_path, capsys):

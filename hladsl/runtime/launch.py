@@ -157,31 +157,29 @@ def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: 
         if not chunk_scan:
             raise autotune.Unavailable("this program has no chunk-parallel state pass "
                                        "(a state-pass term walks the tokens, or a state is packed)")
-        if chunk_scan["aux"] and not AUTO_SCAN_AUX and autotune.current() is not None:
-            # a tuning session picks by speed alone: it times only what "auto" may run
-            raise autotune.Unavailable("chunk scans reading summaries no state holds are not "
-                                       "measured on the GPU yet (launch.AUTO_SCAN_AUX)")
         return True
     return (schedule == "auto" and bool(chunk_scan) and first.shape[2] > 1
             and not narrow_ok(first, walk_chained) and (AUTO_SCAN_AUX or not chunk_scan["aux"]))
 
 
-# Under "auto", chunk scans that read chunk summaries no state holds (``ir.scan.AuxDelta``:
-# AHLA's, HLA3-masked's) stay off until measured on the H100: they were written after the
-# round's last GPU run (tested under the interpreter only); "scan" asks for them.
+# Under "auto", chunk scans that read chunk summaries no state holds (``ir.scan.AuxDelta``)
+# stay off: on the H100 (run 70, B = 2, H = 16, d = 64, bf16) they lose for AHLA (forward
+# 0.67 -> 0.86 ms at 16k, fwd + bwd 4.4 -> 5.0) and tie or win for HLA3-masked (forward
+# 1.94 / 1.96, fwd + bwd 13.9 -> 12.4): no rule over the program's sizes separates the two
+# yet, so a tuning session (``op.autotune``), which times "scan" beside the others, decides.
 AUTO_SCAN_AUX = False
 
 
 def use_reverse_scan(schedule: str, chunk_scan: bool, reverse_scan: dict | None) -> bool:
     """The backward's chunk-parallel reverse pass (``rdelta_kernel``, then ``rscan_kernel``;
-    ``triton_bwd._reverse_scan``) instead of the walking ``reverse_kernel``: where the
-    chunk-start states came from the chunk-parallel state pass (whose per-chunk deltas its
-    scan reads), the program has one, and "scan" was asked for. Not under "auto" yet: its
-    speed on the H100 is not measured (the walking reverse pass is 47 % of hla2's fwd + bwd
-    at 16k, run 65), and its one GPU accuracy run (run 69) gave a bf16 dk of 1.15e-2 for
-    normalised hla2 that still needs the walking pass's figure at the same inputs."""
-    # (a tuning session, which picks by speed alone, times only what "auto" may run)
-    return chunk_scan and bool(reverse_scan) and schedule == "scan" and autotune.current() is None
+    ``triton_bwd._reverse_scan``) instead of the walking ``reverse_kernel``, wherever the
+    chunk-start states came from the chunk-parallel state pass (its scan reads that pass's
+    per-chunk deltas) and the program has one: "scan", and "auto" where ``use_chunk_scan``
+    took the scan. The walking reverse pass cannot split its value dim for the same reason
+    the walking state pass cannot. H100, hla2, B = 2, H = 16, d = 64, bf16 (run 70): fwd + bwd
+    12.55 -> 6.70 ms at T = 16k, 49.7 -> 26.4 at 64k; bf16 errors against fp32 equal to the
+    walking pass's to three digits (``benchmarks/schedule_check.py``)."""
+    return chunk_scan and bool(reverse_scan) and schedule in ("scan", "auto")
 
 
 def narrow_ok(first, chained_dots: bool) -> bool:
