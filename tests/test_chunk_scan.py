@@ -23,8 +23,8 @@ def _cache_dir(tmp_path_factory, monkeypatch):
 
 @pytest.fixture
 def launched(monkeypatch):
-    """Names of the kernels the walking launches ran (the scan must not be a no-op), and
-    ``launched.grids``: each one's grid."""
+    """Names of the kernels the walking launches ran (the scan must not be a no-op),
+    ``launched.grids``: each one's grid, ``launched.args``: each one's arguments."""
     names = _Launched()
     real = launch.launch_narrowing
 
@@ -33,6 +33,7 @@ def launched(monkeypatch):
         names.append(name)
         grid = real(kernel, *args, **kwargs)
         names.grids.append((name, grid))
+        names.args.append((name, args[2]))
         return grid
     monkeypatch.setattr(launch, "launch_narrowing", spy)
     for module in ("triton_forward", "triton_backward"):
@@ -43,7 +44,7 @@ def launched(monkeypatch):
 class _Launched(list):
     def __init__(self):
         super().__init__()
-        self.grids = []
+        self.grids, self.args = [], []
 
 
 # (spec, params, gated, initial state, varlen, dv): every spec with a chunk scan; HLA2's G
@@ -211,6 +212,14 @@ def test_scan_kernels_over_two_value_blocks(name, params, varlen, launched):
     assert rel(got[1], ref[1]) <= 1e-4
     for s in init:
         assert rel(got[2][s], ref[2][s]) <= 1e-4, s
+    # a d-state with the value dim is written over its own parts (each block reads and
+    # writes only its columns); one without it (read whole by every block) never is
+    args = dict(launched.args)["rscan_kernel"]
+    shared = {n for n in init if f"rdeltas_{n}" in args
+              and args[f"dends_{n}"].data_ptr() == args[f"rdeltas_{n}"].data_ptr()}
+    with_value_dim = {n for n, x in init.items() if x.shape[-1] == 32}   # dv = 32, d = 8
+    assert shared == (set() if varlen else with_value_dim & {n for n in init if f"rdeltas_{n}" in args})
+    assert varlen or shared
 
 
 def test_the_reverse_scan_follows_the_chunk_scan():

@@ -409,8 +409,12 @@ def _reverse_scan(low: _BwdLowering, bwd, fwd: dict, info) -> dict | None:
 
     def own(name):
         return owned_mask(name, low.state_dims[name], splits)
+    # a d-state every program of the scan reads and writes in its own tiles alone (it has
+    # every split dim) may have its chunk-end cotangents written over its parts: each chunk's
+    # part is loaded before a barrier, its cotangent stored after it (run-time's choice)
+    in_place = [n for n in states if n in written and all(d in low.state_dims[n] for d in splits)]
     return {"reads": [info(n) for n in states if n in _carried(split.parallel)],
-            "written": [info(n) for n in states if n in written],
+            "written": [info(n) for n in states if n in written], "in_place": in_place,
             "deltas": [buffers[n] for n in split.deltas],   # read into st_<name>
             "starts": [info(n) for n in states if n in split.starts],   # and these, st_<state>
             "states": [info(n, own=own(n), end=ends[n]) for n in states],

@@ -203,7 +203,14 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
         slots = (1,) if name in partial else ()   # the gradient kernel's layout, one block
         args[f"dfinal_{name}"] = _dfinal(grad_final, name, init, has_dfinal)
         args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
-        args[f"dends_{name}"] = dends[name] = per_chunk_alloc(init, seq_chunks)(rows + slots + tuple(init.shape[2:]))
+        shape = rows + slots + tuple(init.shape[2:])
+        if name in rs["in_place"] and seq_chunks is None:
+            # written over its part, chunk by chunk, after the part is read (the kernel's
+            # barrier): one buffer less (hla2: 2 of the 10 per-chunk state buffers it holds)
+            dends[name] = parts[f"rdeltas_{name}"].view(shape)
+        else:   # (varlen: the unowned chunk's end must read zeros, not a part)
+            dends[name] = per_chunk_alloc(init, seq_chunks)(shape)
+        args[f"dends_{name}"] = dends[name]
     gate = {"lam_ptr": lam} if lam is not None else {}
     launch.launch_narrowing(module.rscan_kernel, plan, "rscan_launch",
                             {**args, **parts, **{k: deltas[k] for k in read}, **gate, **plan.walk,
