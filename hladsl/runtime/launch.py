@@ -22,7 +22,8 @@ Rules:
 * schedule: fused (one kernel) when there are enough (sequence, head) pairs to
   fill the GPU without chunk parallelism and more than one chunk, else two-pass
   (``use_fused``); its state pass chunk-parallel (deltas, then a scan over them) where
-  the walking one cannot be split over the value dim (``use_chunk_scan``).
+  the walking one cannot be split over the value dim (``use_chunk_scan``), and the
+  backward's reverse pass chunk-parallel after it (``use_reverse_scan``).
 * gradient kernels: one gradient target group (a token input, or Λ) per program
   (``grad_target_sets``), so that one target's tiles are live at a time; the packed
   dim they loop over in narrow tiles (``grad_loop_tile``); a target with many
@@ -178,7 +179,10 @@ def use_reverse_scan(schedule: str, chunk_scan: bool, reverse_scan: dict | None)
     took the scan. The walking reverse pass cannot split its value dim for the same reason
     the walking state pass cannot. H100, hla2, B = 2, H = 16, d = 64, bf16 (run 70): fwd + bwd
     12.55 -> 6.70 ms at T = 16k, 49.7 -> 26.4 at 64k; bf16 errors against fp32 equal to the
-    walking pass's to three digits (``benchmarks/schedule_check.py``)."""
+    walking pass's to three digits (``benchmarks/schedule_check.py``). It holds the forward
+    deltas and every chunk's d-state parts beside the chunk-end cotangents: 3.12x fla's peak
+    memory for hla2 fwd + bwd (run 73; the walking pass 2.45x), 2.89x once the d-states it
+    splits are written over their own parts (run 74; 7.31 / 28.1 ms there, another lease)."""
     return chunk_scan and bool(reverse_scan) and schedule in ("scan", "auto")
 
 
