@@ -114,6 +114,12 @@ def test_scan_schedule_matches_torch_float64(name, params, gated, with_init, var
     assert launched.count("delta_kernel") == 2 and launched.count("scan_kernel") == 2
     assert launched.count("rdelta_kernel") == 1 and launched.count("rscan_kernel") == 1
     assert "state_pass_kernel" not in launched and "reverse_kernel" not in launched
+    # dense: d-states the scan's programs own whole write their chunk-end cotangents over
+    # their parts (HLA3-masked's scan has no split: every one); varlen: none
+    args = dict(launched.args)["rscan_kernel"]
+    written = {n for n in shapes if f"rdeltas_{n}" in args}
+    shared = {n for n in written if args[f"dends_{n}"].data_ptr() == args[f"rdeltas_{n}"].data_ptr()}
+    assert shared == set() if varlen else (shared == written if name == "hla3_masked" else bool(shared))
 
 
 def test_scan_kernel_splits_the_value_dim_and_reads_no_tokens():
