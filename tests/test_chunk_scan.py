@@ -174,13 +174,20 @@ def test_auto_takes_the_chunk_scan_where_the_walk_cannot_split():
     assert launch.use_chunk_scan("scan", cs, _Tile(torch.float32, 1), walk_chained=False)
 
 
-@pytest.mark.parametrize("name,params", [("hla2", {}), ("hla2", {"normalize": True}), ("ahla", {})])
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_scan_kernels_over_two_value_blocks(name, params, varlen, launched):
+TWO_BLOCK_CASES = [(name, params, varlen, True) for name, params in
+                   [("hla2", {}), ("hla2", {"normalize": True}), ("ahla", {})] for varlen in (False, True)]
+TWO_BLOCK_CASES.append(("hla2", {}, False, False))   # launch.REVERSE_IN_PLACE off
+
+
+@pytest.mark.parametrize("name,params,varlen,in_place", TWO_BLOCK_CASES,
+                         ids=[f"{c[0]}{'-norm' if c[1] else ''}-{'varlen' if c[2] else 'dense'}"
+                              f"{'' if c[3] else '-separate'}" for c in TWO_BLOCK_CASES])
+def test_scan_kernels_over_two_value_blocks(name, params, varlen, in_place, launched, monkeypatch):
     """scan_kernel and rscan_kernel split the value dim (two blocks of 16 here): states
     without it (S, m) and chunk summaries without it (AHLA's Σ k qᵀ) are read whole by every
     block, states written by block 0; against the float64 torch programs (forward and
-    backward)."""
+    backward), with the reverse scan's cotangents over its parts or in buffers of their own."""
+    monkeypatch.setattr(launch, "REVERSE_IN_PLACE", in_place)
     from hladsl.runtime.chunk_torch import outputs, state_pass
     from hladsl.runtime.triton_backward import backward_triton
     from hladsl.runtime.triton_forward import forward_triton
@@ -224,8 +231,10 @@ def test_scan_kernels_over_two_value_blocks(name, params, varlen, launched):
     shared = {n for n in init if f"rdeltas_{n}" in args
               and args[f"dends_{n}"].data_ptr() == args[f"rdeltas_{n}"].data_ptr()}
     with_value_dim = {n for n, x in init.items() if x.shape[-1] == 32}   # dv = 32, d = 8
-    assert shared == (set() if varlen else with_value_dim & {n for n in init if f"rdeltas_{n}" in args})
-    assert varlen or shared
+    own = set() if varlen or not in_place else with_value_dim & {n for n in init if f"rdeltas_{n}" in args}
+    assert shared == own
+    assert args.get("IN_PLACE") == bool(own)
+    assert varlen or not in_place or shared
 
 
 def test_the_reverse_scan_follows_the_chunk_scan():

@@ -23,7 +23,8 @@ Rules:
   fill the GPU without chunk parallelism and more than one chunk, else two-pass
   (``use_fused``); its state pass chunk-parallel (deltas, then a scan over them) where
   the walking one cannot be split over the value dim (``use_chunk_scan``), and the
-  backward's reverse pass chunk-parallel after it (``use_reverse_scan``).
+  backward's reverse pass chunk-parallel after it (``use_reverse_scan``), its cotangents
+  written over its per-chunk parts where that is safe (``reverse_in_place``: memory).
 * gradient kernels: one gradient target group (a token input, or Λ) per program
   (``grad_target_sets``), so that one target's tiles are live at a time; the packed
   dim they loop over in narrow tiles (``grad_loop_tile``); a target with many
@@ -184,6 +185,21 @@ def use_reverse_scan(schedule: str, chunk_scan: bool, reverse_scan: dict | None)
     memory for hla2 fwd + bwd (run 73; the walking pass 2.45x), 2.89x once the d-states it
     splits are written over their own parts (run 74; 7.31 / 28.1 ms there, another lease)."""
     return chunk_scan and bool(reverse_scan) and schedule in ("scan", "auto")
+
+
+def reverse_in_place(candidates: list, seq_chunks) -> list:
+    """The d-states whose chunk-end cotangents ``rscan_kernel`` writes over their own
+    per-chunk parts (``candidates``: those each of its programs owns whole, the template's
+    ``in_place``): all of them on dense inputs, so that the reverse scan holds two
+    per-chunk state buffers less for hla2 (fwd + bwd peak memory 3.12x -> 2.89x fla's,
+    runs 73 / 74: issue 10's bar is 3x), at the price of a barrier a chunk; none for varlen,
+    whose unowned chunk must read zero cotangents, not a part. ``REVERSE_IN_PLACE = False``
+    turns it off (the A/B of the barrier's cost: 7-10 % of hla2's fwd + bwd across two
+    leases, not yet measured in one process)."""
+    return list(candidates) if REVERSE_IN_PLACE and seq_chunks is None else []
+
+
+REVERSE_IN_PLACE = True
 
 
 def narrow_ok(first, chained_dots: bool) -> bool:

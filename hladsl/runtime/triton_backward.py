@@ -196,7 +196,8 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
                              **parts, **plan.common}, True)
     partial = set(ctx["reverse_partial"])
     has_dfinal = _has_dfinal(grad_final)
-    args, d_init, dends = {"HAS_DFINAL": has_dfinal}, {}, {}
+    in_place = launch.reverse_in_place(rs["in_place"], seq_chunks)
+    args, d_init, dends = {"HAS_DFINAL": has_dfinal, **({"IN_PLACE": bool(in_place)} if rs["in_place"] else {})}, {}, {}
     for s in rs["states"]:
         name = s["name"]
         init = state_args[f"init_{name}"]
@@ -204,11 +205,9 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
         args[f"dfinal_{name}"] = _dfinal(grad_final, name, init, has_dfinal)
         args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
         shape = rows + slots + tuple(init.shape[2:])
-        if name in rs["in_place"] and seq_chunks is None:
-            # written over its part, chunk by chunk, after the part is read (the kernel's
-            # barrier): one buffer less (hla2: 2 of the 10 per-chunk state buffers it holds)
+        if name in in_place:   # written over its part, chunk by chunk, after the part is read
             dends[name] = parts[f"rdeltas_{name}"].view(shape)
-        else:   # (varlen: the unowned chunk's end must read zeros, not a part)
+        else:
             dends[name] = per_chunk_alloc(init, seq_chunks)(shape)
         args[f"dends_{name}"] = dends[name]
     gate = {"lam_ptr": lam} if lam is not None else {}
