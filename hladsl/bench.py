@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="give specs and fla a data-dependent log gate")
     parser.add_argument("--schedule", nargs="+", default=["auto"], choices=SCHEDULES,
                         help="Triton schedules to time for each spec (several: side by side)")
+    parser.add_argument("--launch", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="launch rule constants (hladsl.runtime.launch, e.g. REVERSE_IN_PLACE=false): "
+                             "each spec is timed with the defaults and again with these, side by side")
     parser.add_argument("--quick", action="store_true", help="small shapes, short timing")
     parser.add_argument("--json", default="hladsl-bench.json", help="where to write the JSON")
     parser.add_argument("--plot", default="hladsl-bench.png",
@@ -81,6 +84,22 @@ def parse_spec(text: str) -> tuple[str, dict]:
             raise ValueError(f"--specs {text}: expected key=value after the colon, got '{item}'")
         params[key.strip()] = _value(value.strip())
     return name, params
+
+
+def parse_switches(items: list[str]) -> dict:
+    """--launch NAME=VALUE ... -> {NAME: value}, each checked against launch's constants."""
+    from hladsl.runtime import launch
+    rules, out = launch.rule_constants(), {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--launch {item}: expected NAME=VALUE")
+        name = name.strip()
+        if name not in rules:
+            raise ValueError(f"--launch {item}: no launch rule constant '{name}'; expected one of "
+                             f"{', '.join(sorted(rules))}")
+        out[name] = None if value.strip().lower() == "none" else _value(value.strip())
+    return out
 
 
 def _value(text):
@@ -123,7 +142,8 @@ def _with_backward(fn):
     return run
 
 
-def spec_case(name, params, schedule):
+def spec_case(name, params, schedule, switches=None):
+    """switches: launch rule constants set while this candidate is built and timed."""
     op = hladsl.load(name, **params)
 
     def tokens(B, T, H, d, dtype, device, grad):
@@ -141,6 +161,10 @@ def spec_case(name, params, schedule):
     def build(mode, shape):   # timed right after it is built: the schedule holds meanwhile
         B, T, H, d, dtype, device, gated, step_batch = shape
         op.schedule = schedule
+        if switches:
+            from hladsl.runtime import launch
+            for key, value in switches.items():
+                launch.switch(key, value)
         rows = step_batch if mode == "step" else B
         g = _log_gates(rows, 1 if mode == "step" else T, H, device) if gated else None
         if mode == "step":
@@ -267,17 +291,46 @@ def run(args) -> int:
     try:
         specs = [parse_spec(s) for s in (args.specs or _shipped())]
         candidates = [BASELINE_CASES[b] for b in BASELINES if b in args.baselines]
+        switched = parse_switches(args.launch)
+        # with --launch: every spec with the defaults, then with the switches (each build sets
+        # all of them, so the order of candidates does not matter)
+        defaults = _launch_defaults(switched)
+        variants = [(defaults, "")] + ([(switched, " {" + _fmt(switched) + "}")] if switched else [])
         spec_of = {}   # label -> (name, params): the cost model's FLOPs for TFLOP/s
         for name, params in specs:
             for schedule in args.schedule:
-                label = "hladsl " + name + (f"({_fmt(params)})" if params else "")
-                if len(args.schedule) > 1:
-                    label += f" [{schedule}]"
-                candidates.append((label, spec_case(name, params, schedule)))
-                spec_of[label] = (name, params)
+                for switches, tag in variants:
+                    label = "hladsl " + name + (f"({_fmt(params)})" if params else "")
+                    if len(args.schedule) > 1:
+                        label += f" [{schedule}]"
+                    label += tag
+                    candidates.append((label, spec_case(name, params, schedule, switches)))
+                    spec_of[label] = (name, params)
     except (ValueError, SpecError) as exc:
         print(f"hladsl bench: {exc}", file=sys.stderr)
         return 1
+    try:
+        return _run(args, device, cfg, candidates, spec_of)
+    finally:
+        _restore_launch(defaults)
+
+
+def _launch_defaults(switched: dict) -> dict:
+    if not switched:
+        return {}
+    from hladsl.runtime import launch
+    rules = launch.rule_constants()
+    return {k: rules[k] for k in switched}
+
+
+def _restore_launch(defaults: dict) -> None:
+    if defaults:
+        from hladsl.runtime import launch
+        for key, value in defaults.items():
+            launch.switch(key, value)
+
+
+def _run(args, device, cfg, candidates, spec_of) -> int:
     shapes = [(mode, T, d) for mode in args.modes for d in cfg["d"] for T in cfg["T"]]
     total, rows, n = len(shapes) * len(candidates), [], 0
     for mode, T, d in shapes:

@@ -73,3 +73,38 @@ def test_bench_rejects_bad_spec_parameters(capsys):
     assert main(["bench", "--device", "cpu", "--specs", "nosuchspec", "--json", "", "--plot", ""]) == 1
     assert "nosuchspec" in capsys.readouterr().err
     assert parse_spec("power:p=3,normalize=true") == ("power", {"p": 3, "normalize": True})
+
+
+def test_bench_times_launch_switches_side_by_side(tmp_path, capsys):
+    """--launch NAME=VALUE: each spec timed with launch's defaults and with the switches
+    (one process, an A/B); launch's constants are restored afterwards."""
+    from hladsl.runtime import launch
+    before = launch.REVERSE_IN_PLACE
+    out_json = tmp_path / "b.json"
+    rc = main(["bench", "--device", "cpu", "--quick", "--specs", "linear", "--baselines", "--T", "16",
+               "--d", "8", "--modes", "fwd", "--launch", "REVERSE_IN_PLACE=false", "--json", str(out_json),
+               "--plot", ""])
+    assert rc == 0
+    whats = [r["what"] for r in json.loads(out_json.read_text())["rows"] if "ms" in r]
+    assert whats == ["hladsl linear", "hladsl linear {REVERSE_IN_PLACE=False}"]
+    assert launch.REVERSE_IN_PLACE is before
+    assert main(["bench", "--device", "cpu", "--launch", "NO_SUCH_RULE=1", "--json", "", "--plot", ""]) == 1
+    assert "no launch rule constant 'NO_SUCH_RULE'" in capsys.readouterr().err
+
+
+def test_launch_switch_checks_its_value_and_forgets_plans():
+    from hladsl.runtime import launch
+    cache = launch.plan_cache()
+    cache["shape"] = object()
+    old = launch.switch("REVERSE_IN_PLACE", False)
+    try:
+        assert launch.REVERSE_IN_PLACE is False and not cache
+    finally:
+        launch.switch("REVERSE_IN_PLACE", old)
+    for bad in (("REVERSE_IN_PLACE", 3), ("TENSOR_CORE_DTYPES", True), ("reverse_in_place", True)):
+        try:
+            launch.switch(*bad)
+        except ValueError as exc:
+            assert bad[0] in str(exc)
+        else:
+            raise AssertionError(f"switch{bad} was accepted")

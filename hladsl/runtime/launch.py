@@ -40,6 +40,7 @@ Rules:
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -281,6 +282,39 @@ def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None 
 
 
 PLANS_KEPT = 256   # launch plans kept per cache before it starts over (shape classes in use)
+_PLAN_CACHES: list[dict] = []   # every runner's plan cache (``switch`` forgets them all)
+
+
+def plan_cache() -> dict:
+    """A runner's cache of launch plans (for ``remembered``), registered so that changing a
+    rule (``switch``) forgets the plans made under the old one."""
+    cache: dict = {}
+    _PLAN_CACHES.append(cache)
+    return cache
+
+
+def rule_constants() -> dict:
+    """This module's scalar rule constants (what ``switch`` may set), by name."""
+    return {k: v for k, v in vars(sys.modules[__name__]).items()
+            if k.isupper() and isinstance(v, (bool, int, float, type(None)))}
+
+
+def switch(name: str, value):
+    """Sets this module's rule constant ``name`` (e.g. ``REVERSE_IN_PLACE``) to ``value`` and
+    forgets every launch plan made under the old value; returns the old value. For A/B
+    timings in one process (``hladsl bench --launch NAME=VALUE``); the value must have the
+    constant's type (an int for a float, or anything where the constant may be None)."""
+    rules = rule_constants()
+    if name not in rules:
+        raise ValueError(f"no launch rule constant '{name}'; expected one of {', '.join(sorted(rules))}")
+    old = rules[name]
+    if not (value is None or old is None or type(value) is type(old)
+            or (type(old) is float and type(value) is int)):
+        raise ValueError(f"launch.{name} is a {type(old).__name__}, got {value!r}")
+    setattr(sys.modules[__name__], name, value)
+    for cache in _PLAN_CACHES:
+        cache.clear()
+    return old
 
 
 def remembered(cache: dict, key, build: Callable[[], object], cacheable: bool = True):

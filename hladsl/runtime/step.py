@@ -181,7 +181,7 @@ _TENSOR = exhaustive({Kind.TOKEN: lambda plan, o, tok, held: tok[o.name], Kind.P
 
 # -- triton -------------------------------------------------------------------------------------
 
-_SETUPS: dict = {}     # launch setups of recent shapes (launch.remembered)
+_SETUPS = launch.plan_cache()     # launch setups of recent shapes (launch.remembered)
 
 
 def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps, packed_rows,

@@ -276,7 +276,7 @@ def _fused(module, ctx, plan, tokens, state_args, starts, cot, grad_final, first
     return d_tiles, d_lam, d_init
 
 
-_PLANS: dict = {}    # launch plans of recent shape classes (launch.remembered)
+_PLANS = launch.plan_cache()    # launch plans of recent shape classes (launch.remembered)
 
 
 class _BackwardPlan:

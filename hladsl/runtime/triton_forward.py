@@ -134,7 +134,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     return o, final
 
 
-_PLANS: dict = {}    # launch plans of recent shape classes (launch.remembered)
+_PLANS = launch.plan_cache()    # launch plans of recent shape classes (launch.remembered)
 
 
 class _ForwardPlan:
