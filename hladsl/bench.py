@@ -32,6 +32,7 @@ import torch
 
 import hladsl
 from hladsl.errors import SpecError
+from hladsl.runtime import launch
 
 BASELINES = ("fla", "sdpa", "retention")
 MODES = ("fwd", "fwd+bwd", "mem", "step")
@@ -88,17 +89,17 @@ def parse_spec(text: str) -> tuple[str, dict]:
 
 def parse_switches(items: list[str]) -> dict:
     """--launch NAME=VALUE ... -> {NAME: value}, each checked against launch's constants."""
-    from hladsl.runtime import launch
-    rules, out = launch.rule_constants(), {}
+    out = {}
     for item in items:
-        name, eq, value = item.partition("=")
+        name, eq, text = item.partition("=")
         if not eq:
             raise ValueError(f"--launch {item}: expected NAME=VALUE")
-        name = name.strip()
-        if name not in rules:
-            raise ValueError(f"--launch {item}: no launch rule constant '{name}'; expected one of "
-                             f"{', '.join(sorted(rules))}")
-        out[name] = None if value.strip().lower() == "none" else _value(value.strip())
+        value = None if text.strip().lower() == "none" else _value(text.strip())
+        try:
+            launch.check_switch(name.strip(), value)
+        except ValueError as exc:
+            raise ValueError(f"--launch {item}: {exc}") from None
+        out[name.strip()] = value
     return out
 
 
@@ -161,10 +162,8 @@ def spec_case(name, params, schedule, switches=None):
     def build(mode, shape):   # timed right after it is built: the schedule holds meanwhile
         B, T, H, d, dtype, device, gated, step_batch = shape
         op.schedule = schedule
-        if switches:
-            from hladsl.runtime import launch
-            for key, value in switches.items():
-                launch.switch(key, value)
+        for key, value in (switches or {}).items():
+            launch.switch(key, value)
         rows = step_batch if mode == "step" else B
         g = _log_gates(rows, 1 if mode == "step" else T, H, device) if gated else None
         if mode == "step":
@@ -310,27 +309,18 @@ def run(args) -> int:
         print(f"hladsl bench: {exc}", file=sys.stderr)
         return 1
     try:
-        return _run(args, device, cfg, candidates, spec_of)
+        return _time_candidates(args, device, cfg, candidates, spec_of)
     finally:
-        _restore_launch(defaults)
-
-
-def _launch_defaults(switched: dict) -> dict:
-    if not switched:
-        return {}
-    from hladsl.runtime import launch
-    rules = launch.rule_constants()
-    return {k: rules[k] for k in switched}
-
-
-def _restore_launch(defaults: dict) -> None:
-    if defaults:
-        from hladsl.runtime import launch
         for key, value in defaults.items():
             launch.switch(key, value)
 
 
-def _run(args, device, cfg, candidates, spec_of) -> int:
+def _launch_defaults(switched: dict) -> dict:
+    rules = launch.rule_constants()
+    return {k: rules[k] for k in switched}
+
+
+def _time_candidates(args, device, cfg, candidates, spec_of) -> int:
     shapes = [(mode, T, d) for mode in args.modes for d in cfg["d"] for T in cfg["T"]]
     total, rows, n = len(shapes) * len(candidates), [], 0
     for mode, T, d in shapes:

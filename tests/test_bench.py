@@ -90,6 +90,8 @@ def test_bench_times_launch_switches_side_by_side(tmp_path, capsys):
     assert launch.REVERSE_IN_PLACE is before
     assert main(["bench", "--device", "cpu", "--launch", "NO_SUCH_RULE=1", "--json", "", "--plot", ""]) == 1
     assert "no launch rule constant 'NO_SUCH_RULE'" in capsys.readouterr().err
+    assert main(["bench", "--device", "cpu", "--launch", "REVERSE_IN_PLACE=3", "--json", "", "--plot", ""]) == 1
+    assert "launch.REVERSE_IN_PLACE is a bool, got 3" in capsys.readouterr().err
 
 
 def test_launch_switch_checks_its_value_and_forgets_plans():

@@ -299,11 +299,9 @@ def rule_constants() -> dict:
             if k.isupper() and isinstance(v, (bool, int, float, type(None)))}
 
 
-def switch(name: str, value):
-    """Sets this module's rule constant ``name`` (e.g. ``REVERSE_IN_PLACE``) to ``value`` and
-    forgets every launch plan made under the old value; returns the old value. For A/B
-    timings in one process (``hladsl bench --launch NAME=VALUE``); the value must have the
-    constant's type (an int for a float, or anything where the constant may be None)."""
+def check_switch(name: str, value):
+    """The current value of rule constant ``name``, after checking that ``value`` may
+    replace it (ValueError naming the constant otherwise)."""
     rules = rule_constants()
     if name not in rules:
         raise ValueError(f"no launch rule constant '{name}'; expected one of {', '.join(sorted(rules))}")
@@ -311,6 +309,15 @@ def switch(name: str, value):
     if not (value is None or old is None or type(value) is type(old)
             or (type(old) is float and type(value) is int)):
         raise ValueError(f"launch.{name} is a {type(old).__name__}, got {value!r}")
+    return old
+
+
+def switch(name: str, value):
+    """Sets this module's rule constant ``name`` (e.g. ``REVERSE_IN_PLACE``) to ``value`` and
+    forgets every launch plan made under the old value; returns the old value. For A/B
+    timings in one process (``hladsl bench --launch NAME=VALUE``); the value must have the
+    constant's type (an int for a float, or anything where the constant may be None)."""
+    old = check_switch(name, value)
     setattr(sys.modules[__name__], name, value)
     for cache in _PLAN_CACHES:
         cache.clear()
