@@ -224,8 +224,8 @@ def _triton_step(spec, params, out_dir):
 def reverse_scan_lines(bwd) -> list[str]:
     """How the chunk-parallel reverse pass (``ir.scan.reverse_scan``) splits the d-state
     updates, or why there is none."""
-    from hladsl.ir.scan import reverse_scan
-    split = reverse_scan(bwd) if scan_plan(bwd.forward).complete and not bwd.forward.packed else None
+    from hladsl.ir.scan import has_chunk_scan, reverse_scan
+    split = reverse_scan(bwd) if has_chunk_scan(bwd.forward) else None
     if split is None:
         return ["reverse scan: none (the forward has no chunk scan, or a d-state update walks the tokens)"]
     lines = [f"reverse scan: {len(split.parallel)} d-state networks every chunk at once (no chunk-end "

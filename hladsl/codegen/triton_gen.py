@@ -27,7 +27,7 @@ from hladsl.codegen.steps import Block, Tile, comment
 from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.precision import precision_plan
-from hladsl.ir.scan import scan_plan
+from hladsl.ir.scan import has_chunk_scan, scan_plan
 from hladsl.version import __version__
 from hladsl.ir.operands import Kind, Operand, exhaustive
 
@@ -532,7 +532,7 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram, states: list[dict], split
     Chunk summaries no state holds (``ir.scan.AuxDelta``: AHLA's Σ k qᵀ) are per-chunk
     buffers beside the deltas (``buffers``: every one the delta kernel writes)."""
     plan = low.scan_plan
-    if not plan.complete or program.packed:
+    if not has_chunk_scan(program, plan):
         return None
     role = {(t.state, t.index): t.role for t in plan.terms}
     def positions(name, terms, roles):

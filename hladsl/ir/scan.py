@@ -235,6 +235,13 @@ def scan_plan(program: ChunkProgram) -> ScanPlan:
                           for name, terms in program.states for k, t in enumerate(terms)))
 
 
+def has_chunk_scan(program: ChunkProgram, plan: ScanPlan | None = None) -> bool:
+    """Does ``program`` get the chunk-parallel state pass? Every state-pass term is a carry,
+    a delta or a scan term (``ScanPlan.complete``) and no state is packed (the scan kernel
+    reads and writes states as whole tiles)."""
+    return (plan or scan_plan(program)).complete and not program.packed
+
+
 @dataclass(frozen=True)
 class ReverseScan:
     """The reverse state pass split as ``scan_plan`` splits the forward one. Each d-state

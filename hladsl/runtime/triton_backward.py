@@ -197,7 +197,7 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
     partial = set(ctx["reverse_partial"])
     has_dfinal = _has_dfinal(grad_final)
     in_place = launch.reverse_in_place(rs["in_place"], seq_chunks)
-    args, d_init, dends = {"HAS_DFINAL": has_dfinal, **({"IN_PLACE": bool(in_place)} if rs["in_place"] else {})}, {}, {}
+    args, d_init, dends = {"HAS_DFINAL": has_dfinal, "IN_PLACE": bool(in_place)}, {}, {}
     for s in rs["states"]:
         name = s["name"]
         init = state_args[f"init_{name}"]
