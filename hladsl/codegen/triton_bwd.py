@@ -219,9 +219,9 @@ class _BwdLowering(_Lowering):
         for r in range(int(o.power)):
             cols.append(block.define(f"tl.load(pk_{pd}_idx + {r} * D_{pd} + offs_{pd}, mask={valid}, other=0)",
                                      f"slot {r + 1} of each packed index of {pd}"))
-            vals.append(block.define(
+            vals.append(block.define(self.scaled_load(x, (
                 f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + {cols[-1]}[None, :], "
-                f"mask=({valid})[None, :], other=0.0).to(tl.float32)"))
+                f"mask=({valid})[None, :], other=0.0)")) + ".to(tl.float32)"))
         if o.weighted:
             dspow = block.define(f"{dspow} * tl.load(pk_{pd}_mult + offs_{pd}, mask={valid}, other=0.0)[None, :]",
                                  "times m(α)")
@@ -340,7 +340,7 @@ def backward_context(program: ChunkProgram) -> dict:
         # (a partial sum's block 0 alone loads d final state: the blocks' sum is the d-state)
         return owned_mask(name, info(name)["dims"], splits)
 
-    all_inputs = [{"name": x, "dim": low.input_dim[x]} for x in low.input_dim]
+    all_inputs = [low.input_info(x) for x in low.input_dim]
     states = [s["name"] for s in fwd["states"]]
     return {
         "forward": fwd,

@@ -85,6 +85,7 @@ class _Lowering:
         _ident("mechanism", alg.name)
         self.dims = [_ident("dim", d) for d in alg.dims]
         self.input_dim = {_ident("input", x): _ident("dim", d) for x, d in alg.inputs.items()}
+        self.scaled = set(alg.queries)   # loaded times scl_<x>, the call's scale (as torch would)
         self.state_dims = {_ident("summary", s.name): program.state_dims(s.name)
                            for s in alg.streaming}
         self.packed = {_ident("packed dim", pd.name): pd for pd in program.packed}
@@ -147,6 +148,17 @@ class _Lowering:
         """index name -> constexpr tile extent (C or B_<dim>)."""
         return {i: "C" if d is None else f"B_{d}" for i, d in self.index_dims(operands).items()}
 
+    def input_info(self, x: str) -> dict:
+        """What a kernel signature and its token loads need of input ``x``."""
+        return {"name": x, "dim": self.input_dim[x], "scaled": x in self.scaled}
+
+    def scaled_load(self, x: str, load: str) -> str:
+        """``load`` (a tile of input ``x`` in its dtype) times the call's scale if ``x`` is a
+        query, rounded back to the input dtype: the bits torch's ``x * scale`` would give."""
+        # (upcast first: the interpreter's bf16 x fp32-scalar product is garbage)
+        return (f"({load}.to(tl.float32) * scl_{x}).to(in_{x}_ptr.dtype.element_ty)"
+                if x in self.scaled else load)
+
     # -- operands -----------------------------------------------------------------------
     def operand(self, o: Operand, defs: dict) -> Tile:
         return _OPERAND_TILE[o.kind](self, o, defs)
@@ -155,9 +167,9 @@ class _Lowering:
         x, dim = o.name, self.input_dim[o.name]
         var = f"in_{x}"
         self.block.raw[var] = f"raw_{x}"      # the template loads both (load_chunk)
-        self.block.transposed[var] = (
+        self.block.transposed[var] = self.scaled_load(x, (
             f"tl.load(in_{x}_ptr + base_{x} + offs_{dim}[:, None] + offs_t[None, :] * str_{x}_t, "
-            f"mask=offs_{dim}[:, None] < D_{dim}, other=0.0)")
+            f"mask=offs_{dim}[:, None] < D_{dim}, other=0.0)"))
         return Tile(var, o.indices)
 
     def _power_tile(self, o, defs):
@@ -207,9 +219,9 @@ class _Lowering:
         for r in range(int(o.power)):
             col = block.define(f"tl.load(pk_{pd}_idx + {r} * D_{pd} + offs_{pd}, mask={valid}, other=0)",
                                f"slot {r + 1} of each packed index of {pd}")
-            parts.append(block.define(
+            parts.append(block.define(self.scaled_load(x, (
                 f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + {col}[None, :], "
-                f"mask=({valid})[None, :], other=0.0).to(tl.float32)"))
+                f"mask=({valid})[None, :], other=0.0)")) + ".to(tl.float32)"))
         expr = " * ".join(parts)
         if o.weighted:
             expr += f" * tl.load(pk_{pd}_mult + offs_{pd}, mask={valid}, other=0.0)[None, :]"
@@ -423,7 +435,7 @@ def kernel_context(program: ChunkProgram) -> dict:
     def inputs_of(terms):
         names = dict.fromkeys(o.name for t in terms for o in t.operands
                               if o.kind in (Kind.TOKEN, Kind.POWER))
-        return [{"name": x, "dim": low.input_dim[x]} for x in names]
+        return [low.input_info(x) for x in names]
 
     out_terms = program.output + program.normalizer
     read = dict.fromkeys([o.name for t in out_terms for o in t.operands if o.kind is Kind.CARRY]
@@ -516,7 +528,7 @@ def _fused(low: _Lowering, program: ChunkProgram, splits, o_dim) -> dict | None:
     names = dict.fromkeys(o.name for t in terms for o in t.operands if o.kind is Kind.TOKEN)
     return {"split": split, "defs": _defs(defs), "derived_code": derived_code, "num_code": num,
             "den_code": den, "state_code": state_code,
-            "inputs": [{"name": x, "dim": low.input_dim[x]} for x in names],
+            "inputs": [low.input_info(x) for x in names],
             "chained_dots": low.block.chained}
 
 

@@ -70,6 +70,13 @@ class Algebra:
         return g
 
     @cached_property
+    def queries(self) -> tuple[str, ...]:
+        """Inputs read at the output's own token (the query side): a call's ``scale``
+        multiplies them (the kernels as they load them)."""
+        return tuple(dict.fromkeys(f.name for m in self.output.terms for f in m.factors
+                                   if f.kind == "input"))
+
+    @cached_property
     def streaming(self) -> tuple[Summary, ...]:
         """Summaries carried from segment to segment: what the outputs read,
         closed under A-side reads. The rest are combine-only: a later segment's

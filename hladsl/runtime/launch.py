@@ -563,7 +563,7 @@ def grad_target_sets(groups: int, per_program: int | None = None) -> list[int]:
 
 
 GRAD_WHOLE_MAX_MATMULS = 4
-GRAD_NETWORKS_PER_PROGRAM = 2
+GRAD_NETWORKS_PER_PROGRAM = 4
 
 
 def grad_parts(networks: int, matmuls: int) -> int:
@@ -598,6 +598,15 @@ def grad_loop_tile(chunk: int, width: int) -> int:
     return tile
 
 
+# The query scale (a call's ``scale``, d^-0.5 by default) is applied by the chunk kernels as
+# they load a query tile (True: scl_<x>, rounded to the input dtype as torch's x * scale
+# would be) or by torch before them (False: one more pass over q, read and written, in the
+# forward and again in the backward). Measured (runs 75, 76, H100, B = 2, H = 16, d = 64,
+# bf16): the torch multiply was 175 µs of linear's 1.25 ms forward at T = 65536; linear's
+# forward went 1.42x -> 1.22x fla there.
+SCALE_QUERIES_IN_KERNEL = True
+
+
 STEP_MAX_TOKENS = 64
 
 
@@ -618,6 +627,14 @@ def step_warps(elements: int) -> int:
     return warps
 
 
+# The decode step holds a whole symmetric state (HLA2's S, HLA3's SK and SQ) gathered from
+# both halves of its packed storage (False) or as its upper triangle, a read of S being
+# U + Lᵀ (True; codegen.step_gen.triangle_states). Measured (run 76, H100, B = 64, H = 16,
+# d = dv = 64, one token, CUDA graph): the triangle is slower for every such spec, hla2
+# 71.1 vs 54.6 µs, hla3 185.5 vs 142.7, hla3_masked 82.7 vs 55.6 (sm_90: 233 -> 255
+# registers and a spill for hla2; the i <= j masks of its loads, stores and reads cost
+# more than the gather's uncoalesced lower half). Kept selectable and tested.
+STEP_SYMMETRIC_TRIANGLE = False
 STEP_PHASED_BLOCK = None   # None: run whole (measured, below); a width turns the phase split on
 
 

@@ -52,12 +52,6 @@ def output_dim(alg) -> str:
     raise SpecError(f"cannot tell the dim of output index '{index}'", path=alg.name)
 
 
-def query_inputs(alg) -> tuple[str, ...]:
-    """Inputs read at the output's own token (the query side): ``scale`` multiplies them."""
-    return tuple(dict.fromkeys(f.name for m in alg.output.terms for f in m.factors
-                               if f.kind == "input"))
-
-
 class Op:
     """One compiled spec as a torch op (made by ``hladsl.load``, one per spec text,
     parameters and options)."""
@@ -79,7 +73,7 @@ class Op:
         self.schedule = "auto"            # Triton: "two_pass", "fused", "scan" or "auto" (runtime.launch)
         self.autotune = False             # time launch configs per shape class (runtime.autotune)
         self.inputs = tuple(alg.inputs)   # declaration order
-        self.queries = query_inputs(alg)
+        self.queries = alg.queries
         self.out_dim = output_dim(alg)
         self.state_names = tuple(s.name for s in alg.streaming)
         # what launch rules remember per shape class is per spec too: one spec's kernels
@@ -235,7 +229,7 @@ class Op:
             from hladsl.runtime.triton_forward import forward_triton
             o_tiles, finals = forward_triton(prep.program, prep.tiles, prep.lam, prep.init,
                                              self.algebra.eps, schedule=schedule, out_dtype=prep.dtype,
-                                             seq_chunks=prep.seq_chunks)
+                                             seq_chunks=prep.seq_chunks, scales=prep.load_scales)
             return prep.finish(o_tiles, finals)
         from triton.runtime.errors import OutOfResources
         try:
@@ -288,7 +282,7 @@ class Op:
             d_tiles, d_lam, d_init = backward_triton(
                 prep.program, prep.tiles, prep.lam, prep.init, prep.output_vjp(grad_o), d_finals,
                 self.algebra.eps, schedule=schedule, grad_dtype=first.dtype, seq_chunks=prep.seq_chunks,
-                grad_scales=prep.scales)
+                grad_scales=prep.scales, scales=prep.load_scales)
             grads = [prep.token_vjp(d_tiles[n], x) for n, x in zip(self.inputs, tokens)]
             if g is not None:
                 grads.append(prep.gate_vjp(d_lam, g))
@@ -337,11 +331,13 @@ class Op:
     def query_scale(self, x, scale) -> float:
         return x.shape[-1] ** -0.5 if _default(scale) else float(scale)
 
-    def _scaled(self, tokens, scale, dtype):
+    def _scaled(self, tokens, scale, dtype, apply: bool = True):
+        """Tokens in ``dtype``, the queries times the call's scale (``apply`` False: left
+        unscaled, for kernels that scale them as they load them)."""
         out = {}
         for name, x in tokens.items():
             x = x.to(dtype)
-            if name in self.queries:
+            if name in self.queries and apply:
                 x = x * self.query_scale(x, scale)
             out[name] = x
         return out
@@ -374,8 +370,12 @@ class _Prepared:
         self.compute = compute = _compute_dtype(first)
         self.dims = dims = op._dims(tokens)
         self.scales = {n: op.query_scale(tokens[n], scale) for n in op.queries}
-        tokens = op._scaled(tokens, scale,
-                            first.dtype if keep_dtype else compute)
+        # the kernels scale the queries as they load them (launch.SCALE_QUERIES_IN_KERNEL); a
+        # float kernel argument is fp32, so float64 tokens are scaled here, exactly
+        in_kernel = keep_dtype and first.dtype != torch.float64 and launch.SCALE_QUERIES_IN_KERNEL
+        self.load_scales = self.scales if in_kernel else {}
+        tokens = op._scaled(tokens, scale, first.dtype if keep_dtype else compute,
+                            apply=not self.load_scales)
         gates = None if g is None else g.to(compute)
         self.index = self.seq_chunks = None
         if cu_seqlens is not None:   # the kernels: one row of chunks; the torch path: padded rows

@@ -23,7 +23,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                     precision: str = "tf32x3", num_warps: int = 4, reverse_block: int | None = None,
                     schedule: str = "auto", targets_per_program: int | None = None,
                     grad_dtype: torch.dtype = torch.float32, seq_chunks: torch.Tensor | None = None,
-                    grad_scales: dict[str, float] | None = None):
+                    grad_scales: dict[str, float] | None = None,
+                    scales: dict[str, float] | None = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16, may be strided views);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff ungated); init_states
     and grad_final: summary -> [N, H, *program.state_shape] (init_states None: zeros; a
@@ -44,9 +45,10 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     how many gradient target groups (token inputs, then Λ) one gradient program
     computes (default: launch.grad_target_sets' rule, one). seq_chunks: varlen, as for
     forward_triton (init_states, grad_final and d_init then have one row per sequence).
-    grad_scales: input -> the factor the caller scaled it by before tiling (the query
-    scale): its gradient is multiplied by it inside the kernel, before the store in
-    ``grad_dtype`` (an fp16 d(scaled q) = dq / scale can overflow where dq does not)."""
+    grad_scales: input -> the factor it was scaled by (the query scale), by the caller before
+    tiling or by the kernels as they load it (``scales``, as for forward_triton): its
+    gradient is multiplied by it inside the kernel, before the store in ``grad_dtype`` (an
+    fp16 d(scaled q) = dq / scale can overflow where dq does not)."""
     module, ctx = backward_kernels(program)
     fwd = ctx["forward"]
     if schedule == "fused" and not ctx["fused"]:
@@ -64,7 +66,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                         zero_init_ok=True)
     if lam is not None:
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
-    tokens = _token_args(ctx["inputs"], tiles, lam, program.gated)
+    tokens = _token_args(ctx["inputs"], tiles, lam, program.gated, scales)
 
     # (a) the chunk-start states, by the forward state-pass kernel
     state_args, _final = _state_buffers(fwd, program, init_states, (plan.walkers, heads), device)
@@ -75,7 +77,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             starts[s["name"]] = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{s['name']}"] = starts[s["name"]]
     deltas = run_state_pass(module, fwd, plan, state_args,
-                            {**_token_args(fwd["state_inputs"], tiles, lam, program.gated), **packed}, lam, True)
+                            {**_token_args(fwd["state_inputs"], tiles, lam, program.gated, scales), **packed}, lam, True)
 
     # the cotangents of num (and den)
     if grad_o.stride(-1) != 1:
@@ -84,7 +86,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     if program.normalizer:
         dnum = torch.empty(grad_o.shape, device=device, dtype=torch.float32)
         dden = dnum.new_empty(grad_o.shape[:-1])
-        args = {**_token_args(fwd["output_inputs"], tiles, lam, program.gated), **packed,
+        args = {**_token_args(fwd["output_inputs"], tiles, lam, program.gated, scales), **packed,
                 **{f"starts_{n}": x for n, x in starts.items()},
                 **tile_args("do", grad_o), **tile_args("dnum", dnum), "dden_ptr": dden, "eps": float(eps)}
         launch.launch(module.cotangent_kernel, (n_chunks, n_seq * heads),

@@ -32,10 +32,13 @@ def _packed_tables(program: ChunkProgram, device) -> dict:
 _TABLES: dict = {}
 
 
-def _token_args(inputs, tiles, lam, gated) -> dict:
+def _token_args(inputs, tiles, lam, gated, scales: dict | None = None) -> dict:
+    """Token tiles, their strides and their load scales (scl_<x>: what a query input is
+    multiplied by as a kernel loads it; 1 where none is given)."""
     args = {}
     for x in inputs:
         name = x["name"]
+        args[f"scl_{name}"] = float((scales or {}).get(name, 1.0))
         t = tiles[name]
         if t.stride(-1) != 1:
             t = t.contiguous()
@@ -69,7 +72,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
                    num_stages: int | None = None, packed_block: int | None = None,
                    state_options: dict | None = None, output_options: dict | None = None,
                    schedule: str = "auto", out_dtype: torch.dtype = torch.float32,
-                   seq_chunks: torch.Tensor | None = None):
+                   seq_chunks: torch.Tensor | None = None, scales: dict[str, float] | None = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16; may be a strided view);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff the program is ungated);
     init_states: summary -> [N, H, *shape] as the program holds it (program.state_shape), or None
@@ -89,7 +92,9 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     in ``out_dtype``, a tile view of a contiguous [N, nC*C, H, dv] tensor, {summary: final state
     [N, H, *shape] fp32}). seq_chunks (varlen, int32 [S + 1]): the tiles hold S sequences
     in one row (N = 1), sequence n in chunks seq_chunks[n] .. seq_chunks[n+1] - 1; its
-    initial and final states are row n of [S, H, *shape]; never the fused schedule."""
+    initial and final states are row n of [S, H, *shape]; never the fused schedule. scales:
+    query input -> the call's scale, applied by the kernels as they load its tiles (the
+    bits of torch's x * scale, without that extra pass over the tokens)."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
         raise ValueError("lam must be given exactly when the chunk program is gated")
@@ -111,7 +116,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     if plan.fused:
         try:
             return _fused(module, ctx, plan, tiles, lam, init_states, eps, num_stages is None,
-                          state_options, out_dtype)
+                          state_options, out_dtype, scales)
         except triton.runtime.errors.OutOfResources:
             if schedule == "fused":
                 raise   # auto: all states in one kernel may not fit (hla2 at d = 128): two-pass
@@ -124,11 +129,12 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
             init = state_args[f"init_{s['name']}"]
             starts = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
-    tokens = {**_token_args(ctx["state_inputs"], tiles, lam, program.gated), **plan.packed}
+    tokens = {**_token_args(ctx["state_inputs"], tiles, lam, program.gated, scales), **plan.packed}
     run_state_pass(module, ctx, plan, state_args, tokens, lam, num_stages is None, state_options)
 
     o, out = _output_buffer(program, ctx, first, eps, out_dtype)
-    out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated), **plan.packed, **out)
+    out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated, scales), **plan.packed,
+                    **out)
     launch.launch(module.output_kernel, (n_chunks, n_seq * heads),
                   {**out_args, **common, **plan.output_dot, **(output_options or {})}, num_stages is None)
     return o, final
@@ -232,12 +238,13 @@ def walk_args(seq_chunks, n_seq: int, device) -> dict:
     return {"seq_chunks": seq_chunks, "VARLEN": True, "walkers": seq_chunks.numel() - 1}
 
 
-def _fused(module, ctx, plan, tiles, lam, init_states, eps, may_fall_back, options, out_dtype):
+def _fused(module, ctx, plan, tiles, lam, init_states, eps, may_fall_back, options, out_dtype,
+           scales=None):
     first = next(iter(tiles.values()))
     f = ctx["fused"]
     args, final = _state_buffers(ctx, plan.program, init_states, (plan.walkers, first.shape[1]),
                                  first.device)
-    args.update(_token_args(f["inputs"], tiles, lam, plan.program.gated))
+    args.update(_token_args(f["inputs"], tiles, lam, plan.program.gated, scales))
     o, out = _output_buffer(plan.program, ctx, first, eps, out_dtype)
     args.update(out)
     grid, block, tiling = plan.fused_launch

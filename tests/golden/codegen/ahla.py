@@ -40,9 +40,9 @@ def _dot(a, b, DOT: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def state_pass_kernel(
-    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t,  # k [N, H, nC, C, d]
-    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t,  # v [N, H, nC, C, dv]
-    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t,  # q [N, H, nC, C, d]
+    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t, scl_k,  # k [N, H, nC, C, d]
+    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t, scl_v,  # v [N, H, nC, C, dv]
+    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t, scl_q,  # q [N, H, nC, C, d], loaded times scl_q
     lam_ptr,  # [N, H, nC, C]
     init_P, final_P, starts_P,  # P[i,e]: [d, dv]
     init_E, final_E, starts_E,  # E[i,e]: [d, dv]
@@ -99,6 +99,7 @@ def state_pass_kernel(
         raw_q = tl.load(  # the input dtype: dots read it as is
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0)
+        raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
         lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
         lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
 
@@ -155,9 +156,9 @@ def state_pass_kernel(
 
 @triton.jit
 def output_kernel(
-    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t,  # q [N, H, nC, C, d]
-    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t,  # k [N, H, nC, C, d]
-    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t,  # v [N, H, nC, C, dv]
+    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t, scl_q,  # q [N, H, nC, C, d], loaded times scl_q
+    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t, scl_k,  # k [N, H, nC, C, d]
+    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t, scl_v,  # v [N, H, nC, C, dv]
     lam_ptr,  # [N, H, nC, C]
     starts_P,  # P[i,e] at each chunk start: [N, H, nC, d, dv]
     starts_E,  # E[i,e] at each chunk start: [N, H, nC, d, dv]
@@ -182,6 +183,7 @@ def output_kernel(
     raw_q = tl.load(  # the input dtype: dots read it as is
         in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0)
+    raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
     base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
     base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
     lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
@@ -200,7 +202,7 @@ def output_kernel(
     # ---- output: o[e] = q_t[_0] E[_0,e]
     # +1 · q_t[_0] P@P[s0,e] k_n0[_0] q_n0[s0]   [n0 <= t; w(P)=1]
     # in_qᵀ, loaded transposed in the input dtype
-    t1 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
+    t1 = (tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0).to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)
     # [e,Tn0] = in_q[Tn0,s0] · st_P[s0,e]   (matmul over s0)
     t3 = _dot(tl.trans(st_P), t1, SDOT, PREC)
     # in_kᵀ, loaded transposed in the input dtype
@@ -246,9 +248,9 @@ def output_kernel(
 
 @triton.jit
 def fused_kernel(
-    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t,  # q [N, H, nC, C, d]
-    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t,  # k [N, H, nC, C, d]
-    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t,  # v [N, H, nC, C, dv]
+    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t, scl_q,  # q [N, H, nC, C, d], loaded times scl_q
+    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t, scl_k,  # k [N, H, nC, C, d]
+    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t, scl_v,  # v [N, H, nC, C, dv]
     lam_ptr,  # [N, H, nC, C]
     init_P, final_P,  # P[i,e]: [d, dv]
     init_E, final_E,  # E[i,e]: [d, dv]
@@ -292,6 +294,7 @@ def fused_kernel(
         raw_q = tl.load(  # the input dtype: dots read it as is
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0)
+        raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
         base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
         base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
         raw_v = tl.load(  # the input dtype: dots read it as is
@@ -308,7 +311,7 @@ def fused_kernel(
         # ---- output: o[e] = q_t[_0] E[_0,e]
         # +1 · q_t[_0] P@P[s0,e] k_n0[_0] q_n0[s0]   [n0 <= t; w(P)=1]
         # in_qᵀ, loaded transposed in the input dtype
-        t1 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
+        t1 = (tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0).to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)
         # [e,Tn0] = in_q[Tn0,s0] · st_P[s0,e]   (matmul over s0)
         t3 = _dot(tl.trans(st_P), t1, SDOT, PREC)
         # in_kᵀ, loaded transposed in the input dtype
@@ -397,9 +400,9 @@ def fused_kernel(
 
 @triton.jit
 def delta_kernel(
-    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t,  # k [N, H, nC, C, d]
-    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t,  # v [N, H, nC, C, dv]
-    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t,  # q [N, H, nC, C, d]
+    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t, scl_k,  # k [N, H, nC, C, d]
+    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t, scl_v,  # v [N, H, nC, C, dv]
+    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t, scl_q,  # q [N, H, nC, C, d], loaded times scl_q
     lam_ptr,  # [N, H, nC, C]
     deltas_P,  # P[i,e] of each chunk alone: [N, H, nC, d, dv]
     deltas_E,  # E[i,e] of each chunk alone: [N, H, nC, d, dv]
@@ -432,6 +435,7 @@ def delta_kernel(
     raw_q = tl.load(  # the input dtype: dots read it as is
         in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0)
+    raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
     lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
     lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
 

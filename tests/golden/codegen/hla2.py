@@ -40,9 +40,9 @@ def _dot(a, b, DOT: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def state_pass_kernel(
-    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t,  # k [N, H, nC, C, d]
-    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t,  # q [N, H, nC, C, d]
-    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t,  # v [N, H, nC, C, dv]
+    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t, scl_k,  # k [N, H, nC, C, d]
+    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t, scl_q,  # q [N, H, nC, C, d], loaded times scl_q
+    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t, scl_v,  # v [N, H, nC, C, dv]
     lam_ptr,  # [N, H, nC, C]
     init_S, final_S, starts_S,  # S[i,j]: [d, d]
     init_C, final_C, starts_C,  # C[i,e]: [d, dv]
@@ -104,6 +104,10 @@ def state_pass_kernel(
             in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0)
         base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
+        raw_q = tl.load(  # the input dtype: dots read it as is
+            in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
+            mask=offs_d[None, :] < D_d, other=0.0)
+        raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
         base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
         raw_v = tl.load(  # the input dtype: dots read it as is
             in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
@@ -134,7 +138,7 @@ def state_pass_kernel(
 
         # +1 · q_n0[i] v_n0[e]   [n0 in chunk; w(n0)=1]
         # in_qᵀ, loaded transposed in the input dtype
-        t5 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
+        t5 = (tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0).to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)
         t6 = t5.to(tl.float32)
         # [i,Tn0] = in_q[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
         t7 = t6 * decay_end_w1[None, :]
@@ -184,9 +188,9 @@ def state_pass_kernel(
 
 @triton.jit
 def output_kernel(
-    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t,  # q [N, H, nC, C, d]
-    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t,  # v [N, H, nC, C, dv]
-    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t,  # k [N, H, nC, C, d]
+    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t, scl_q,  # q [N, H, nC, C, d], loaded times scl_q
+    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t, scl_v,  # v [N, H, nC, C, dv]
+    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t, scl_k,  # k [N, H, nC, C, d]
     lam_ptr,  # [N, H, nC, C]
     starts_S,  # S[i,j] at each chunk start: [N, H, nC, d, d]
     starts_C,  # C[i,e] at each chunk start: [N, H, nC, d, dv]
@@ -212,6 +216,7 @@ def output_kernel(
     raw_q = tl.load(  # the input dtype: dots read it as is
         in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0)
+    raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
     base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
     raw_v = tl.load(  # the input dtype: dots read it as is
         in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
@@ -253,7 +258,7 @@ def output_kernel(
     # [Tt,_1] = in_q[Tt,_0] · st_S[_0,_1]   (matmul over _0)
     t4 = _dot(raw_q, st_S, SDOT, PREC)
     # in_qᵀ, loaded transposed in the input dtype
-    t5 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
+    t5 = (tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0).to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)
     # [Tt,Tn0] = in_q[Tn0,_1] · t4[Tt,_1]   (matmul over _1)
     t7 = _dot(t4, t5, SDOT, PREC)
     # [Tt,Tn0] = t7[Tt,Tn0] · mask_le_w1[Tt,Tn0]   (elementwise)
@@ -287,9 +292,9 @@ def output_kernel(
 
 @triton.jit
 def fused_kernel(
-    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t,  # q [N, H, nC, C, d]
-    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t,  # v [N, H, nC, C, dv]
-    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t,  # k [N, H, nC, C, d]
+    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t, scl_q,  # q [N, H, nC, C, d], loaded times scl_q
+    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t, scl_v,  # v [N, H, nC, C, dv]
+    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t, scl_k,  # k [N, H, nC, C, d]
     lam_ptr,  # [N, H, nC, C]
     init_S, final_S,  # S[i,j]: [d, d]
     init_C, final_C,  # C[i,e]: [d, dv]
@@ -341,6 +346,7 @@ def fused_kernel(
         raw_q = tl.load(  # the input dtype: dots read it as is
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0)
+        raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
         base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
         raw_v = tl.load(  # the input dtype: dots read it as is
             in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
@@ -378,7 +384,7 @@ def fused_kernel(
         # [Tt,_1] = in_q[Tt,_0] · st_S[_0,_1]   (matmul over _0)
         t4 = _dot(raw_q, st_S, SDOT, PREC)
         # in_qᵀ, loaded transposed in the input dtype
-        t5 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
+        t5 = (tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0).to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)
         t6 = t5.to(tl.float32)
         # [Tt,Tn0] = in_q[Tn0,_1] · t4[Tt,_1]   (matmul over _1)
         t7 = _dot(t4, t5, SDOT, PREC)
@@ -477,9 +483,9 @@ def fused_kernel(
 
 @triton.jit
 def delta_kernel(
-    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t,  # k [N, H, nC, C, d]
-    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t,  # q [N, H, nC, C, d]
-    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t,  # v [N, H, nC, C, dv]
+    in_k_ptr, str_k_n, str_k_h, str_k_c, str_k_t, scl_k,  # k [N, H, nC, C, d]
+    in_q_ptr, str_q_n, str_q_h, str_q_c, str_q_t, scl_q,  # q [N, H, nC, C, d], loaded times scl_q
+    in_v_ptr, str_v_n, str_v_h, str_v_c, str_v_t, scl_v,  # v [N, H, nC, C, dv]
     lam_ptr,  # [N, H, nC, C]
     deltas_S,  # S[i,j] of each chunk alone: [N, H, nC, d, d]
     deltas_C,  # C[i,e] of each chunk alone: [N, H, nC, d, dv]
@@ -508,6 +514,10 @@ def delta_kernel(
         in_k_ptr + base_k + offs_t[:, None] * str_k_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0)
     base_q = n * str_q_n + h * str_q_h + (zero64 + i_c) * str_q_c
+    raw_q = tl.load(  # the input dtype: dots read it as is
+        in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
+        mask=offs_d[None, :] < D_d, other=0.0)
+    raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
     base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
     raw_v = tl.load(  # the input dtype: dots read it as is
         in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
@@ -532,7 +542,7 @@ def delta_kernel(
     # ---- C: this chunk's delta
     # +1 · q_n0[i] v_n0[e]   [n0 in chunk; w(n0)=1]
     # in_qᵀ, loaded transposed in the input dtype
-    t5 = tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0)
+    t5 = (tl.load(in_q_ptr + base_q + offs_d[:, None] + offs_t[None, :] * str_q_t, mask=offs_d[:, None] < D_d, other=0.0).to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)
     t6 = t5.to(tl.float32)
     # [i,Tn0] = in_q[Tn0,i] · decay_end_w1[Tn0]   (elementwise)
     t7 = t6 * decay_end_w1[None, :]
