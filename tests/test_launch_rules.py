@@ -158,3 +158,32 @@ def test_a_chunk_that_fit_one_spec_is_not_another_specs(monkeypatch):
         monkeypatch.setattr(op, "use_triton", lambda x, backend=None: True)
         op(q, k, v)
     assert asked == [("hla3", 64), ("hla3", 32), ("hla2", 64), ("hla3", 32)]
+
+
+def test_chunk_starts_in_the_output_dot_dtype_only_where_that_rounds_them_anyway(monkeypatch):
+    """bf16 chunk starts only for a state the output kernel reads as SDOT operands alone,
+    with SDOT bf16 (fp16 inputs keep fp32 SDOT: a state can pass fp16's range)."""
+    import triton.language as tl
+    assert launch.starts_dtype(True, tl.bfloat16) == torch.bfloat16
+    assert launch.starts_dtype(False, tl.bfloat16) == torch.float32
+    assert launch.starts_dtype(True, tl.float32) == torch.float32
+    assert launch.starts_dtype(True, launch.state_dot_dtype(torch.float16)) == torch.float32
+    monkeypatch.setattr(launch, "STARTS_IN_SDOT", False)
+    assert launch.starts_dtype(True, tl.bfloat16) == torch.float32
+
+
+def test_which_states_the_output_kernel_reads_only_as_sdot_operands():
+    """codegen.triton_gen.read_only_as_sdot on the shipped programs: linear's S, ahla's P
+    and E, power's U qualify; hla2's states feed fp32 products (its derived carry W_P = S C)
+    and elementwise terms, so none does."""
+    import hladsl
+    from hladsl.codegen.triton_gen import kernel_context, read_only_as_sdot
+    from hladsl.ir.pipeline import chunk_program
+    assert read_only_as_sdot("t = _dot(tl.trans(st_P), x, SDOT, PREC)", "st_P")
+    assert not read_only_as_sdot("t = _dot(_dot(st_S, st_C, tl.float32, PREC), y, SDOT, PREC)", "st_S")
+    assert not read_only_as_sdot("t = _dot(x, y, SDOT, PREC) * st_S", "st_S")
+    expected = {"linear": {"S"}, "ahla": {"P", "E"}, "power": {"U"}, "hla2": set()}
+    for name, want in expected.items():
+        alg = hladsl.compile_spec(name)
+        ctx = kernel_context(chunk_program(alg, 64, tuple(sorted((x, 64) for x in alg.dims)), True))
+        assert {s["name"] for s in ctx["states"] if s["read"] and s["starts_sdot"]} == want, name

@@ -476,6 +476,10 @@ def kernel_context(program: ChunkProgram) -> dict:
     if tiled:
         loop = {"dim": tiled[0], "init": low.loop_init,
                 "code": "\n\n".join(c for c in (num["loop"], den["loop"]) if c)}
+    output_text = "\n".join([derived_code, num["pre"], num["loop"], num["post"],
+                             den["pre"], den["loop"], den["post"]])
+    for st in states:
+        st["starts_sdot"] = read_only_as_sdot(output_text, f"st_{st['name']}")
     chunk_scan = _chunk_scan(low, program, states, splits)   # fresh kernel regions
     fused = _fused(low, program, splits, o_dim)   # a fresh kernel region: last
     return {
@@ -506,6 +510,49 @@ def kernel_context(program: ChunkProgram) -> dict:
         "output_text": comment(f"{alg.output_name}[{o_index}] = {alg.output.text()}"),
         "normalizer_text": comment(alg.normalizer.text()) if alg.normalizer is not None else "",
     }
+
+
+def read_only_as_sdot(code: str, var: str) -> bool:
+    """Does ``code`` read ``var`` only as an operand of ``_dot(.., .., SDOT, PREC)`` (the
+    innermost dot around each occurrence)? Then the output kernel rounds it to SDOT before
+    any use, and its chunk-start values may be stored so (``runtime.launch.starts_dtype``:
+    half the bytes for bf16, the same result)."""
+    text = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith("#"))
+    uses = [m.start() for m in re.finditer(rf"\b{re.escape(var)}\b", text)]
+    if not uses:
+        return False
+    calls = []     # (start, end, SDOT?, end of the second argument) of every _dot call
+    for m in re.finditer(r"\b_dot\(", text):
+        args, end = _call_args(text, m.end())
+        operands_end = m.end() + len(args[0]) + 1 + len(args[1]) if len(args) == 4 else m.start()
+        calls.append((m.start(), end, len(args) == 4 and args[2].strip() == "SDOT", operands_end))
+    for pos in uses:
+        around = [c for c in calls if c[0] < pos < c[1]]
+        if not around:
+            return False
+        start, _, sdot, operands_end = max(around)    # the innermost call
+        if not sdot or pos > operands_end:
+            return False
+    return True
+
+
+def _call_args(text: str, pos: int) -> tuple[list[str], int]:
+    """The top-level comma-separated arguments of the call whose "(" ends just before
+    ``pos``, and the index after its ")"."""
+    depth, args, begin = 0, [], pos
+    for i in range(pos, len(text)):
+        ch = text[i]
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            if depth == 0:
+                args.append(text[begin:i])
+                return args, i + 1
+            depth -= 1
+        elif ch == "," and depth == 0:
+            args.append(text[begin:i])
+            begin = i + 1
+    raise ValueError("unbalanced call in generated code")
 
 
 def _fused(low: _Lowering, program: ChunkProgram, splits, o_dim) -> dict | None:

@@ -71,6 +71,22 @@ def state_dot_dtype(dtype: torch.dtype, device=None, exact: bool = False):
     (``exact``: ir.precision rule 5, the backward of a degree-three cancellation)."""
     import triton.language as tl
     return tl.bfloat16 if dot_dtype(dtype, device) == tl.bfloat16 and not exact else tl.float32
+STARTS_IN_SDOT = True
+
+
+def starts_dtype(read_only_as_sdot: bool, sdot) -> torch.dtype:
+    """The dtype the forward stores a state's chunk-start values in for the output kernel:
+    that kernel's SDOT (bf16 for bf16 inputs) where it reads the state only as an SDOT dot
+    operand (``codegen.triton_gen.read_only_as_sdot``), so rounding at the store instead of
+    at the dot gives the same bits in half the bytes written and read; fp32 otherwise (a
+    state read elementwise, in an exact product, or SDOT fp32). Measured: see RESULTS.md
+    round 12 (``--launch STARTS_IN_SDOT=false``). The backward's chunk starts stay fp32."""
+    import triton.language as tl
+    if STARTS_IN_SDOT and read_only_as_sdot and sdot == tl.bfloat16:
+        return torch.bfloat16
+    return torch.float32
+
+
 MIN_CHUNK = 16
 
 

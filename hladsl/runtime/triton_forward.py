@@ -124,10 +124,12 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
 
     state_args, final = _state_buffers(ctx, program, init_states, (plan.walkers, heads), device)
     out_args = {}
+    sdot = {**common, **plan.output_dot, **(output_options or {})}["SDOT"]
     for s in ctx["states"]:
         if s["read"]:
             init = state_args[f"init_{s['name']}"]
-            starts = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
+            starts = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]),
+                                                      dtype=launch.starts_dtype(s["starts_sdot"], sdot))
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
     tokens = {**_token_args(ctx["state_inputs"], tiles, lam, program.gated, scales), **plan.packed}
     run_state_pass(module, ctx, plan, state_args, tokens, lam, num_stages is None, state_options)
