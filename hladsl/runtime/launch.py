@@ -17,6 +17,9 @@ Rules:
   reverse pass that fits no launch fallback at its width runs narrower blocks
   (``narrower``) before the chunk is halved.
 * fp32 tiles for chains of bf16/fp16 dots at a narrow chunk or block (``dot_override``).
+* what the kernels read and write: the query scale applied as query tiles are loaded
+  (``SCALE_QUERIES_IN_KERNEL``); the forward's chunk-start states in the output kernel's
+  state-dot dtype where it only feeds them to such dots (``starts_dtype``).
 * warps and pipeline stages of a state-pass / reverse-pass program from the fp32 state
   elements it holds (``walker_options``).
 * schedule: fused (one kernel) when there are enough (sequence, head) pairs to
@@ -34,6 +37,7 @@ Rules:
   block where ``split_blocks`` allows splitting); the schedule is tuned by the runners.
 * decode step: warps from the fp32 state elements a program holds (``step_warps``);
   the value-dim block, and with it one launch or the phase split (``step_value_block``);
+  whole symmetric states gathered, or held as their triangle (``STEP_SYMMETRIC_TRIANGLE``);
   inputs of more than ``STEP_MAX_TOKENS`` tokens run as consecutive launches when the
   kernel sums outputs in a [T, value block] register tile.
 """
@@ -79,8 +83,10 @@ def starts_dtype(read_only_as_sdot: bool, sdot) -> torch.dtype:
     that kernel's SDOT (bf16 for bf16 inputs) where it reads the state only as an SDOT dot
     operand (``codegen.triton_gen.read_only_as_sdot``), so rounding at the store instead of
     at the dot gives the same bits in half the bytes written and read; fp32 otherwise (a
-    state read elementwise, in an exact product, or SDOT fp32). Measured: see RESULTS.md
-    round 12 (``--launch STARTS_IN_SDOT=false``). The backward's chunk starts stay fp32."""
+    state read elementwise, in an exact product, or SDOT fp32). Measured (run 79, H100,
+    B = 2, H = 16, d = 64, bf16, forward at T = 64k, fp32 -> bf16 starts): linear 1.079 ->
+    0.890 ms (fla 0.885), ahla 2.718 -> 1.981, power p = 2 58.3 -> 55.4. The backward's
+    chunk starts stay fp32."""
     import triton.language as tl
     if STARTS_IN_SDOT and read_only_as_sdot and sdot == tl.bfloat16:
         return torch.bfloat16
@@ -579,7 +585,7 @@ def grad_target_sets(groups: int, per_program: int | None = None) -> list[int]:
 
 
 GRAD_WHOLE_MAX_MATMULS = 4
-GRAD_NETWORKS_PER_PROGRAM = 4
+GRAD_NETWORKS_PER_PROGRAM = 4     # runs of 2 until round 12 (timed: grad_parts)
 
 
 def grad_parts(networks: int, matmuls: int) -> int:
@@ -588,10 +594,14 @@ def grad_parts(networks: int, matmuls: int) -> int:
     GRAD_WHOLE_MAX_MATMULS full-width matmuls runs whole, in one program; a larger
     one in contiguous runs of GRAD_NETWORKS_PER_PROGRAM networks, each computing its
     own products, their partial gradients summed afterwards (one more [C, dim] fp32
-    write and read each). Measured on sm_90 at d = 64, C = 64, 4 warps (stack bytes,
-    whole -> runs of 2): linear dΛ (5 matmuls) 216 -> 0; power's groups (<= 4) 0
-    whole, up to 1000 in runs (the runs lose the shared products); hla2 dq (15)
-    2216 -> <= 176, dΛ (22) 3800 -> <= 248; ahla dv (6) 208 -> 0."""
+    write and read each). Round 4 chose runs of 2 by sm_90 stack bytes (whole -> runs
+    of 2: hla2 dq (15 matmuls) 2216 -> <= 176, dΛ (22) 3800 -> <= 248). Timed on the H100
+    (runs 75, 76; B = 2, H = 16, d = 64, bf16, fwd + bwd at T = 64k): runs of 4 beat runs
+    of 2 for every spec (hla2 27.5 -> 24.9 ms, ahla 17.8 -> 14.4, hla3_masked -11 %;
+    runs of 1: hla2 32.7) although they spill more: fewer recomputed shared products win.
+    Whole groups win again for ahla (-19 %) and hla3_masked (-10 %) but lose for hla2
+    (+5 %), whose groups have the same matmul counts, sharing and spills as ahla's, so
+    GRAD_WHOLE_MAX_MATMULS stays 4 (a per-shape choice for timing, not a static rule)."""
     if matmuls <= GRAD_WHOLE_MAX_MATMULS:
         return 1
     return max(1, -(-networks // GRAD_NETWORKS_PER_PROGRAM))
