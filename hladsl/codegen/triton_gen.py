@@ -154,7 +154,8 @@ class _Lowering:
 
     def scaled_load(self, x: str, load: str) -> str:
         """``load`` (a tile of input ``x`` in its dtype) times the call's scale if ``x`` is a
-        query, rounded back to the input dtype: the bits torch's ``x * scale`` would give."""
+        query, rounded back to the input dtype: for bf16 / fp16 the bits torch's
+        ``x * scale`` gives (for fp32 the compiler may fuse the product into an FMA)."""
         # (upcast first: the interpreter's bf16 x fp32-scalar product is garbage)
         return (f"({load}.to(tl.float32) * scl_{x}).to(in_{x}_ptr.dtype.element_ty)"
                 if x in self.scaled else load)

@@ -93,8 +93,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     [N, H, *shape] fp32}). seq_chunks (varlen, int32 [S + 1]): the tiles hold S sequences
     in one row (N = 1), sequence n in chunks seq_chunks[n] .. seq_chunks[n+1] - 1; its
     initial and final states are row n of [S, H, *shape]; never the fused schedule. scales:
-    query input -> the call's scale, applied by the kernels as they load its tiles (the
-    bits of torch's x * scale, without that extra pass over the tokens)."""
+    query input -> the call's scale, applied by the kernels as they load its tiles (bf16 /
+    fp16: the bits of torch's x * scale, without that extra pass over the tokens)."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
         raise ValueError("lam must be given exactly when the chunk program is gated")

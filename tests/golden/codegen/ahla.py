@@ -99,7 +99,7 @@ def state_pass_kernel(
         raw_q = tl.load(  # the input dtype: dots read it as is
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0)
-        raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
+        raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded to the input dtype
         lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
         lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
 
@@ -183,7 +183,7 @@ def output_kernel(
     raw_q = tl.load(  # the input dtype: dots read it as is
         in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0)
-    raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
+    raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded to the input dtype
     base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
     base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
     lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
@@ -294,7 +294,7 @@ def fused_kernel(
         raw_q = tl.load(  # the input dtype: dots read it as is
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0)
-        raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
+        raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded to the input dtype
         base_k = n * str_k_n + h * str_k_h + (zero64 + i_c) * str_k_c
         base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
         raw_v = tl.load(  # the input dtype: dots read it as is
@@ -435,7 +435,7 @@ def delta_kernel(
     raw_q = tl.load(  # the input dtype: dots read it as is
         in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0)
-    raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
+    raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded to the input dtype
     lam = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + offs_t)
     lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
 

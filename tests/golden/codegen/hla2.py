@@ -107,7 +107,7 @@ def state_pass_kernel(
         raw_q = tl.load(  # the input dtype: dots read it as is
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0)
-        raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
+        raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded to the input dtype
         base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
         raw_v = tl.load(  # the input dtype: dots read it as is
             in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
@@ -216,7 +216,7 @@ def output_kernel(
     raw_q = tl.load(  # the input dtype: dots read it as is
         in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0)
-    raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
+    raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded to the input dtype
     base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
     raw_v = tl.load(  # the input dtype: dots read it as is
         in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
@@ -346,7 +346,7 @@ def fused_kernel(
         raw_q = tl.load(  # the input dtype: dots read it as is
             in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
             mask=offs_d[None, :] < D_d, other=0.0)
-        raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
+        raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded to the input dtype
         base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
         raw_v = tl.load(  # the input dtype: dots read it as is
             in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],
@@ -517,7 +517,7 @@ def delta_kernel(
     raw_q = tl.load(  # the input dtype: dots read it as is
         in_q_ptr + base_q + offs_t[:, None] * str_q_t + offs_d[None, :],
         mask=offs_d[None, :] < D_d, other=0.0)
-    raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded as torch's x * scale
+    raw_q = (raw_q.to(tl.float32) * scl_q).to(in_q_ptr.dtype.element_ty)  # the query scale, rounded to the input dtype
     base_v = n * str_v_n + h * str_v_h + (zero64 + i_c) * str_v_c
     raw_v = tl.load(  # the input dtype: dots read it as is
         in_v_ptr + base_v + offs_t[:, None] * str_v_t + offs_dv[None, :],

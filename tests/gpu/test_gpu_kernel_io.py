@@ -1,0 +1,66 @@
+"""What the kernels read and write (``runtime.launch``), bitwise on CUDA: two rules that
+move work into the generated kernels claim the same bits as the torch-side path they
+replace, which the CPU interpreter cannot show (its fp32 -> bf16 cast truncates, its
+bf16 dots are off, so SDOT is fp32 there).
+
+* SCALE_QUERIES_IN_KERNEL: a bf16 / fp16 query tile times the scale, rounded to the input
+  dtype as it is loaded, equals torch's ``q * scale`` -- forward, final states and every
+  gradient. (fp32 inputs are not claimed bitwise: the compiler may fuse the product
+  into the next FMA, one rounding fewer.)
+* STARTS_IN_SDOT: chunk-start states stored in bf16 where the output kernel only feeds
+  them to bf16 dots give the same output as fp32 starts rounded at the dot.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hladsl
+from gpu_support import DEVICE, group
+from hladsl.runtime import launch
+
+pytestmark = pytest.mark.gpu
+B, T, H, D = 2, 300, 3, 64
+
+
+def _inputs(dtype, seed=0):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    q, k, v = (torch.randn(B, T, H, D, generator=gen, device=DEVICE).to(dtype) for _ in range(3))
+    g = torch.nn.functional.logsigmoid(3 + torch.randn(B, T, H, generator=gen, device=DEVICE))
+    return q, k, v, g
+
+
+def _fwd_bwd(op, q, k, v, g):
+    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v, g)]
+    o, final = op(*leaves[:3], g=leaves[3], scale=0.3, output_final_state=True)
+    (o.float().square().mean() + sum(x.sum() for x in final.values())).backward()
+    return [o.detach(), *final.values(), *(x.grad for x in leaves)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("spec", [pytest.param(s, marks=group("kernel_io", s)) for s in ("linear", "hla2")])
+def test_query_scale_in_the_kernels_is_torchs_bits(spec, dtype, monkeypatch):
+    op = hladsl.load(spec)
+    inputs = _inputs(dtype)
+    monkeypatch.setattr(launch, "SCALE_QUERIES_IN_KERNEL", False)
+    want = _fwd_bwd(op, *inputs)
+    monkeypatch.setattr(launch, "SCALE_QUERIES_IN_KERNEL", True)
+    got = _fwd_bwd(op, *inputs)
+    for a, b in zip(want, got):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("spec", [pytest.param(s, marks=group("kernel_io", s)) for s in ("linear", "ahla")])
+def test_bf16_chunk_starts_give_the_same_output(spec, monkeypatch):
+    op = hladsl.load(spec)
+    op.schedule = "two_pass"     # the state pass stores chunk starts (the fused schedule has none)
+    q, k, v, g = _inputs(torch.bfloat16, seed=1)
+    monkeypatch.setattr(launch, "STARTS_IN_SDOT", False)
+    want = op(q, k, v, g=g)[0]
+    chosen = []
+    rule = launch.starts_dtype
+    monkeypatch.setattr(launch, "STARTS_IN_SDOT", True)
+    monkeypatch.setattr(launch, "starts_dtype", lambda *a: chosen.append(rule(*a)) or chosen[-1])
+    got = op(q, k, v, g=g)[0]
+    assert chosen and set(chosen) == {torch.bfloat16}
+    assert torch.equal(want, got)
