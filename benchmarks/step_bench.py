@@ -1,6 +1,6 @@
 """Decode-step timings on the GPU (the bar: a step moves its state at >= 60% of copy bandwidth).
 
-    python benchmarks/step_bench.py --out step.json [--sweep [triangle]] [--specs linear,hla2]
+    python benchmarks/step_bench.py --out step.json [--sweep] [--specs linear,hla2]
     python benchmarks/step_bench.py --out regs.json --compile-only [--block-v 32]   # no GPU needed
 
 For every shipped spec (bf16 tokens, fp32 state, B = 64, H = 16, d = dv = 64, one
@@ -26,8 +26,7 @@ import triton
 import triton.testing
 
 import hladsl
-from hladsl.codegen.step_gen import phase_splittable, splittable, step_plan, triangle_states
-from hladsl.runtime import launch as launch_rules
+from hladsl.codegen.step_gen import phase_splittable, splittable, step_plan
 from hladsl.runtime.step import run_step
 
 SPECS = [("linear", {}), ("hla2", {}), ("ahla", {}), ("hla3", {}), ("hla3_masked", {}),
@@ -67,35 +66,15 @@ def copy_ms(nbytes: int) -> float:
     return graph_ms(lambda: dst.copy_(src))
 
 
-def variants(plan, sweep):
-    """Launch overrides to time: the default alone, every variant (``sweep`` "all" or
-    True), or the default and the other holding of symmetric states ("triangle")."""
+def variants(plan, sweep: bool):
     if not sweep:
         return [{}]
-    flip = not launch_rules.STEP_SYMMETRIC_TRIANGLE
-    if sweep == "triangle":
-        return [{}] + ([{"triangle": flip}] if triangle_states(plan) else [])
     out = [{}] + [{"num_warps": w} for w in (2, 4, 8, 16)]
     if splittable(plan) or phase_splittable(plan):      # one launch, or the phase split
         out += [{"block_v": bv, "num_warps": w} for bv in (16, 32, 64) for w in (4, 8, 16)]
     if plan.packed:
         out += [{"packed_rows": r, "num_warps": w} for r in (16, 32, 128) for w in (4, 8)]
-    if triangle_states(plan):       # symmetric states gathered whole instead of as triangles
-        out += [{"triangle": flip}] + [{"triangle": flip, "num_warps": w} for w in (2, 8)]
     return out
-
-
-def timed(measure, launch: dict) -> float:
-    """``measure(run_step overrides)`` under ``launch``; its "triangle" key is the launch
-    rule STEP_SYMMETRIC_TRIANGLE, switched for this measurement only."""
-    launch = dict(launch)
-    if "triangle" not in launch:
-        return measure(launch)
-    old = launch_rules.switch("STEP_SYMMETRIC_TRIANGLE", launch.pop("triangle"))
-    try:
-        return measure(launch)
-    finally:
-        launch_rules.switch("STEP_SYMMETRIC_TRIANGLE", old)
 
 
 def bench_spec(name, params, B, H, d, dv, sweep):
@@ -113,8 +92,8 @@ def bench_spec(name, params, B, H, d, dv, sweep):
     results = []
     for launch in variants(plan, sweep):
         try:
-            ms = timed(lambda over: graph_ms(lambda: run_step(op.algebra, toks, g, state,
-                                                              backend="triton", **over)), launch)
+            ms = graph_ms(lambda launch=launch: run_step(op.algebra, toks, g, state,
+                                                         backend="triton", **launch))
         except Exception as exc:       # a variant that does not compile or fit
             results.append(dict(launch=launch, error=str(exc)[:200]))
             continue
@@ -129,8 +108,8 @@ def bench_spec(name, params, B, H, d, dv, sweep):
         row["ratio"] = row["copy_ms"] / row["step_ms"]
     if row["best_ms"]:
         row["best_ratio"] = row["copy_ms"] / row["best_ms"]
-    row["eager_ms"] = timed(lambda over: triton.testing.do_bench(
-        lambda: run_step(op.algebra, toks, g, state, backend="triton", **over)), best["launch"])
+    row["eager_ms"] = triton.testing.do_bench(
+        lambda: run_step(op.algebra, toks, g, state, backend="triton", **best["launch"]))
     return row
 
 
@@ -175,8 +154,8 @@ def latency_b1(name, H, d, dv, sweep=False):
         row["variants"] = []
         for launch in variants(plan, True):
             try:
-                us = 1e3 * timed(lambda over: graph_ms(lambda: run_step(
-                    op.algebra, toks, g, state, backend="triton", **over), steps=1), launch)
+                us = 1e3 * graph_ms(lambda launch=launch: run_step(
+                    op.algebra, toks, g, state, backend="triton", **launch), steps=1)
             except Exception as exc:
                 row["variants"].append(dict(launch=launch, error=str(exc)[:200]))
                 continue
@@ -192,48 +171,42 @@ def compile_only(B, H, d, T=1, warps=None, block_v=None) -> list[dict]:
     """Compile every spec's step kernels for sm_90 without a GPU (Triton's own
     ptxas) and report registers and spills per thread at the default launch
     (value block from launch.step_value_block unless ``block_v``; with the phase
-    split also state_kernel, the second launch); specs with whole symmetric
-    states twice, held as triangles and gathered whole."""
+    split also state_kernel, the second launch)."""
+    from hladsl.codegen.step_gen import PACKED_ROWS, step_kernel
+    from hladsl.codegen.triton_gen import block_size
+    from hladsl.runtime import launch
+    from hladsl.runtime.step import _warps
     rows = []
     for name, params in SPECS:
         alg = hladsl.load(name, **params).algebra
+        module, ctx = step_kernel(alg, {"d": d, "dv": d}, True)
         plan = step_plan(alg, {"d": d, "dv": d})
-        for triangle in (True, False) if triangle_states(plan) else (True,):
-            rows.append(_compiled(alg, plan, name, params, d, T, warps, block_v, triangle))
+        width = block_v or launch.step_value_block(d, ctx["split"], ctx["phased"])
+        phased = ctx["phased"] and width < block_size(d)
+        consts = {f"str_{x['name']}_f": 1 for x in ctx["inputs"]}
+        consts.update({f"str_{s['name']}_{s['axes'] - 1}": 1 for s in ctx["states"]})
+        for dim, n in ctx["sizes"]:
+            consts[f"D_{dim}"], consts[f"B_{dim}"] = n, block_size(n)
+        consts[f"B_{plan.value_dim}"] = width
+        for pd in ctx["packed"]:
+            consts[f"D_{pd['name']}"], consts[f"B_{pd['name']}"] = pd["size"], PACKED_ROWS
+        consts.update(T_BLOCK=max(2, triton.next_power_of_2(T)), INDEXED=False, ACC=tl_float32())
+        if ctx["phased"]:
+            consts["STORE_FREE"] = not phased
+        if T == 1:
+            consts["T"] = 1
+        everything = [n for n, _ in plan.states]
+        nw = warps or _warps(plan, width, PACKED_ROWS, everything)
+        label = name + "".join(f" {k}={v}" for k, v in params.items())
+        row = dict(spec=label, block_v=width, launches=2 if phased else 1, warps=nw,
+                   resources=_resources(module.step_kernel, consts, nw))
+        if phased:
+            free_warps = warps or _warps(plan, block_size(d), PACKED_ROWS, ctx["free"])
+            row.update(state_warps=free_warps, state_resources=_resources(
+                module.state_kernel, consts, free_warps))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
-
-
-def _compiled(alg, plan, name, params, d, T, warps, block_v, triangle) -> dict:
-    from hladsl.codegen.step_gen import PACKED_ROWS, step_kernel
-    from hladsl.codegen.triton_gen import block_size
-    from hladsl.runtime.step import _warps
-    module, ctx = step_kernel(alg, {"d": d, "dv": d}, True, triangle)
-    width = block_v or launch_rules.step_value_block(d, ctx["split"], ctx["phased"])
-    phased = ctx["phased"] and width < block_size(d)
-    consts = {f"str_{x['name']}_f": 1 for x in ctx["inputs"]}
-    consts.update({f"str_{s['name']}_{s['axes'] - 1}": 1 for s in ctx["states"]})
-    for dim, n in ctx["sizes"]:
-        consts[f"D_{dim}"], consts[f"B_{dim}"] = n, block_size(n)
-    consts[f"B_{plan.value_dim}"] = width
-    for pd in ctx["packed"]:
-        consts[f"D_{pd['name']}"], consts[f"B_{pd['name']}"] = pd["size"], PACKED_ROWS
-    consts.update(T_BLOCK=max(2, triton.next_power_of_2(T)), INDEXED=False, ACC=tl_float32())
-    if ctx["phased"]:
-        consts["STORE_FREE"] = not phased
-    if T == 1:
-        consts["T"] = 1
-    everything = [n for n, _ in plan.states]
-    nw = warps or _warps(plan, width, PACKED_ROWS, everything)
-    label = name + "".join(f" {k}={v}" for k, v in params.items())
-    row = dict(spec=label, block_v=width, launches=2 if phased else 1, warps=nw,
-               symmetric="triangle" if triangle and ctx["triangles"] else "whole",
-               resources=_resources(module.step_kernel, consts, nw))
-    if phased:
-        free_warps = warps or _warps(plan, block_size(d), PACKED_ROWS, ctx["free"])
-        row.update(state_warps=free_warps, state_resources=_resources(
-            module.state_kernel, consts, free_warps))
-    print(json.dumps(row), flush=True)
-    return row
 
 
 def tl_float32():
@@ -305,9 +278,7 @@ def table(rows, latencies) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
-    parser.add_argument("--sweep", nargs="?", const="all", choices=("all", "triangle"), default=None,
-                        help="also time launch variants (all; or only the other holding of "
-                             "symmetric states, launch.STEP_SYMMETRIC_TRIANGLE)")
+    parser.add_argument("--sweep", action="store_true", help="also time launch variants")
     parser.add_argument("--specs", default="", help="comma-separated spec names (default: all)")
     parser.add_argument("-B", type=int, default=64)
     parser.add_argument("-H", type=int, default=16)
@@ -318,7 +289,7 @@ def main():
                         help="compile the kernels for sm_90 (no GPU needed): registers, spills")
     args = parser.parse_args()
     if args.compile_only:
-        rows = [r for w in ([None] + ([2, 4, 8, 16] if args.sweep == "all" else []))
+        rows = [r for w in ([None] + ([2, 4, 8, 16] if args.sweep else []))
                 for r in compile_only(args.B, args.H, args.d, warps=w, block_v=args.block_v)]
         with open(args.out, "w") as f:
             json.dump({"triton": triton.__version__, "compile_only": rows}, f, indent=1)

@@ -104,26 +104,6 @@ def test_triton_step_interpreter(spec, params, gated, normalize):
     _triton_check(spec, params, gated, normalize)
 
 
-@pytest.mark.parametrize("block_v", [None, 16], ids=["whole", "phase_split"])
-@pytest.mark.parametrize("triangle", [False, True], ids=["gathered", "triangle"])
-@pytest.mark.parametrize("spec,normalize", [("hla2", True), ("hla3", False), ("hla3_masked", True)])
-def test_symmetric_states_held_either_way(spec, normalize, triangle, block_v):
-    """A whole symmetric state (S; SK and SQ) held as its upper triangle, its reads
-    S = U + Lᵀ (launch.STEP_SYMMETRIC_TRIANGLE), or whole, gathered from both halves
-    of the packed storage: the same outputs and final states, whole and phase-split."""
-    from hladsl.runtime import launch
-    from hladsl.codegen.step_gen import step_source
-    alg = hladsl.load(spec, normalize=normalize).algebra
-    source = step_source(alg, {"d": 4, "dv": 20}, True, triangle)
-    assert ("U of" in source) == triangle
-    old = launch.switch("STEP_SYMMETRIC_TRIANGLE", triangle)
-    try:
-        dv, pieces = (6, (2, 3)) if block_v is None else (20, (1, 3))
-        _triton_check(spec, {}, True, normalize, pieces=pieces, d=5, dv=dv, block_v=block_v)
-    finally:
-        launch.switch("STEP_SYMMETRIC_TRIANGLE", old)
-
-
 @pytest.mark.parametrize("spec,params", [("linear", {}), ("power", {"p": 2})], ids=["linear", "power"])
 def test_triton_step_value_blocks(spec, params):
     """dv = 20 in blocks of 16 (every state holds dv: each block owns its slice);

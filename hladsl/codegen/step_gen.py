@@ -14,11 +14,7 @@ copies of one token vector (produced), contracted with p copies of one token
 vector (consumed, weighted by the multiplicity m(α)) or carried over into a state
 of the same packed dim (passed) is held on its packed rows, as it is stored
 (power attention's U: C(d+p-1, p) rows, never d^p): a "row state". Any other
-symmetric state (HLA2's S, read as S C) is held whole and read/written packed:
-gathered from both halves of its packed storage, or (``triangle``, for states with one
-group of two slots) as its upper triangle, a read of S summing U (upper, with the
-diagonal) and L (strict upper) transposed -- measured slower on the H100, so off by
-default (``runtime.launch.STEP_SYMMETRIC_TRIANGLE``).
+symmetric state (HLA2's S, read as S C) is held whole and read/written packed.
 
 The kernel (``step_source``, template ``templates/step_kernel.py.jinja``): one
 program per (batch row, head[, block of the value dim]). Phase 1 holds every
@@ -347,11 +343,8 @@ class _Region:
     """Straight-line code of one token-loop body (phase 1, or one packed dim's
     block): token loads, ρ powers, every update, the outputs and their store."""
 
-    def __init__(self, plan: StepPlan, gated: bool, temps: int, row_dim: str = "",
-                 triangles: tuple[str, ...] = ()):
+    def __init__(self, plan: StepPlan, gated: bool, temps: int, row_dim: str = ""):
         self.plan, self.gated, self.row_dim = plan, gated, row_dim
-        self.triangles = triangles         # whole symmetric states held as their upper triangle
-        self.tri_vars: dict[str, str] = {}  # a triangle tile's variable -> its state
         self.block = Block()
         self.block._temps = temps          # temps numbered apart from other regions
         self.inputs: dict[str, str] = {}   # token inputs loaded as whole vectors
@@ -366,10 +359,7 @@ class _Region:
         return Tile(f"in_{o.name}", o.indices)
 
     def _carry(self, o, prefix):
-        var = f"{prefix}_{o.name}"
-        if o.name in self.triangles:
-            self.tri_vars[var] = o.name
-        return Tile(var, o.indices)
+        return Tile(f"{prefix}_{o.name}", o.indices)
 
     def _power(self, o, prefix):
         """spow(x)[α] on this block's rows: p gathered loads of x's feature row."""
@@ -385,19 +375,15 @@ class _Region:
             (" · m(α)" if o.weighted else "") + "   (packed rows, never d^p)"
         return Tile(self.block.define(expr, why), o.indices)
 
-    def terms(self, terms, target: str, state_prefix: str, produces: str = "") -> None:
-        """``target`` = Σ terms (each contracted in its plan's order); ``produces``: the
-        state it updates, if any."""
+    def terms(self, terms, target: str, state_prefix: str) -> None:
+        """``target`` = Σ terms (each contracted in its plan's order)."""
         block = self.block
         for n, t in enumerate(terms):
             block.sizes = {i: f"B_{d}" for i, d in self.plan.index_dims(t).items()}
             tiles = [self.tile(o, state_prefix) for o in t.operands]
             for s in t.plan.steps:
-                tiles.append(self._contract(tiles[s.left], tiles[s.right], s.indices))
-            result = tiles[t.plan.result]
-            if result.var in self.tri_vars and not self._passes(result, t.output, produces):
-                result = self._whole(result)     # a triangle read whole (no shipped term does)
-            value = block.reduce(result, t.output).var
+                tiles.append(_contract(block, tiles[s.left], tiles[s.right], s.indices))
+            value = block.reduce(tiles[t.plan.result], t.output).var
             factors = ([repr(abs(t.coef))] if abs(t.coef) != 1 else []) + \
                 ([f"rho{t.rho}"] if t.rho and self.gated else [])
             if t.rho and self.gated:
@@ -407,50 +393,6 @@ class _Region:
                 block.assign(target, expr if t.coef > 0 else f"-({expr})")
             else:
                 block.assign(target, f"{target} {'+' if t.coef > 0 else '-'} {expr}")
-
-
-    # -- symmetric states held as their upper triangle -----------------------------------------
-    # S = U + Lᵀ, U the upper triangle with the diagonal, L the strict upper one: a
-    # contraction is bilinear, so a term reading S reads U with S's slots as they are and L
-    # with them swapped: no gathered read of the lower half and no register transpose. The
-    # two masked tiles differ, so neither is a shared temp that stays live between the two
-    # reductions. The held tile's lower half is never read, so an update may leave anything
-    # there; the store writes the upper half only; an update of S passes the triangle through.
-    def _half(self, t: Tile) -> tuple[Tile, Tile]:
-        """U[a,b] and L[b,a] of a triangle tile (a, b its symmetric slots)."""
-        s = self.plan.algebra.summary(self.tri_vars[t.var])
-        (g,) = s.symmetric
-        held = self.plan.dims_of(s.name)
-        lo, hi = (f"offs_{held[k]}{_slot(k, len(held))}" for k in g)
-        upper = self.block.define(f"tl.where({lo} <= {hi}, {t.var}, 0.0)",
-                                  f"U of {t.label()}: its upper triangle, with the diagonal")
-        strict = self.block.define(f"tl.where({lo} < {hi}, {t.var}, 0.0)",
-                                   f"L of {t.label()}: its strict upper triangle, read transposed")
-        swapped = list(t.indices)
-        swapped[g[0]], swapped[g[1]] = t.indices[g[1]], t.indices[g[0]]
-        return Tile(upper, t.indices), Tile(strict, tuple(swapped))
-
-    def _passes(self, t: Tile, out, produces: str) -> bool:
-        """Is triangle tile ``t`` carried into a triangle state as it is (ρ S_{t-1} in S_t)?"""
-        alg = self.plan.algebra
-        return (produces in self.triangles and t.indices == tuple(out)
-                and alg.summary(self.tri_vars[t.var]).symmetric == alg.summary(produces).symmetric)
-
-    def _contract(self, a: Tile, b: Tile, out) -> Tile:
-        tri = next((k for k, x in enumerate((a, b)) if x.var in self.tri_vars), None)
-        if tri is None:
-            return _contract(self.block, a, b, out)
-        other = (b, a)[tri]
-        parts = [self._contract(half, other, out) for half in self._half((a, b)[tri])]
-        first, second = parts
-        second = Tile(self.block.arrange(second, first.indices), first.indices)
-        return Tile(self.block.define(f"{first.var} + {second.var}",
-                                      f"[{','.join(first.indices)}] = the two halves' sum"), first.indices)
-
-    def _whole(self, t: Tile) -> Tile:
-        upper, lower = self._half(t)
-        return Tile(self.block.define(f"{upper.var} + {self.block.arrange(lower, t.indices)}",
-                                      f"{t.label()} whole, U + Lᵀ"), t.indices)
 
 
 def _contract(block: Block, a: Tile, b: Tile, out) -> Tile:
@@ -497,21 +439,10 @@ def _slot(k: int, r: int) -> str:
     return "" if r == 1 else "[" + ", ".join(":" if j == k else "None" for j in range(r)) + "]"
 
 
-def triangle_states(plan: StepPlan) -> tuple[str, ...]:
-    """Whole symmetric states that can be held as their upper triangle: one group of
-    two slots (HLA2's S, HLA3's SK and SQ; ``_Region._half`` reads them)."""
-    out = []
-    for s in plan.algebra.streaming:
-        if not plan.row_dim(s.name) and len(s.symmetric) == 1 and len(s.symmetric[0]) == 2:
-            out.append(s.name)
-    return tuple(out)
-
-
-def _layout(plan: StepPlan, name: str, triangle: bool = False) -> dict:
+def _layout(plan: StepPlan, name: str) -> dict:
     """Offsets (storage strides str_<name>_<axis>), load mask and store mask of a
     state's held tile. A whole symmetric state is stored packed: its group of two
-    slots (i, j) is at packed position _sym2(i, j), written only where i <= j; held
-    as its triangle it is also read only there (else gathered whole, both halves)."""
+    slots (i, j) reads packed position _sym2(i, j) and writes only i <= j."""
     s = plan.algebra.summary(name)
     held = plan.dims_of(name)
     r = len(held)
@@ -539,8 +470,7 @@ def _layout(plan: StepPlan, name: str, triangle: bool = False) -> dict:
                 terms.append(f"{o} * str_{name}_{axis}")
             axis += 1
     axes = len(s.dims) - sum(len(g) - 1 for g in s.symmetric)     # storage axes after [N, H]
-    return {"off": " + ".join(terms), "ld": " & ".join(valid + (keep if triangle else [])),
-            "st": " & ".join(valid + keep),
+    return {"off": " + ".join(terms), "ld": " & ".join(valid), "st": " & ".join(valid + keep),
             "axes": axes, "dims": list(held), "index": ",".join(s.indices)}
 
 
@@ -548,10 +478,8 @@ def _reads(terms) -> set[str]:
     return {o.name for t in terms for o in t.operands if o.kind is Kind.CARRY}
 
 
-def kernel_context(plan: StepPlan, gated: bool, triangle: bool = False) -> dict:
-    """Everything the template needs, as plain data (also the cache key's part).
-    ``triangle``: hold the ``triangle_states`` as their upper triangle (else whole,
-    gathered from the packed storage; ``runtime.launch.STEP_SYMMETRIC_TRIANGLE``)."""
+def kernel_context(plan: StepPlan, gated: bool) -> dict:
+    """Everything the template needs, as plain data (also the cache key's part)."""
     alg = plan.algebra
     _ident("mechanism", alg.name)
     for x, d in alg.inputs.items():
@@ -562,7 +490,6 @@ def kernel_context(plan: StepPlan, gated: bool, triangle: bool = False) -> dict:
         _ident("packed dim", pd.name)
     _check_phases(plan)
     phased = phase_splittable(plan)
-    triangles = triangle_states(plan) if triangle else ()
     packed = [{"name": pd.name, "base": pd.base, "power": pd.power, "size": pd.size}
               for pd in plan.packed]
     return {
@@ -573,17 +500,15 @@ def kernel_context(plan: StepPlan, gated: bool, triangle: bool = False) -> dict:
         "packed": packed,
         "gated": gated,
         "normalize": bool(plan.normalizer),
-        "states": [{"name": s.name, **_layout(plan, s.name, s.name in triangles)}
-                   for s in alg.streaming],
-        "triangles": list(triangles),
-        "regions": _regions(plan, gated, triangles=triangles),
+        "states": [{"name": s.name, **_layout(plan, s.name)} for s in alg.streaming],
+        "regions": _regions(plan, gated),
         "direct": not plan.packed,
         "value_dim": plan.value_dim,
         "split": splittable(plan),
         "phased": phased,
         "free": list(value_free(plan)) if phased else [],
-        "state_regions": _regions(plan, gated, only=set(value_free(plan)), outputs=False,
-                                  triangles=triangles) if phased else [],
+        "state_regions": _regions(plan, gated, only=set(value_free(plan)), outputs=False)
+        if phased else [],
         "equations": serial_text(alg),
     }
 
@@ -606,7 +531,7 @@ def _check_phases(plan: StepPlan) -> None:
 
 
 def _regions(plan: StepPlan, gated: bool, only: set[str] | None = None,
-             outputs: bool = True, triangles: tuple[str, ...] = ()) -> list[dict]:
+             outputs: bool = True) -> list[dict]:
     """The token-loop bodies: whole states first, then one per packed dim. With
     ``only``, the updates of those states alone; with ``outputs`` False, no
     output code (the value-free launch of a phase split)."""
@@ -622,11 +547,11 @@ def _regions(plan: StepPlan, gated: bool, only: set[str] | None = None,
                 for key, terms in (("num", plan.output), ("den", plan.normalizer))}
         if not names and not any(outs.values()):
             continue
-        region = _Region(plan, gated, temps, rd, triangles)
+        region = _Region(plan, gated, temps, rd)
         for name in names:
             region.block.lines.append("")
             region.block.note(equations[name])
-            region.terms(dict(plan.states)[name], f"nx_{name}", "st", produces=name)
+            region.terms(dict(plan.states)[name], f"nx_{name}", "st")
         for key, terms in outs.items():
             if terms:
                 region.block.lines.append("")
@@ -651,22 +576,22 @@ def render(context: dict, version: str) -> str:
     return render_template(TEMPLATE, version=version, **context)
 
 
-def step_source(alg: Algebra, sizes, gated: bool, triangle: bool = False) -> str:
+def step_source(alg: Algebra, sizes, gated: bool) -> str:
     """The Python/Triton module source of ``alg``'s decode step (uncached)."""
-    return render(kernel_context(step_plan(alg, sizes), gated, triangle), __version__)
+    return render(kernel_context(step_plan(alg, sizes), gated), __version__)
 
 
 _MODULES: dict = {}
 
 
-def step_kernel(alg: Algebra, sizes, gated: bool, triangle: bool = False):
+def step_kernel(alg: Algebra, sizes, gated: bool):
     """(module, context): the imported module with ``step_kernel`` (rendered once,
     then served from the disk cache, hladsl.codegen.cache)."""
-    key = (id(alg), tuple(sorted(dict(sizes).items())), bool(gated), bool(triangle))
+    key = (id(alg), tuple(sorted(dict(sizes).items())), bool(gated))
     hit = _MODULES.get(key)
     if hit is None or hit[0] is not alg:
         from hladsl.codegen.cache import cache_key, load_module
-        context = kernel_context(step_plan(alg, sizes), gated, triangle)
+        context = kernel_context(step_plan(alg, sizes), gated)
         module = load_module(f"{context['name']}_step", cache_key(context, template_text()),
                              lambda: render(context, __version__))
         hit = _MODULES[key] = (alg, module, context)

@@ -37,7 +37,6 @@ Rules:
   block where ``split_blocks`` allows splitting); the schedule is tuned by the runners.
 * decode step: warps from the fp32 state elements a program holds (``step_warps``);
   the value-dim block, and with it one launch or the phase split (``step_value_block``);
-  whole symmetric states gathered, or held as their triangle (``STEP_SYMMETRIC_TRIANGLE``);
   inputs of more than ``STEP_MAX_TOKENS`` tokens run as consecutive launches when the
   kernel sums outputs in a [T, value block] register tile.
 """
@@ -654,14 +653,6 @@ def step_warps(elements: int) -> int:
     return warps
 
 
-# The decode step holds a whole symmetric state (HLA2's S, HLA3's SK and SQ) gathered from
-# both halves of its packed storage (False) or as its upper triangle, a read of S being
-# U + Lᵀ (True; codegen.step_gen.triangle_states). Measured (run 76, H100, B = 64, H = 16,
-# d = dv = 64, one token, CUDA graph): the triangle is slower for every such spec, hla2
-# 71.1 vs 54.6 µs, hla3 185.5 vs 142.7, hla3_masked 82.7 vs 55.6 (sm_90: 233 -> 255
-# registers and a spill for hla2; the i <= j masks of its loads, stores and reads cost
-# more than the gather's uncoalesced lower half). Kept selectable and tested.
-STEP_SYMMETRIC_TRIANGLE = False
 STEP_PHASED_BLOCK = None   # None: run whole (measured, below); a width turns the phase split on
 
 

@@ -227,7 +227,7 @@ class _Setup:
 
         from hladsl.codegen.step_gen import PACKED_ROWS, step_kernel
         from hladsl.codegen.triton_gen import block_size
-        module, ctx = step_kernel(plan.algebra, plan.sizes, gated, launch.STEP_SYMMETRIC_TRIANGLE)
+        module, ctx = step_kernel(plan.algebra, plan.sizes, gated)
         self.plan = plan   # keeps id(plan) in the setup's key from being reused
         sizes = dict(plan.sizes)
         self.dv = dv = sizes[plan.value_dim]
