@@ -3,7 +3,10 @@ backward) for sm_90, without a GPU: the launches of ``forward_triton`` and
 ``backward_triton`` are recorded on CPU tensors instead of run, then each kernel is
 compiled with Triton's own ptxas the way that launch would specialise it.
 
-    python benchmarks/compile_probe.py hla2 [--d 64] [--ungated] [--out probe.json]
+    python benchmarks/compile_probe.py hla2 [--d 64] [--chunk 64] [--schedule scan] [--ungated] [--out probe.json]
+
+The launches record a bf16 call's tile dtypes (DOT, SDOT) as on a GPU, not the fp32 tiles
+a CPU tensor gets under the interpreter.
 
 Run without TRITON_INTERPRET (the kernels must be real JIT functions). The seconds
 are this machine's (a GPU host's CPU compiles faster); the comparison between
@@ -29,7 +32,7 @@ _TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
           torch.int32: "i32", torch.int64: "i64"}
 
 
-def record(name: str, params: dict, d: int, gated: bool, chunk: int = 64):
+def record(name: str, params: dict, d: int, gated: bool, chunk: int = 64, schedule: str = "two_pass"):
     """(kernel, args) of every launch of the forward and backward at a small shape."""
     from hladsl.runtime.triton_backward import backward_triton
     from hladsl.runtime.triton_forward import forward_triton
@@ -40,16 +43,17 @@ def record(name: str, params: dict, d: int, gated: bool, chunk: int = 64):
     lam = (-0.01 * torch.rand(N, H, nC, chunk)).cumsum(-1) if gated else None
     init = {s: torch.zeros(N, H, *program.state_shape(s)) for s, _ in program.states}
     launches = []
-    real = launch.launch
+    real, real_dot = launch.launch, launch.dot_dtype
     launch.launch = lambda kernel, grid, args, may, tiling=None: launches.append((kernel, args))
+    launch.dot_dtype = lambda dtype, device=None: real_dot(dtype)   # a GPU's tiles, not the interpreter's
     try:
-        forward_triton(program, tiles, lam, init, alg.eps, schedule="two_pass")
+        forward_triton(program, tiles, lam, init, alg.eps, schedule=schedule)
         backward_triton(program, tiles, lam, init,
-                        torch.randn(N, H, nC, chunk, d), None, alg.eps, schedule="two_pass")
+                        torch.randn(N, H, nC, chunk, d), None, alg.eps, schedule=schedule)
     except Exception:   # a launcher reading a result it recorded instead of computing
         pass
     finally:
-        launch.launch = real
+        launch.launch, launch.dot_dtype = real, real_dot
     return launches
 
 
@@ -102,7 +106,9 @@ def main() -> int:
     parser.add_argument("spec")
     parser.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--d", type=int, default=64)
+    parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--ungated", action="store_true")
+    parser.add_argument("--schedule", default="two_pass", choices=("two_pass", "scan"))
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -111,8 +117,9 @@ def main() -> int:
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="hladsl-probe-"))
     params = {k: int(v) for k, v in (item.split("=", 1) for item in args.param)}
     rows = []
-    for kernel, kargs in record(args.spec, params, args.d, not args.ungated):
-        row = dict(spec=args.spec, d=args.d, gated=not args.ungated, **compile_one(kernel, kargs))
+    for kernel, kargs in record(args.spec, params, args.d, not args.ungated, args.chunk,
+                                 args.schedule):
+        row = dict(spec=args.spec, d=args.d, chunk=args.chunk, gated=not args.ungated, **compile_one(kernel, kargs))
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out:

@@ -2,7 +2,7 @@
 (torch.profiler, after a warm-up call), beside fla's chunk_simple_gla when installed.
 
     python benchmarks/profile_kernels.py linear hla2 power:p=2 [--T 4096] [--gated]
-        [--mode fwd+bwd] [--json out.json]
+        [--mode fwd+bwd] [--launch FORWARD_CHUNK=128] [--json out.json]
 
 Totals are per call (the profiled calls' kernel time divided by their number); a
 kernel name's count is its launches per call. Use do_bench timings (``hladsl bench``)
@@ -19,7 +19,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import hladsl
-from hladsl.bench import parse_spec
+from hladsl.bench import parse_spec, parse_switches
+from hladsl.runtime import launch
 
 CALLS = 5
 
@@ -82,8 +83,12 @@ def main(argv=None) -> int:
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--gated", action="store_true")
     parser.add_argument("--mode", choices=("fwd", "fwd+bwd"), default="fwd+bwd")
+    parser.add_argument("--launch", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="launch rule constants set for the hladsl calls (as hladsl bench's)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    for name, value in parse_switches(args.launch).items():
+        launch.switch(name, value)
     backward = args.mode == "fwd+bwd"
     shape = (args.B, args.T, args.H, args.d, args.gated, backward)
     report = {}

@@ -26,7 +26,7 @@ def compile_spec(name_or_path, **params):
     return algebra(name_or_path, **params)
 
 
-def load(name_or_path, *, backend: str = "auto", chunk_size: int = 64, **params):
+def load(name_or_path, *, backend: str = "auto", chunk_size: int | None = None, **params):
     """The torch op of a shipped spec name or a path to a .hla file,
     memoised per spec text, parameters, backend and chunk size."""
     from hladsl.api import load as load_op

@@ -29,7 +29,7 @@ def algebra(name_or_path, **params):
     return compile_spec(name_or_path, until="lower", **params).algebra
 
 
-def load(name_or_path, *, backend: str = "auto", chunk_size: int = 64, **params):
+def load(name_or_path, *, backend: str = "auto", chunk_size: int | None = None, **params):
     """The torch op of a shipped spec name or a .hla path, memoised: the same spec
     text, parameters and options give the same op object (and one custom op)."""
     from hladsl.runtime.op import Op

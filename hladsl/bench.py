@@ -66,9 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="give specs and fla a data-dependent log gate")
     parser.add_argument("--schedule", nargs="+", default=["auto"], choices=SCHEDULES,
                         help="Triton schedules to time for each spec (several: side by side)")
-    parser.add_argument("--launch", nargs="+", default=[], metavar="NAME=VALUE",
+    parser.add_argument("--launch", nargs="+", action="append", default=[], metavar="NAME=VALUE",
                         help="launch rule constants (hladsl.runtime.launch, e.g. REVERSE_IN_PLACE=false): "
-                             "each spec is timed with the defaults and again with these, side by side")
+                             "each spec is timed with the defaults and again with these, side by side "
+                             "(repeat --launch for more variants, one row each)")
     parser.add_argument("--quick", action="store_true", help="small shapes, short timing")
     parser.add_argument("--json", default="hladsl-bench.json", help="where to write the JSON")
     parser.add_argument("--plot", default="hladsl-bench.png",
@@ -290,11 +291,11 @@ def run(args) -> int:
     try:
         specs = [parse_spec(s) for s in (args.specs or _shipped())]
         candidates = [BASELINE_CASES[b] for b in BASELINES if b in args.baselines]
-        switched = parse_switches(args.launch)
-        # with --launch: every spec with the defaults, then with the switches (each build sets
-        # all of them, so the order of candidates does not matter)
-        defaults = _launch_defaults(switched)
-        variants = [(defaults, "")] + ([(switched, " {" + _fmt(switched) + "}")] if switched else [])
+        groups = [parse_switches(items) for items in args.launch]
+        # with --launch: every spec with the defaults, then with each group of switches (each
+        # build sets every switched constant, so the order of candidates does not matter)
+        defaults = _launch_defaults(groups)
+        variants = [(defaults, "")] + [({**defaults, **g}, " {" + _fmt(g) + "}") for g in groups]
         spec_of = {}   # label -> (name, params): the cost model's FLOPs for TFLOP/s
         for name, params in specs:
             for schedule in args.schedule:
@@ -315,9 +316,9 @@ def run(args) -> int:
             launch.switch(key, value)
 
 
-def _launch_defaults(switched: dict) -> dict:
+def _launch_defaults(groups: list[dict]) -> dict:
     rules = launch.rule_constants()
-    return {k: rules[k] for k in switched}
+    return {k: rules[k] for g in groups for k in g}
 
 
 def _time_candidates(args, device, cfg, candidates, spec_of) -> int:

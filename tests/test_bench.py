@@ -82,12 +82,13 @@ def test_bench_times_launch_switches_side_by_side(tmp_path, capsys):
     before = launch.REVERSE_IN_PLACE
     out_json = tmp_path / "b.json"
     rc = main(["bench", "--device", "cpu", "--quick", "--specs", "linear", "--baselines", "--T", "16",
-               "--d", "8", "--modes", "fwd", "--launch", "REVERSE_IN_PLACE=false", "--json", str(out_json),
-               "--plot", ""])
+               "--d", "8", "--modes", "fwd", "--launch", "REVERSE_IN_PLACE=false",
+               "--launch", "REVERSE_IN_PLACE=false", "FORWARD_CHUNK=32", "--json", str(out_json), "--plot", ""])
     assert rc == 0
     whats = [r["what"] for r in json.loads(out_json.read_text())["rows"] if "ms" in r]
-    assert whats == ["hladsl linear", "hladsl linear {REVERSE_IN_PLACE=False}"]
-    assert launch.REVERSE_IN_PLACE is before
+    assert whats == ["hladsl linear", "hladsl linear {REVERSE_IN_PLACE=False}",
+                     "hladsl linear {REVERSE_IN_PLACE=False,FORWARD_CHUNK=32}"]
+    assert launch.REVERSE_IN_PLACE is before and launch.FORWARD_CHUNK is None
     assert main(["bench", "--device", "cpu", "--launch", "NO_SUCH_RULE=1", "--json", "", "--plot", ""]) == 1
     assert "no launch rule constant 'NO_SUCH_RULE'" in capsys.readouterr().err
     assert main(["bench", "--device", "cpu", "--launch", "REVERSE_IN_PLACE=3", "--json", "", "--plot", ""]) == 1

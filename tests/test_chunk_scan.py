@@ -122,6 +122,40 @@ def test_scan_schedule_matches_torch_float64(name, params, gated, with_init, var
     assert shared == set() if varlen else (shared == written if name == "hla3_masked" else bool(shared))
 
 
+@pytest.mark.parametrize("name", ["ahla", "hla2"])
+def test_scan_schedule_at_the_long_chunk(name, launched):
+    """The chunk size "auto" takes on a GPU for programs with a chunk scan
+    (launch.LONG_CHUNK): two chunks of 128 and a partial third, gated, from an initial
+    state, forward and backward, in fp32 against the float64 torch program."""
+    gen = torch.Generator().manual_seed(5)
+    B, T, H, d = 1, 300, 2, 8
+    q, k, v = (0.5 * torch.randn(B, T, H, d, generator=gen, dtype=torch.float64) for _ in range(3))
+    g = -0.05 * torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    ref = hladsl.load(name, backend="torch", chunk_size=16)
+    op = hladsl.load(name, backend="triton", chunk_size=launch.LONG_CHUNK)
+    op.schedule = "scan"
+    shapes = ref.state_shapes(d, d)
+    init = {n: 0.2 * torch.randn(B, H, *s, generator=gen, dtype=torch.float64).abs() for n, s in shapes.items()}
+    w_o = torch.randn(B, T, H, d, generator=gen, dtype=torch.float64)
+    w_s = {n: torch.randn(B, H, *s, generator=gen, dtype=torch.float64) for n, s in shapes.items()}
+    want = _loss_and_grads(ref, (q, k, v, g), init, w_o, w_s, None, 0.5)
+    try:
+        got = _loss_and_grads(op, tuple(x.float() for x in (q, k, v, g)), {n: x.float() for n, x in init.items()},
+                              w_o.float(), {n: x.float() for n, x in w_s.items()}, None, 0.5)
+    finally:
+        op.schedule = "auto"
+
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+    assert rel(got[0], want[0]) < 1e-5
+    for n in shapes:
+        assert rel(got[1][n], want[1][n]) < 1e-5, n
+    for a, b in zip(got[2], want[2]):
+        assert rel(a, b) < 1e-4
+    assert launched.count("delta_kernel") == 2 and launched.count("scan_kernel") == 2
+    assert dict(launched.args)["scan_kernel"]["C"] == launch.LONG_CHUNK
+
+
 def test_scan_kernel_splits_the_value_dim_and_reads_no_tokens():
     """HLA2's scan kernel: G's cross term is one fp32 product of S's delta with the carried
     C (ir.precision keeps it exact), no token pointer, no chained dots: it may be split."""

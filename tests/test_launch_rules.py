@@ -40,6 +40,56 @@ def test_chunks_shrink_to_short_sequences_only_on_cpu():
     assert launch.chunk_for(1, 64, cuda) == 64
     assert launch.chunk_for(16, 64, cuda) == 64
     assert launch.chunk_for(1000, 32, cuda) == 32    # an explicit chunk_size is kept
+    assert launch.chunk_for(1000, None, cpu) == 64   # None: the rules choose
+    assert launch.chunk_for(1000, None, cuda) == 64
+
+
+def test_long_chunk_where_the_rule_says_so_and_only_past_one_long_chunk(monkeypatch):
+    cuda = _Cuda()
+    yes, no = (lambda: True), (lambda: False)
+    assert launch.chunk_for(4096, None, cuda, "forward", yes) == 128
+    assert launch.chunk_for(4096, None, cuda, "forward", no) == 64
+    assert launch.chunk_for(128, None, cuda, "forward", yes) == 64     # one long chunk would hold it all
+    assert launch.chunk_for(4096, 64, cuda, "forward", yes) == 64      # the user's chunk_size wins
+    assert launch.chunk_for(4096, None, torch.device("cpu"), "forward", yes) == 64   # interpreter: <= 64
+    monkeypatch.setattr(launch, "BACKWARD_CHUNK", 32)
+    assert launch.chunk_for(4096, None, cuda, "backward", yes) == 32   # the A/B knob
+    assert launch.chunk_for(4096, None, cuda, "forward", no) == 64
+
+
+@pytest.mark.parametrize("spec, forward, backward", [
+    ("linear", True, True),          # chunk scan; gradient kernels memory-bound at 128
+    ("hla2", True, False),           # chunk scan; gradient kernels compute-bound at 128
+    ("ahla", True, False),
+    ("hla3_masked", True, False),
+    ("hla3", False, False),          # no chunk scan: its state pass walks the tokens
+    ("power", False, False),         # packed states
+])
+def test_which_programs_take_the_long_chunk(gpu_of_132_sms, spec, forward, backward):
+    import hladsl
+    from hladsl.ir.pipeline import program_for
+    op = hladsl.load(spec)
+    sizes = tuple((dim, 16) for dim in sorted(op.algebra.dims))
+
+    def takes(direction, schedule="auto", programs=32, varlen=False, gated=False):
+        return launch.takes_long_chunk(lambda chunk: program_for(op.compilation, chunk, sizes, gated),
+                                       direction, schedule, programs, gpu_of_132_sms, varlen, 2)
+    assert takes("forward") is forward
+    assert takes("backward") is backward
+    assert not takes("forward", gated=True) and not takes("backward", gated=True)   # decay tiles spill
+    if forward:
+        assert not takes("forward", schedule="two_pass")     # a schedule asked for keeps 64
+        assert not takes("forward", programs=2 * 132)         # the fused schedule takes these
+        assert not takes("forward", varlen=True)              # every sequence pads to a chunk
+
+
+def test_auto_takes_chunk_scans_with_aux_summaries_at_the_long_chunk():
+    scan = {"aux": ["aux_R_0"]}
+    short = torch.empty(1, 2, 4, 64, 16, dtype=torch.bfloat16)
+    long = torch.empty(1, 2, 4, 128, 16, dtype=torch.bfloat16)
+    assert not launch.use_chunk_scan("auto", scan, short, walk_chained=True)
+    assert launch.use_chunk_scan("auto", scan, long, walk_chained=True)
+    assert not launch.use_chunk_scan("auto", scan, long, walk_chained=False)   # the walk splits (linear)
 
 
 def _without_fitting_kernels(monkeypatch, op):

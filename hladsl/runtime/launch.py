@@ -95,15 +95,70 @@ def starts_dtype(read_only_as_sdot: bool, sdot) -> torch.dtype:
 MIN_CHUNK = 16
 
 
-def chunk_for(T: int, chunk_size: int, device=None) -> int:
-    """The op's chunk size; on CPU (the torch path, the Triton interpreter) shrunk to the
-    smallest power of two >= T (>= 16). On CUDA a short sequence runs one whole chunk:
-    the H100 took illegal addresses in kernels at C = 16 (hla3's and hla3_masked's output
-    kernels, hla2's reverse and fused kernels; B = 1 and 64, T = 1 and 16, with fp32 tiles
-    too), while one chunk of 64 costs a short sequence nothing measurable."""
+DEFAULT_CHUNK = 64
+LONG_CHUNK = 128
+FORWARD_CHUNK = None    # a size: every forward's chunk on CUDA, whatever the rule says (an A/B knob)
+BACKWARD_CHUNK = None   # the same for the backward
+# FLOPs per HBM byte below which a kernel is memory-bound: the H100's dense bf16 tensor-core
+# peak over its bandwidth (989 TFLOP/s / 3.35 TB/s)
+MEMORY_BOUND_INTENSITY = 295.0
+
+
+def chunk_for(T: int, chunk_size: int | None, device=None, direction: str = "forward",
+              long_chunk: Callable[[], bool] | None = None) -> int:
+    """The chunk size of a call. ``chunk_size``: the op's (None: these rules choose). On CPU
+    (the torch path, the Triton interpreter) it is shrunk to the smallest power of two >= T
+    (>= 16). On CUDA a short sequence runs one whole chunk: the H100 took illegal addresses
+    in kernels at C = 16 (hla3's and hla3_masked's output kernels, hla2's reverse and fused
+    kernels; B = 1 and 64, T = 1 and 16, with fp32 tiles too), while one chunk of 64 costs a
+    short sequence nothing measurable; a sequence longer than LONG_CHUNK runs LONG_CHUNK where
+    ``long_chunk()`` (``takes_long_chunk``) says so. The forward and the backward need not
+    share a chunk size: the backward recomputes what it reads."""
     if device is not None and device.type == "cuda":
-        return chunk_size
-    return min(chunk_size, max(MIN_CHUNK, 1 << max(T - 1, 0).bit_length()))
+        if chunk_size is not None:
+            return chunk_size
+        forced = FORWARD_CHUNK if direction == "forward" else BACKWARD_CHUNK
+        if forced:
+            return forced
+        return LONG_CHUNK if T > LONG_CHUNK and long_chunk is not None and long_chunk() else DEFAULT_CHUNK
+    return min(chunk_size or DEFAULT_CHUNK, max(MIN_CHUNK, 1 << max(T - 1, 0).bit_length()))
+
+
+def takes_long_chunk(program_at: Callable[[int], object], direction: str, schedule: str, programs: int,
+                     device, varlen: bool, token_bytes: int) -> bool:
+    """LONG_CHUNK instead of DEFAULT_CHUNK for a dense, ungated "auto" call that the fused
+    schedule does not take, where the program has the chunk-parallel state pass
+    (``ir.scan.has_chunk_scan``): a chunk's start states cost as many bytes at 128 tokens as
+    at 64, so the state traffic per token halves -- and with it the scan's sequential steps --
+    while every state pass either runs chunk-parallel (``use_chunk_scan`` takes the scan at
+    this chunk) or walks without chained dots (linear). H100, B = 2, H = 16, d = 64, bf16,
+    forward at T = 64k (runs 81-84): hla2 4.43 -> 2.87 ms, hla3_masked 6.96 -> 5.24, ahla
+    2.00 -> 1.84, linear 0.889 -> 0.772. Not taken:
+
+    * without a chunk scan: the walk holds 128-token tiles in a sequential loop, or expands
+      packed states into them, and spills (sm_90: AHLA's walking state pass 640 B of stack
+      at 128, power's output kernel 1824 B; power p = 2 15.3 -> 22.5 ms at T = 16k, run 82);
+    * gated: the [C, C] decay tiles exp(Λ_t − Λ_s) beside every intra-chunk product push the
+      output kernel past its registers at 128 (hla2's: 1624 B of stack gated, 432 B
+      ungated); run 85, gated, T = 64k, C = 64 vs 128: linear forward 0.980 vs 1.126 ms,
+      hla2 5.04 vs 5.21 (8 warps remove the spill and lose more ungated, run 83);
+    * varlen: each sequence pads to a whole chunk;
+    * the backward, where its gradient kernels, whose FLOPs grow with the chunk, are not
+      memory-bound at it (the cost model's FLOP/byte at or over MEMORY_BOUND_INTENSITY):
+      HLA2's, AHLA's (fwd + bwd 25.1 -> 40.9 ms for hla2 at 64k with both at 128, run 82);
+      linear's are (fwd + bwd 5.17 -> 4.44 ms at 64k, run 82)."""
+    from hladsl.ir.scan import has_chunk_scan
+    if schedule != "auto" or varlen or programs >= FUSED_MIN_PROGRAMS_PER_SM * sms(device):
+        return False
+    program = program_at(LONG_CHUNK)
+    if program.gated or not has_chunk_scan(program):
+        return False
+    if direction == "forward":
+        return True
+    from hladsl.ir.backward import backward_program
+    from hladsl.ir.cost import kernel_costs
+    costs = kernel_costs(program, backward_program(program), token_bytes)
+    return next(k for k in costs if k.kernel == "gradient").intensity < MEMORY_BOUND_INTENSITY
 
 
 _FITTING: dict = {}    # shape class -> the chunk size whose kernels fit
@@ -183,14 +238,22 @@ def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: 
                                        "(a state-pass term walks the tokens, or a state is packed)")
         return True
     return (schedule == "auto" and bool(chunk_scan) and first.shape[2] > 1
-            and not narrow_ok(first, walk_chained) and (AUTO_SCAN_AUX or not chunk_scan["aux"]))
+            and not narrow_ok(first, walk_chained)
+            and (AUTO_SCAN_AUX or not chunk_scan["aux"] or first.shape[3] >= LONG_CHUNK))
 
 
-# Under "auto", chunk scans that read chunk summaries no state holds (``ir.scan.AuxDelta``)
-# stay off: on the H100 (run 70, B = 2, H = 16, d = 64, bf16) they lose for AHLA (forward
-# 0.67 -> 0.86 ms at 16k, fwd + bwd 4.4 -> 5.0) and tie or win for HLA3-masked (forward
-# 1.94 / 1.96, fwd + bwd 13.9 -> 12.4): no rule over the program's sizes separates the two
-# yet, so a tuning session (``op.autotune``), which times "scan" beside the others, decides.
+# The scan kernel loads the next chunk's deltas (which do not depend on the carry) while it
+# applies this chunk's: its walk is a chain of short steps, each waiting on its loads otherwise.
+SCAN_PREFETCH = True
+
+
+# Under "auto" at chunks shorter than LONG_CHUNK, chunk scans that read chunk summaries no
+# state holds (``ir.scan.AuxDelta``) stay off: on the H100 (run 70, B = 2, H = 16, d = 64,
+# bf16, C = 64) they lose for AHLA (forward 0.67 -> 0.86 ms at 16k, fwd + bwd 4.4 -> 5.0) and
+# tie or win for HLA3-masked (forward 1.94 / 1.96, fwd + bwd 13.9 -> 12.4); a tuning session
+# (``op.autotune``) times "scan" beside the others. At LONG_CHUNK they run (the walk would
+# hold 128-token chained tiles): run 82, forward at 64k, scan at 128 vs the walk at 64:
+# AHLA 1.90 vs 2.00 ms, HLA3-masked 5.30 vs 6.96 (the walk at 128: 5.56, 7.97).
 AUTO_SCAN_AUX = False
 
 

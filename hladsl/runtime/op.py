@@ -56,20 +56,21 @@ class Op:
     """One compiled spec as a torch op (made by ``hladsl.load``, one per spec text,
     parameters and options)."""
 
-    def __init__(self, compilation: Compilation, backend: str = "auto", chunk_size: int = 64):
+    def __init__(self, compilation: Compilation, backend: str = "auto", chunk_size: int | None = None):
         alg = compilation.algebra
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if len(alg.output.free) != 1:
             raise SpecError(f"the op needs an output with one free index (its value dim); "
                             f"{alg.output_name} has {len(alg.output.free)}", path=alg.name)
-        if not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r} (the Triton "
+        if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+            raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r} (the Triton "
                              f"kernels need a power of two >= {launch.MIN_CHUNK})")
         self.compilation = compilation
         self.algebra = alg
         self.backend = backend
-        self.chunk_size = chunk_size
+        self.chunk_size = chunk_size      # None: the launch rules choose (launch.chunk_for)
+        self._long_chunks = launch.plan_cache()   # shape class -> launch.takes_long_chunk
         self.schedule = "auto"            # Triton: "two_pass", "fused", "scan" or "auto" (runtime.launch)
         self.autotune = False             # time launch configs per shape class (runtime.autotune)
         self.inputs = tuple(alg.inputs)   # declaration order
@@ -234,7 +235,8 @@ class Op:
         from triton.runtime.errors import OutOfResources
         try:
             with autotune.session(self.autotune, first, dims, g is not None, cu_seqlens):
-                return launch.fitting_chunk(key, self._chunk(first), run)
+                return launch.fitting_chunk(key, self._chunk(first, "forward", dims, g is not None, schedule,
+                                                             cu_seqlens is not None), run)
         except OutOfResources as exc:
             self._no_kernel_fits(exc, "forward", dims, first)
         return self._run_torch(tokens, g, scale, init, cu_seqlens)
@@ -271,8 +273,9 @@ class Op:
         product runs inside a kernel, no tracing on the host."""
         from hladsl.runtime.triton_backward import backward_triton
         first = tokens[0]
-        key = (self.identity, "backward", tuple(sorted(self._dims(dict(zip(self.inputs, tokens))).items())),
-               first.dtype, g is not None, schedule, str(first.device))
+        dims = self._dims(dict(zip(self.inputs, tokens)))
+        key = (self.identity, "backward", tuple(sorted(dims.items())), first.dtype, g is not None, schedule,
+               str(first.device))
 
         def run(chunk):
             prep = _Prepared(self, dict(zip(self.inputs, tokens)), g, scale, init, cu_seqlens, chunk,
@@ -288,9 +291,9 @@ class Op:
                 grads.append(prep.gate_vjp(d_lam, g))
             grads += [prep.init_vjp(s.name, d_init[s.name], x) for s, x in zip(self.algebra.streaming, init)]
             return grads
-        with autotune.session(self.autotune, first, self._dims(dict(zip(self.inputs, tokens))), g is not None,
-                              cu_seqlens):
-            return launch.fitting_chunk(key, self._chunk(first), run)
+        with autotune.session(self.autotune, first, dims, g is not None, cu_seqlens):
+            return launch.fitting_chunk(key, self._chunk(first, "backward", dims, g is not None, schedule,
+                                                         cu_seqlens is not None), run)
 
     # -- internals -----------------------------------------------------------------------
     def _no_kernel_fits(self, exc, what: str, dims: dict, first) -> None:
@@ -322,8 +325,20 @@ class Op:
             num = num / (den.unsqueeze(-1) + self.algebra.eps)
         return prep.finish(num, finals)
 
-    def _chunk(self, first) -> int:
-        return launch.chunk_for(first.shape[1], self.chunk_size, first.device)
+    def _chunk(self, first, direction: str = "forward", dims: dict | None = None, gated: bool = False,
+               schedule: str = "", varlen: bool = False) -> int:
+        """The chunk size of a kernel call (``launch.chunk_for``; ``dims`` None: the default's)."""
+        if dims is None:
+            return launch.chunk_for(first.shape[1], self.chunk_size, first.device, direction)
+        sizes = tuple(sorted(dims.items()))
+        programs = first.shape[0] * first.shape[2]
+        key = (direction, sizes, gated, schedule, programs, varlen, str(first.device), first.element_size())
+
+        def long_chunk() -> bool:
+            return launch.remembered(self._long_chunks, key, lambda: launch.takes_long_chunk(
+                lambda chunk: program_for(self.compilation, chunk, sizes, gated), direction, schedule,
+                programs, first.device, varlen, first.element_size()))
+        return launch.chunk_for(first.shape[1], self.chunk_size, first.device, direction, long_chunk)
 
     def _dims(self, tokens) -> dict[str, int]:
         return {self.algebra.inputs[n]: x.shape[-1] for n, x in tokens.items()}

@@ -215,7 +215,8 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
                             may_fall_back, overrides)
     gate = {"lam_ptr": lam} if lam is not None else {}
     launch.launch_narrowing(module.scan_kernel, plan, "scan_launch",
-                            {**state_args, **deltas, **gate, **walk, **common}, may_fall_back, overrides)
+                            {**state_args, **deltas, **gate, **walk, **common, "PREFETCH": launch.SCAN_PREFETCH},
+                            may_fall_back, overrides)
     return deltas
 
 

@@ -498,6 +498,7 @@ def scan_kernel(
     deltas_aux_E_1,  # aux_E_1: a chunk summary no state holds, per chunk: [N, H, nC, d, d]
     lam_ptr,  # [N, H, nC, C]: the last entry of each chunk (its log decay) is read
     HAS_INIT: tl.constexpr,  # False: every initial state is zero (init_ is not read)
+    PREFETCH: tl.constexpr,  # load the next chunk's deltas while this chunk's are applied
     seq_chunks, VARLEN: tl.constexpr,  # VARLEN: sequence n owns chunks seq_chunks[n] .. seq_chunks[n + 1] - 1
     H, n_chunks,
     C: tl.constexpr,
@@ -540,13 +541,27 @@ def scan_kernel(
         st_E = tl.zeros_like(off_E).to(tl.float32)
     off_aux_E_1 = offs_d[:, None] * D_d + offs_d[None, :]
     msk_aux_E_1 = (offs_d[:, None] < D_d) & (offs_d[None, :] < D_d)
+    if PREFETCH:  # the deltas do not depend on the carry: the next chunk's load overlaps this chunk's work
+        i_pf = tl.minimum(c_lo, n_chunks - 1)  # (a chunk of the row: the last one past its end, unused)
+        pf_P = tl.load(deltas_P + (crow * n_chunks + i_pf) * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
+        pf_E = tl.load(deltas_E + (crow * n_chunks + i_pf) * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
+        pf_aux_E_1 = tl.load(deltas_aux_E_1 + (crow * n_chunks + i_pf) * (D_d * D_d) + off_aux_E_1, mask=msk_aux_E_1, other=0.0)
     for i_c in range(c_lo, c_hi):
         tl.store(starts_P + (crow * n_chunks + i_c) * (D_d * D_dv) + off_P, st_P, mask=own_P)
         tl.store(starts_E + (crow * n_chunks + i_c) * (D_d * D_dv) + off_E, st_E, mask=own_E)
         lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
-        dl_P = tl.load(deltas_P + (crow * n_chunks + i_c) * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
-        dl_E = tl.load(deltas_E + (crow * n_chunks + i_c) * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
-        dl_aux_E_1 = tl.load(deltas_aux_E_1 + (crow * n_chunks + i_c) * (D_d * D_d) + off_aux_E_1, mask=msk_aux_E_1, other=0.0)
+        if PREFETCH:
+            i_pf = tl.minimum(i_c + 1, c_hi - 1)
+            dl_P = pf_P
+            pf_P = tl.load(deltas_P + (crow * n_chunks + i_pf) * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
+            dl_E = pf_E
+            pf_E = tl.load(deltas_E + (crow * n_chunks + i_pf) * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
+            dl_aux_E_1 = pf_aux_E_1
+            pf_aux_E_1 = tl.load(deltas_aux_E_1 + (crow * n_chunks + i_pf) * (D_d * D_d) + off_aux_E_1, mask=msk_aux_E_1, other=0.0)
+        else:
+            dl_P = tl.load(deltas_P + (crow * n_chunks + i_c) * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
+            dl_E = tl.load(deltas_E + (crow * n_chunks + i_c) * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
+            dl_aux_E_1 = tl.load(deltas_aux_E_1 + (crow * n_chunks + i_c) * (D_d * D_d) + off_aux_E_1, mask=msk_aux_E_1, other=0.0)
 
         # ---- P: state at the end of this chunk
         # +1 · P@P[i,e]   [carry only; w(P)=1]

@@ -590,6 +590,7 @@ def scan_kernel(
     init_G, final_G, starts_G, deltas_G,  # G[i,e]: [d, dv]
     lam_ptr,  # [N, H, nC, C]: the last entry of each chunk (its log decay) is read
     HAS_INIT: tl.constexpr,  # False: every initial state is zero (init_ is not read)
+    PREFETCH: tl.constexpr,  # load the next chunk's deltas while this chunk's are applied
     seq_chunks, VARLEN: tl.constexpr,  # VARLEN: sequence n owns chunks seq_chunks[n] .. seq_chunks[n + 1] - 1
     H, n_chunks,
     C: tl.constexpr,
@@ -637,14 +638,28 @@ def scan_kernel(
         st_G = tl.load(init_G + pid_nh * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
     else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
         st_G = tl.zeros_like(off_G).to(tl.float32)
+    if PREFETCH:  # the deltas do not depend on the carry: the next chunk's load overlaps this chunk's work
+        i_pf = tl.minimum(c_lo, n_chunks - 1)  # (a chunk of the row: the last one past its end, unused)
+        pf_S = tl.load(deltas_S + (crow * n_chunks + i_pf) * (D_d * D_d) + off_S, mask=msk_S, other=0.0)
+        pf_C = tl.load(deltas_C + (crow * n_chunks + i_pf) * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
+        pf_G = tl.load(deltas_G + (crow * n_chunks + i_pf) * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
     for i_c in range(c_lo, c_hi):
         tl.store(starts_S + (crow * n_chunks + i_c) * (D_d * D_d) + off_S, st_S, mask=own_S)
         tl.store(starts_C + (crow * n_chunks + i_c) * (D_d * D_dv) + off_C, st_C, mask=own_C)
         tl.store(starts_G + (crow * n_chunks + i_c) * (D_d * D_dv) + off_G, st_G, mask=own_G)
         lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
-        dl_S = tl.load(deltas_S + (crow * n_chunks + i_c) * (D_d * D_d) + off_S, mask=msk_S, other=0.0)
-        dl_C = tl.load(deltas_C + (crow * n_chunks + i_c) * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
-        dl_G = tl.load(deltas_G + (crow * n_chunks + i_c) * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
+        if PREFETCH:
+            i_pf = tl.minimum(i_c + 1, c_hi - 1)
+            dl_S = pf_S
+            pf_S = tl.load(deltas_S + (crow * n_chunks + i_pf) * (D_d * D_d) + off_S, mask=msk_S, other=0.0)
+            dl_C = pf_C
+            pf_C = tl.load(deltas_C + (crow * n_chunks + i_pf) * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
+            dl_G = pf_G
+            pf_G = tl.load(deltas_G + (crow * n_chunks + i_pf) * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
+        else:
+            dl_S = tl.load(deltas_S + (crow * n_chunks + i_c) * (D_d * D_d) + off_S, mask=msk_S, other=0.0)
+            dl_C = tl.load(deltas_C + (crow * n_chunks + i_c) * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
+            dl_G = tl.load(deltas_G + (crow * n_chunks + i_c) * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
 
         # ---- S: state at the end of this chunk
         # +1 · S@P[i,j]   [carry only; w(P)=1]
