@@ -28,7 +28,8 @@ def compile_spec(name_or_path, **params):
 
 def load(name_or_path, *, backend: str = "auto", chunk_size: int | None = None, **params):
     """The torch op of a shipped spec name or a path to a .hla file,
-    memoised per spec text, parameters, backend and chunk size."""
+    memoised per spec text, parameters, backend and chunk size (None: the launch
+    rules choose per call, ``runtime.launch.chunk_for``)."""
     from hladsl.api import load as load_op
     return load_op(name_or_path, backend=backend, chunk_size=chunk_size, **params)
 

@@ -5,9 +5,12 @@ every fallback, each with its reason, in one place. The kernel runners
 tuning knobs of their own.
 
 Rules:
-* chunk size: the op's chunk (64), on CPU shrunk to the sequence for short inputs
-  (power of two, >= 16: tl.dot's minimum), halved while a kernel does not fit
-  the GPU's shared memory (``fitting_chunk``); what fit is remembered per shape class.
+* chunk size: the op's chunk where it gives one, else 64, or 128 on CUDA for dense
+  ungated "auto" calls of programs with a chunk scan (the forward; the backward where its
+  gradient kernels stay memory-bound: ``chunk_for``, ``takes_long_chunk``); on CPU shrunk
+  to the sequence for short inputs (power of two, >= 16: tl.dot's minimum); halved while a
+  kernel does not fit the GPU's shared memory (``fitting_chunk``); what fit is remembered
+  per shape class.
 * launch options: the default software pipelining first; one stage, then eight
   warps when shared memory runs out (``launch``, remembered per kernel).
 * state-pass block of the value dim: narrow enough to fill the GPU
@@ -25,7 +28,8 @@ Rules:
 * schedule: fused (one kernel) when there are enough (sequence, head) pairs to
   fill the GPU without chunk parallelism and more than one chunk, else two-pass
   (``use_fused``); its state pass chunk-parallel (deltas, then a scan over them) where
-  the walking one cannot be split over the value dim (``use_chunk_scan``), and the
+  the walking one cannot be split over the value dim (``use_chunk_scan``; its scan kernel
+  prefetching the next chunk's deltas, ``SCAN_PREFETCH``), and the
   backward's reverse pass chunk-parallel after it (``use_reverse_scan``), its cotangents
   written over its per-chunk parts where that is safe (``reverse_in_place``: memory).
 * gradient kernels: one gradient target group (a token input, or Λ) per program
