@@ -77,6 +77,9 @@ def test_which_programs_take_the_long_chunk(gpu_of_132_sms, spec, forward, backw
     assert takes("forward") is forward
     assert takes("backward") is backward
     assert not takes("forward", gated=True) and not takes("backward", gated=True)   # decay tiles spill
+    wide = tuple((dim, 128) for dim, _ in sizes)      # [128, 128] tiles: measured slower (hla3_masked)
+    assert not launch.takes_long_chunk(lambda chunk: program_for(op.compilation, chunk, wide, False),
+                                       "forward", "auto", 32, gpu_of_132_sms, False, 2)
     if forward:
         assert not takes("forward", schedule="two_pass")     # a schedule asked for keeps 64
         assert not takes("forward", programs=2 * 132)         # the fused schedule takes these

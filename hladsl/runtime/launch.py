@@ -6,7 +6,7 @@ tuning knobs of their own.
 
 Rules:
 * chunk size: the op's chunk where it gives one, else 64, or 128 on CUDA for dense
-  ungated "auto" calls of programs with a chunk scan (the forward; the backward where its
+  ungated "auto" calls of programs with a chunk scan and dims of at most 64 (the forward; the backward where its
   gradient kernels stay memory-bound: ``chunk_for``, ``takes_long_chunk``); on CPU shrunk
   to the sequence for short inputs (power of two, >= 16: tl.dot's minimum); halved while a
   kernel does not fit the GPU's shared memory (``fitting_chunk``); what fit is remembered
@@ -106,6 +106,7 @@ BACKWARD_CHUNK = None   # the same for the backward
 # FLOPs per HBM byte below which a kernel is memory-bound: the H100's dense bf16 tensor-core
 # peak over its bandwidth (989 TFLOP/s / 3.35 TB/s)
 MEMORY_BOUND_INTENSITY = 295.0
+LONG_CHUNK_TILE = 128 * 64   # the most elements of a [C, dim] token tile at the long chunk
 
 
 def chunk_for(T: int, chunk_size: int | None, device=None, direction: str = "forward",
@@ -146,6 +147,11 @@ def takes_long_chunk(program_at: Callable[[int], object], direction: str, schedu
       output kernel past its registers at 128 (hla2's: 1624 B of stack gated, 432 B
       ungated); run 85, gated, T = 64k, C = 64 vs 128: linear forward 0.980 vs 1.126 ms,
       hla2 5.04 vs 5.21 (8 warps remove the spill and lose more ungated, run 83);
+    * dims wider than 64: the long chunk's [C, dim] tiles then pass LONG_CHUNK_TILE (128 x 64,
+      where it was measured faster for every program with a chunk scan); run 88, d = 128,
+      T = 16k, forward, C = 128 vs 64: hla3_masked 16.6 vs 6.0 ms, ahla 2.31 vs 2.06, while
+      hla2 6.29 vs 8.80 and linear 0.662 vs 0.713 -- nothing static measured yet separates
+      them, so wide dims keep 64 (a tuning candidate);
     * varlen: each sequence pads to a whole chunk;
     * the backward, where its gradient kernels, whose FLOPs grow with the chunk, are not
       memory-bound at it (the cost model's FLOP/byte at or over MEMORY_BOUND_INTENSITY):
@@ -155,7 +161,8 @@ def takes_long_chunk(program_at: Callable[[int], object], direction: str, schedu
     if schedule != "auto" or varlen or programs >= FUSED_MIN_PROGRAMS_PER_SM * sms(device):
         return False
     program = program_at(LONG_CHUNK)
-    if program.gated or not has_chunk_scan(program):
+    if (program.gated or not has_chunk_scan(program)
+            or LONG_CHUNK * max(n for _, n in program.sizes) > LONG_CHUNK_TILE):
         return False
     if direction == "forward":
         return True
