@@ -98,7 +98,7 @@ def compile_one(kernel, args: dict) -> dict:
         os.unlink(f.name)
         usage = " ".join(line.strip() for line in out.splitlines() if "REG:" in line)
     return {"kernel": kernel.fn.__name__, "seconds": round(seconds, 1), "resources": usage,
-            **options}
+            "dynamic_shared": getattr(compiled.metadata, "shared", None), **options}
 
 
 def main() -> int:
