@@ -240,3 +240,27 @@ def test_which_states_the_output_kernel_reads_only_as_sdot_operands():
         alg = hladsl.compile_spec(name)
         ctx = kernel_context(chunk_program(alg, 64, tuple(sorted((x, 64) for x in alg.dims)), True))
         assert {s["name"] for s in ctx["states"] if s["read"] and s["starts_sdot"]} == want, name
+
+
+@pytest.mark.parametrize("spec, gated, forward, backward", [
+    ("linear", False, True, True), ("hla2", False, True, False), ("hla2", True, False, False),
+    ("power", False, False, False)])
+def test_the_op_asks_the_long_chunk_rule_per_direction(monkeypatch, gpu_of_132_sms, spec, gated,
+                                                       forward, backward):
+    """An op call hands chunk_for the rule for its own direction, dims and gate (what a CUDA
+    call would take; on CPU the interpreter's chunk is kept, so the rule is only asked here)."""
+    import hladsl
+    asked = {}
+    real = launch.chunk_for
+
+    def spy(T, chunk_size, device=None, direction="forward", long_chunk=None):
+        if long_chunk is not None:
+            asked[direction] = long_chunk()
+        return real(T, chunk_size, device, direction, long_chunk)
+    monkeypatch.setattr(launch, "chunk_for", spy)
+    op = hladsl.load(spec, backend="triton")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 20, 2, 16, generator=gen, requires_grad=True) for _ in range(3))
+    g = -0.1 * torch.rand(1, 20, 2, generator=gen) if gated else None
+    op(q, k, v, g=g)[0].sum().backward()
+    assert asked == {"forward": forward, "backward": backward}
