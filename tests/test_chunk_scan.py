@@ -122,18 +122,19 @@ def test_scan_schedule_matches_torch_float64(name, params, gated, with_init, var
     assert shared == set() if varlen else (shared == written if name == "hla3_masked" else bool(shared))
 
 
-@pytest.mark.parametrize("name", ["ahla", "hla2"])
-def test_scan_schedule_at_the_long_chunk(name, launched):
+@pytest.mark.parametrize("name,schedule", [("ahla", "scan"), ("hla2", "scan"), ("linear", "two_pass")])
+def test_scan_schedule_at_the_long_chunk(name, schedule, launched):
     """The chunk size "auto" takes on a GPU for programs with a chunk scan
-    (launch.LONG_CHUNK): two chunks of 128 and a partial third, gated, from an initial
-    state, forward and backward, in fp32 against the float64 torch program."""
+    (launch.LONG_CHUNK), with the schedule it takes there (linear walks: its walk splits):
+    two chunks of 128 and a partial third, gated, from an initial state, forward and
+    backward, in fp32 against the float64 torch program."""
     gen = torch.Generator().manual_seed(5)
     B, T, H, d = 1, 300, 2, 8
     q, k, v = (0.5 * torch.randn(B, T, H, d, generator=gen, dtype=torch.float64) for _ in range(3))
     g = -0.05 * torch.rand(B, T, H, generator=gen, dtype=torch.float64)
     ref = hladsl.load(name, backend="torch", chunk_size=16)
     op = hladsl.load(name, backend="triton", chunk_size=launch.LONG_CHUNK)
-    op.schedule = "scan"
+    op.schedule = schedule
     shapes = ref.state_shapes(d, d)
     init = {n: 0.2 * torch.randn(B, H, *s, generator=gen, dtype=torch.float64).abs() for n, s in shapes.items()}
     w_o = torch.randn(B, T, H, d, generator=gen, dtype=torch.float64)
@@ -152,8 +153,9 @@ def test_scan_schedule_at_the_long_chunk(name, launched):
         assert rel(got[1][n], want[1][n]) < 1e-5, n
     for a, b in zip(got[2], want[2]):
         assert rel(a, b) < 1e-4
-    assert launched.count("delta_kernel") == 2 and launched.count("scan_kernel") == 2
-    assert dict(launched.args)["scan_kernel"]["C"] == launch.LONG_CHUNK
+    walk = "scan_kernel" if schedule == "scan" else "state_pass_kernel"
+    assert launched.count(walk) == 2   # the forward's and the backward's recomputation
+    assert dict(launched.args)[walk]["C"] == launch.LONG_CHUNK
 
 
 def test_scan_kernel_splits_the_value_dim_and_reads_no_tokens():

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from hladsl.runtime import launch
+
 from gpu_support import (BY_ID, DEVICE, SPECS, TOL, Inputs, Ratios, check_against_reference,
                          cotangents, dtype_name, gates, generator, grads, group, initial_state,
                          load, loss, no_kernel_fits, schedule, tokens)
@@ -59,6 +61,9 @@ FUSED = [Variant(BF16, False, False, "fused"), Variant(BF16, True, True, "fused"
 # the chunk-parallel state pass and (where the program has one) reverse pass, forced
 SCAN = [Variant(BF16, False, False, "scan", with_state=False), Variant(BF16, True, False, "scan"),
         Variant(BF16, True, True, "scan")]
+# "auto" where it takes the long chunk (launch.takes_long_chunk: ungated, dims <= 64, programs
+# with a chunk scan): the forward at C = 128 (linear's backward too), the default path
+AUTO = [Variant(BF16, False, False, "auto")]
 D128 = {"linear": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128),
                    Variant(BF16, True, True, "fused", d=128)],
         "hla2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128)],
@@ -74,7 +79,7 @@ NARROW = [Variant(BF16, True, False, d=32), Variant(BF16, False, False, with_sta
 def cases():
     for spec in SPECS:
         narrow = [v for v in NARROW if v.d < spec.d]
-        variants = (TWO_PASS + (FUSED if spec.fused else []) + (SCAN if spec.scan else [])
+        variants = (TWO_PASS + (FUSED if spec.fused else []) + (SCAN + AUTO if spec.scan else [])
                     + D128.get(spec.id, []) + narrow)
         for v in variants:
             d = v.d or spec.d
@@ -86,7 +91,14 @@ def cases():
 
 
 @pytest.mark.parametrize("spec,variant,d", list(cases()))
-def test_forward_backward_matches_fp32_reference(spec, variant, d, record_property):
+def test_forward_backward_matches_fp32_reference(spec, variant, d, record_property, monkeypatch):
+    chunks = []   # the chunk each direction ran at ("auto": the long chunk is what is under test)
+    chunk_for = launch.chunk_for
+
+    def recorded(*args, **kwargs):
+        chunks.append(chunk_for(*args, **kwargs))
+        return chunks[-1]
+    monkeypatch.setattr(launch, "chunk_for", recorded)
     gen = generator(1000 + d)
     op = load(spec, "auto", variant.normalize)
     ref = load(spec, "torch", variant.normalize)
@@ -101,6 +113,8 @@ def test_forward_backward_matches_fp32_reference(spec, variant, d, record_proper
     ratios.check()
     if fallbacks:   # correct, but through the torch program: the kernels are what is under test
         pytest.xfail(f"checked through the torch fallback, not generated kernels: {fallbacks[0]}")
+    if variant.schedule == "auto":
+        assert launch.LONG_CHUNK in chunks, chunks
 
 
 # ------------------------------------------------------------------ short sequences
