@@ -149,8 +149,10 @@ class _Lowering:
         return {i: "C" if d is None else f"B_{d}" for i, d in self.index_dims(operands).items()}
 
     def input_info(self, x: str) -> dict:
-        """What a kernel signature and its token loads need of input ``x``."""
-        return {"name": x, "dim": self.input_dim[x], "scaled": x in self.scaled}
+        """What a kernel signature and its token loads need of input ``x`` (``scaled``: its
+        loaded tile ``raw_<x>`` times the call's scale, ``scaled_load``; "" for no query)."""
+        return {"name": x, "dim": self.input_dim[x],
+                "scaled": self.scaled_load(x, f"raw_{x}") if x in self.scaled else ""}
 
     def scaled_load(self, x: str, load: str) -> str:
         """``load`` (a tile of input ``x`` in its dtype) times the call's scale if ``x`` is a
