@@ -392,3 +392,83 @@ def test_schedule_check_script_compares_schedules(tmp_path, capsys):
     for r in rows:
         assert "error" not in r, r
         assert max(r[k] for k in ("o", "states", "dq", "dk", "dv", "dg")) < 1e-5, r
+
+
+@pytest.fixture
+def grouped_scans():
+    """The two-level scan (launch.scan_groups) at the interpreter's shapes: groups of two
+    chunks, taken however many programs the walkers are (the CPU counts one SM), in the
+    forward too (by default only the backward groups)."""
+    knobs = {"SCAN_GROUP": 2, "SCAN_GROUP_FILL": 1000, "SCAN_GROUP_FORWARD": True}
+    old = {name: launch.switch(name, value) for name, value in knobs.items()}
+    yield
+    for name, value in old.items():
+        launch.switch(name, value)
+
+
+# (spec, params, gated, initial state, dv): hla2's G grows by S's delta times the carried C
+# (a scan term: a group's delta is not the sum of its chunks'), over one and two value blocks
+GROUPED = [("hla2", {}, True, True, 8), ("hla2", {}, False, False, 32),
+           ("hla2", {"normalize": True, "ridge": 0.3}, True, True, 8), ("linear", {"normalize": True}, True, True, 8)]
+
+
+@pytest.mark.parametrize("name,params,gated,with_init,dv", GROUPED,
+                         ids=[f"{c[0]}{'-norm' if c[1] else ''}-{'gated' if c[2] else 'plain'}"
+                              f"{'-init' if c[3] else ''}-dv{c[4]}" for c in GROUPED])
+def test_two_level_scan_matches_torch_float64(name, params, gated, with_init, dv, launched, grouped_scans):
+    """Seven chunks in groups of two (the last alone): the forward and reverse scans each in
+    three launches (the groups from zero, the walk over the groups, the groups from their
+    starts), outputs, final states and every gradient in fp32 against the float64 program."""
+    gen = torch.Generator().manual_seed(17)
+    B, T, H, d = 2, 16 * 7 - 5, 2, 8
+    q, k = (0.5 * torch.randn(B, T, H, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    if params.get("normalize"):
+        q, k = q.abs() + 0.1, k.abs() + 0.1
+    v = torch.randn(B, T, H, dv, generator=gen, dtype=torch.float64)
+    g = -0.3 * torch.rand(B, T, H, generator=gen, dtype=torch.float64) if gated else None
+    ref = hladsl.load(name, backend="torch", chunk_size=16, **params)
+    op = hladsl.load(name, backend="triton", chunk_size=16, **params)
+    op.schedule = "scan"
+    shapes = ref.state_shapes(d, dv)
+    init = ({n: 0.2 * torch.randn(B, H, *s, generator=gen, dtype=torch.float64).abs()
+             for n, s in shapes.items()} if with_init else None)
+    w_o = torch.randn(B, T, H, dv, generator=gen, dtype=torch.float64)
+    w_s = {n: torch.randn(B, H, *s, generator=gen, dtype=torch.float64) for n, s in shapes.items()}
+    want_o, want_f, want_g = _loss_and_grads(ref, (q, k, v, g), init, w_o, w_s, None, 0.5)
+
+    def f32(x):
+        return None if x is None else x.float()
+    try:
+        got_o, got_f, got_g = _loss_and_grads(
+            op, tuple(map(f32, (q, k, v, g))), None if init is None else {n: f32(x) for n, x in init.items()},
+            f32(w_o), {n: f32(x) for n, x in w_s.items()}, None, 0.5)
+    finally:
+        op.schedule = "auto"
+
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+    assert rel(got_o, want_o) < 1e-5
+    for n in shapes:
+        assert rel(got_f[n], want_f[n]) < 1e-5, n
+    for a, b in zip(got_g, want_g):
+        assert rel(a, b) < 1e-4
+    # forward, the backward's recomputation, reverse: three launches each, the groups' walks
+    # over B * H * 4 groups (four groups: 2 + 2 + 2 + 1 chunks), the walk over them B * H
+    assert launched.count("scan_kernel") == 6 and launched.count("rscan_kernel") == 3
+    for kernel in ("scan_kernel", "rscan_kernel"):
+        walkers = [grid[0] for name_, grid in launched.grids if name_ == kernel][:3]
+        assert walkers == [B * H * 4, B * H, B * H * 4], (kernel, walkers)
+
+
+def test_scans_with_chunk_summaries_outside_the_states_stay_one_level(launched, grouped_scans):
+    """AHLA's scan reads Σ k qᵀ of each chunk, which no state holds: a group of chunks has no
+    such summary to build (no combine), so its scans walk every chunk in one launch."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (0.5 * torch.randn(1, 16 * 6, 2, 8, generator=gen) for _ in range(3))
+    op = hladsl.load("ahla", backend="triton", chunk_size=16)
+    op.schedule = "scan"
+    try:
+        op(q, k, v)
+    finally:
+        op.schedule = "auto"
+    assert launched.count("scan_kernel") == 1

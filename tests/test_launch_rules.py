@@ -264,3 +264,32 @@ def test_the_op_asks_the_long_chunk_rule_per_direction(monkeypatch, gpu_of_132_s
     g = -0.1 * torch.rand(1, 20, 2, generator=gen) if gated else None
     op(q, k, v, g=g)[0].sum().backward()
     assert asked == {"forward": forward, "backward": backward}
+
+
+def test_the_backward_scans_in_groups_where_few_walkers_walk_many_chunks(gpu_of_132_sms):
+    """launch.scan_groups: ceil(nC / SCAN_GROUP) groups in the backward, for dense calls of a
+    groupable scan with at least two groups' worth of chunks and fewer walkers than
+    SCAN_GROUP_FILL programs an SM; one level otherwise, and in the forward."""
+    dev, group = gpu_of_132_sms, launch.SCAN_GROUP
+    assert launch.scan_groups(1024, 32, dev, False, True, "backward") == 1024 // group
+    assert launch.scan_groups(2 * group + 1, 32, dev, False, True, "backward") == 3   # the last group short
+    assert launch.scan_groups(2 * group - 1, 32, dev, False, True, "backward") == 1
+    assert launch.scan_groups(1024, 32, dev, False, True, "forward") == 1
+    assert launch.scan_groups(1024, 32, dev, True, True, "backward") == 1     # varlen
+    assert launch.scan_groups(1024, 32, dev, False, False, "backward") == 1   # not groupable
+    assert launch.scan_groups(1024, launch.SCAN_GROUP_FILL * 132, dev, False, True, "backward") == 1
+
+
+@pytest.mark.parametrize("spec,groupable", [("hla2", True), ("linear", True), ("ahla", False),
+                                            ("hla3_masked", False)])
+def test_which_scans_can_group(spec, groupable):
+    """A group of chunks is one chunk to a scan whose per-chunk buffers are all states' deltas
+    (hla2, linear); AHLA's and HLA3-masked's read chunk summaries no state holds (ir.scan's
+    AuxDelta), which have no combine. The reverse scan groups with its forward."""
+    import hladsl
+    from hladsl.codegen.triton_bwd import backward_context
+    from hladsl.codegen.triton_gen import kernel_context
+    from hladsl.ir.pipeline import chunk_program
+    program = chunk_program(hladsl.compile_spec(spec), 64, (("d", 64), ("dv", 64)), True)
+    assert kernel_context(program)["chunk_scan"]["groupable"] is groupable
+    assert backward_context(program)["reverse_scan"]["groupable"] is groupable

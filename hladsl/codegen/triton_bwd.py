@@ -417,6 +417,10 @@ def _reverse_scan(low: _BwdLowering, bwd, fwd: dict, info) -> dict | None:
             "written": [info(n) for n in states if n in written], "in_place": in_place,
             "deltas": [buffers[n] for n in split.deltas],   # read into st_<name>
             "starts": [info(n) for n in states if n in split.starts],   # and these, st_<state>
+            # a group's map d(end) -> d(start) is one step's at the group's forward delta, where
+            # a step reads forward deltas alone (no start states) that the forward groups
+            # and every d-state has a part buffer (a group's own part of each is what it passes on)
+            "groupable": fwd["chunk_scan"]["groupable"] and not split.starts and set(states) <= set(written),
             "states": [info(n, own=own(n), end=ends[n]) for n in states],
             "splits": splits, "delta_defs": _defs(defs), "derived": derived, "delta_code": code,
             "delta_chained_dots": delta_chained, "scan_code": scan_code,

@@ -634,7 +634,14 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram, states: list[dict], split
         scan_code.append({"name": name, "code": code.strip("\n")})
     if scan_defs:
         raise ValueError(f"{low.alg.name}: a carry or scan term of the state pass reads the tokens")
-    return {"deltas": with_delta, "buffers": buffers, "aux": [a.name for a in plan.aux],
+    # A group of chunks is one chunk to the scan (the combine is associative): its walk from
+    # zero gives its deltas, which the two-level scan (launch.scan_groups) walks. That needs
+    # every state a term other than the carry grows to have a delta buffer, and no chunk
+    # summary outside the states (an AuxDelta has no combine to build a group's from), and a
+    # start buffer for every state (the walk over the groups writes each group's start there).
+    grown = {name for name, terms in program.states if len(positions(name, terms, ("scan", "delta")))}
+    groupable = not plan.aux and grown <= set(with_delta) and all(s["read"] for s in states)
+    return {"deltas": with_delta, "buffers": buffers, "aux": [a.name for a in plan.aux], "groupable": groupable,
             "delta_defs": _defs(delta_defs), "delta_code": delta_code,
             "delta_chained_dots": delta_chained, "scan_code": scan_code,
             "scan_chained_dots": low.block.chained}

@@ -258,6 +258,40 @@ def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: 
 SCAN_PREFETCH = True
 
 
+# The two-level scan (``scan_groups``). A scan walks one chunk per step, each step a chain of
+# loads, a few products and stores that one program per (sequence, head) and value block runs
+# in order: hla2 at T = 65536, B = 2, H = 16 walked 512 (C = 128) and 1024 (C = 64) steps at
+# 2.2 and 4.2 µs each, ~1 TB/s (run 91: its forward and reverse scans, 7.3 of 23.2 ms of fwd +
+# bwd). In groups of SCAN_GROUP chunks (the combine is associative) the walk runs in three
+# launches of the same kernel: every group walks its chunks from zero to its own delta (one
+# program per group: SCAN_GROUP-fold parallelism), one walk over the groups' deltas gives each
+# group's start, and every group walks again from it writing the chunk starts. The deltas are
+# read twice (the bytes grow by half) and the sequential depth falls from nC to ~2 SCAN_GROUP
+# + nC / SCAN_GROUP.
+SCAN_GROUP = 32
+SCAN_GROUP_FILL = 4     # grouped only while the one-level walkers fill fewer than this many a SM
+SCAN_GROUP_WIDTH = None   # the groups' value block (None: state_block's rule at their program count)
+SCAN_GROUP_FORWARD = False   # group the forward's own scan too (measured slower, below)
+SCAN_WIDTH = None   # the one-level scans' value block (None: state_block's rule); an A/B knob
+
+
+def scan_groups(n_chunks: int, walkers: int, device, varlen: bool, groupable: bool, direction: str) -> int:
+    """Groups of the scan's walk (1: one level): ceil(nC / SCAN_GROUP) in the backward (its
+    recomputed state pass, whose groups' deltas the reverse scan walks, and the reverse scan),
+    where the program's scan can group (``triton_gen._chunk_scan``'s groupable), the call is
+    dense (varlen sequences are the walkers already), there are at least two groups of chunks,
+    and the ``walkers`` ((sequence, head) pairs) leave the GPU short of SCAN_GROUP_FILL
+    programs an SM. Measured (runs 92, 93, hla2, B = 2, H = 16, T = 65536, fwd + bwd): the
+    reverse scan 4.27 -> 2.92 ms (its one-level walk moved ~0.9 TB/s), the recomputed forward
+    scan ~0.2 ms slower (its one level already moves ~1.3 TB/s and the groups read the deltas
+    twice), so the forward alone stays one level (2.87 vs 3.09 ms), ``SCAN_GROUP_FORWARD``."""
+    if (not groupable or varlen or not SCAN_GROUP or n_chunks < 2 * SCAN_GROUP
+            or walkers >= SCAN_GROUP_FILL * sms(device)
+            or (direction == "forward" and not SCAN_GROUP_FORWARD)):
+        return 1
+    return -(-n_chunks // SCAN_GROUP)
+
+
 # Under "auto" at chunks shorter than LONG_CHUNK, chunk scans that read chunk summaries no
 # state holds (``ir.scan.AuxDelta``) stay off: on the H100 (run 70, B = 2, H = 16, d = 64,
 # bf16, C = 64) they lose for AHLA (forward 0.67 -> 0.86 ms at 16k, fwd + bwd 4.4 -> 5.0) and

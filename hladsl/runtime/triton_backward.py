@@ -11,7 +11,7 @@ from hladsl.codegen.triton_gen import constexprs
 from hladsl.runtime import autotune, launch
 from hladsl.runtime.triton_forward import (_packed_tables, _state_buffers, _token_args, tile_args,
                                            token_layout, walk_args, per_chunk_alloc, plan_state_pass,
-                                           run_state_pass)
+                                           run_state_pass, group_lam, ONE_LEVEL)
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime.backward_torch import check_backward_args
 
@@ -127,21 +127,18 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     loop, dot = plan.grad_loop, plan.grad_dot
     everything = _grad_args(d_tiles, d_lam, grad_scales)
     for targets, held, parts in plan.grad_launches:
-        # one part writes its targets in place; several sum into one fp32 buffer (part p > 0
-        # adds to what the parts before it stored), cast into the target after the last
-        final = {g["input"]: d_tiles[g["input"]] if g["input"] else d_lam for g in held}
-        sums = {n: x if parts == 1 or x.dtype == torch.float32 else
-                torch.empty(x.shape, device=device, dtype=torch.float32) for n, x in final.items()}
-        mine = {}
-        for n, x in sums.items():
-            mine.update(tile_args(f"dx_{n}", x) if n else {"dlam_ptr": x})
+        # one part writes its targets; several sum in an fp32 buffer (part p > 0 adds to what
+        # the parts before it stored), the last writing the target in its dtype (dΛ: fp32, in place)
+        sums = {}
+        for g in held:
+            x = d_tiles.get(g["input"])
+            if x is not None and parts > 1 and x.dtype != torch.float32:
+                sums.update(tile_args(f"dsum_{g['input']}", token_layout(
+                    *x.shape[:4], x.shape[4], torch.float32, device)))
         for part in range(parts):
             launch.launch(module.grad_kernel, (n_chunks, n_seq * heads),
-                          {**args, **everything, **mine, **common, **loop, **dot,
+                          {**args, **everything, **sums, **common, **loop, **dot,
                            "TARGETS": targets, "PART": part, "PARTS": parts}, True)
-        for n, x in sums.items():
-            if x is not final[n]:
-                final[n].copy_(x)
     return d_tiles, d_lam, d_init
 
 
@@ -184,7 +181,7 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
     are its walking kernel's)."""
     rs = ctx["reverse_scan"]
     read = {f"deltas_{s['name']}" for s in rs["deltas"]}
-    spare = [x for k, x in deltas.items() if k not in read]
+    spare = [x for k, x in deltas.items() if k not in read and k.startswith("deltas_")]
     parts = {}
     for s in rs["written"]:
         init = state_args[f"init_{s['name']}"]
@@ -213,10 +210,36 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
             dends[name] = per_chunk_alloc(init, seq_chunks)(shape)
         args[f"dends_{name}"] = dends[name]
     gate = {"lam_ptr": lam} if lam is not None else {}
+    fixed = {**plan.walk, **plan.common, **{f"starts_{s['name']}": starts[s["name"]] for s in rs["starts"]}}
+    n_groups = plan.scan_groups if rs["groupable"] else 1
+    if n_groups == 1:
+        launch.launch_narrowing(module.rscan_kernel, plan, "rscan_launch",
+                                {**args, **parts, **{k: deltas[k] for k in read}, **gate, **fixed, **ONE_LEVEL,
+                                 "group_len": rows[2]}, True)
+        return d_init, dends, 1
+    # two levels (launch.scan_groups): each group's own part of its d(start) from zero, the walk
+    # over the groups (each one step at its forward delta) to each group's d(end), the groups again
+    length, walkers = launch.SCAN_GROUP, rows[0] * rows[1]
+    own, ends = {}, {}
+    for s in rs["states"]:
+        init = state_args[f"init_{s['name']}"]
+        own[s["name"]] = init.new_empty(rows[:2] + (n_groups,) + tuple(init.shape[2:]))
+        ends[s["name"]] = torch.empty_like(own[s["name"]])
+    read_now = {k: deltas[k] for k in read}
+    launch.launch_narrowing(module.rscan_kernel, plan, "group_rscan_launch",
+                            {**args, "HAS_DFINAL": False, **{f"dinit_{n}": x for n, x in own.items()}, **parts,
+                             **read_now, **gate, **fixed, "STORE_CHUNKS": False, "STORE_LAST": True,
+                             "n_groups": n_groups, "group_len": length}, True)
     launch.launch_narrowing(module.rscan_kernel, plan, "rscan_launch",
-                            {**args, **parts, **{k: deltas[k] for k in read}, **gate, **plan.walk,
-                             **{f"starts_{s['name']}": starts[s["name"]] for s in rs["starts"]},
-                             **plan.common}, True)
+                            {**args, "IN_PLACE": False, **{f"dends_{n}": x for n, x in ends.items()},
+                             **{f"rdeltas_{n}": own[n] for n in (s["name"] for s in rs["written"])},
+                             **{k: deltas["group_" + k] for k in read},
+                             **({"lam_ptr": group_lam(lam, walkers, n_groups, length)} if lam is not None else {}),
+                             **fixed, **ONE_LEVEL, "n_chunks": n_groups, "group_len": n_groups}, True)
+    launch.launch_narrowing(module.rscan_kernel, plan, "group_rscan_launch",
+                            {**args, "HAS_DFINAL": True, **{f"dfinal_{n}": x for n, x in ends.items()}, **parts,
+                             **read_now, **gate, **fixed, "STORE_CHUNKS": True, "STORE_LAST": False,
+                             "n_groups": n_groups, "group_len": length}, True)
     return d_init, dends, 1
 
 
@@ -247,12 +270,14 @@ def _grad_buffers(ctx, first, common, lam, dtype) -> tuple[dict, torch.Tensor | 
     return d_tiles, None if lam is None else torch.empty_like(lam)
 
 
-def _grad_args(d_tiles, d_lam, grad_scales=None) -> dict:
+def _grad_args(d_tiles, d_lam, grad_scales=None, parted: bool = True) -> dict:
     """Every gradient buffer as a kernel argument (a launch writes only its targets'),
-    with its input's scale."""
+    with its input's scale, and as its own parts' sum (``dsum_``: read and written only by
+    a gradient kernel in parts, whose launch passes an fp32 buffer there unless it is fp32;
+    ``parted`` False: the fused kernel, which has none)."""
     args = {}
     for n, x in d_tiles.items():
-        args.update(tile_args(f"dx_{n}", x))
+        args.update(tile_args(f"dx_{n}", x), **(tile_args(f"dsum_{n}", x) if parted else {}))
         args[f"gscale_{n}"] = float((grad_scales or {}).get(n, 1.0))
     if d_lam is not None:
         args["dlam_ptr"] = d_lam
@@ -273,7 +298,7 @@ def _fused(module, ctx, plan, tokens, state_args, starts, cot, grad_final, first
     d_tiles, d_lam = _grad_buffers(ctx, first, plan.common, lam, grad_dtype)
     for targets in plan.fused_targets:
         launch.launch(module.fused_bwd_kernel, (n_seq * heads,),
-                      {**tokens, **plan.packed, **args, **cot, **_grad_args(d_tiles, d_lam, grad_scales),
+                      {**tokens, **plan.packed, **args, **cot, **_grad_args(d_tiles, d_lam, grad_scales, parted=False),
                        **plan.common, **plan.fused_dot, "TARGETS": targets}, True)
     return d_tiles, d_lam, d_init
 
@@ -302,7 +327,7 @@ class _BackwardPlan:
             **constexprs(program))
         features = launch.feature_blocks(program, common)
         self.packed = _packed_tables(program, device)
-        plan_state_pass(self, program, fwd, common, first, schedule)
+        plan_state_pass(self, program, fwd, common, first, schedule, "backward")
         self.cotangent_dot = launch.dot_override(first, fwd["output_chained_dots"], {}, features)
         self.fused = seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device,
                                                              n_seq * heads, n_chunks)
@@ -316,7 +341,11 @@ class _BackwardPlan:
             self.rdelta_launch = launch.split_blocks((n_chunks, n_seq * heads), [], program, common, first,
                                                      rs["delta_chained_dots"])
             self.rscan_launch = launch.split_blocks(walkers * heads, rs["splits"], program, common, first,
-                                                    rs["scan_chained_dots"], reverse_block)
+                                                    rs["scan_chained_dots"], reverse_block or launch.SCAN_WIDTH)
+            if self.scan_groups > 1 and rs["groupable"]:   # the groups' walks of the two-level scan
+                self.group_rscan_launch = launch.split_blocks(walkers * heads * self.scan_groups, rs["splits"],
+                                                              program, common, first, rs["scan_chained_dots"],
+                                                              reverse_block or launch.SCAN_GROUP_WIDTH)
         self.reverse_launch = launch.split_blocks(walkers * heads, ctx["reverse_splits"], program, common,
                                                   first, ctx["reverse_chained_dots"], reverse_block,
                                                   fixed_blocks=bool(ctx["reverse_partial"]))

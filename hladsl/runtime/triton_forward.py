@@ -172,13 +172,13 @@ class _ForwardPlan:
             self.fused_launch = launch.split_blocks(n_seq * heads, [f["split"]] if f["split"] else [],
                                                     program, common, first, f["chained_dots"], state_block)
         self.packed = _packed_tables(program, device)
-        plan_state_pass(self, program, ctx, common, first, schedule, state_block)
+        plan_state_pass(self, program, ctx, common, first, schedule, "forward", state_block)
         self.output_dot = launch.dot_override(first, ctx["output_chained_dots"], {},
                                               launch.feature_blocks(program, common))
 
 
 def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first, schedule: str,
-                    state_block: int | None = None) -> None:
+                    direction: str, state_block: int | None = None) -> None:
     """A plan's state-pass launches (forward, and the backward's recomputation): the
     walking kernel's (``state_launch``), and where ``launch.use_chunk_scan`` takes the
     chunk-parallel pass, the delta and scan kernels' (``delta_launch``, ``scan_launch``)."""
@@ -187,11 +187,21 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
                                             ctx["state_chained_dots"], state_block)
     cs = ctx["chunk_scan"]
     plan.chunk_scan = launch.use_chunk_scan(schedule, cs, first, ctx["state_chained_dots"])
+    plan.scan_groups = 1
     if plan.chunk_scan:
         plan.delta_launch = launch.split_blocks((n_chunks, n_seq * heads), ctx["splits"], program, common,
                                                 first, cs["delta_chained_dots"])
         plan.scan_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common, first,
-                                               cs["scan_chained_dots"], state_block)
+                                               cs["scan_chained_dots"], state_block or launch.SCAN_WIDTH)
+        plan.scan_groups = launch.scan_groups(n_chunks, plan.walkers * heads, first.device,
+                                              plan.walk["VARLEN"], cs["groupable"], direction)
+        if plan.scan_groups > 1:   # the groups' walks (phases 1 and 3); the walk over groups is scan_launch's
+            plan.group_scan_launch = launch.split_blocks(plan.walkers * heads * plan.scan_groups, ctx["splits"],
+                                                         program, common, first, cs["scan_chained_dots"],
+                                                         state_block or launch.SCAN_GROUP_WIDTH)
+
+
+ONE_LEVEL = {"STORE_CHUNKS": True, "STORE_LAST": True, "n_groups": 1}   # a scan kernel's whole walk
 
 
 def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam, may_fall_back: bool,
@@ -214,10 +224,47 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     launch.launch_narrowing(module.delta_kernel, plan, "delta_launch", {**tokens, **deltas, **common},
                             may_fall_back, overrides)
     gate = {"lam_ptr": lam} if lam is not None else {}
+    fixed = {**walk, **common, "PREFETCH": launch.SCAN_PREFETCH}
+    if plan.scan_groups == 1:
+        launch.launch_narrowing(module.scan_kernel, plan, "scan_launch",
+                                {**state_args, **deltas, **gate, **fixed, **ONE_LEVEL, "group_len": rows[2]},
+                                may_fall_back, overrides)
+        return deltas
+    n_groups, length = plan.scan_groups, launch.SCAN_GROUP
+    walkers = rows[0] * rows[1]
+    totals, starts = {}, {}   # each group's own delta; each group's start
+    for s in ctx["states"]:
+        name, init = s["name"], state_args[f"init_{s['name']}"]
+        totals[name] = init.new_empty(rows[:2] + (n_groups,) + tuple(init.shape[2:]))
+        starts[name] = torch.empty_like(totals[name])
+    groups = {k: v for k, v in state_args.items() if not k.startswith("final_")}
+    groups.update({f"final_{n}": x for n, x in totals.items()}, HAS_INIT=False)
+    launch.launch_narrowing(module.scan_kernel, plan, "group_scan_launch",
+                            {**groups, **deltas, **gate, **fixed, "STORE_CHUNKS": False, "STORE_LAST": True,
+                             "n_groups": n_groups, "group_len": length}, may_fall_back, overrides)
+    over = {**state_args, **{f"starts_{n}": x for n, x in starts.items() if f"starts_{n}" in state_args}}
+    over_deltas = {k: totals[k[len("deltas_"):]] for k in deltas}
+    over_gate = {"lam_ptr": group_lam(lam, walkers, n_groups, length)} if lam is not None else {}
     launch.launch_narrowing(module.scan_kernel, plan, "scan_launch",
-                            {**state_args, **deltas, **gate, **walk, **common, "PREFETCH": launch.SCAN_PREFETCH},
-                            may_fall_back, overrides)
-    return deltas
+                            {**over, **over_deltas, **over_gate, **fixed, **ONE_LEVEL, "n_chunks": n_groups,
+                             "group_len": n_groups}, may_fall_back, overrides)
+    again = {k: v for k, v in state_args.items() if not k.startswith("init_")}
+    again.update({f"init_{n}": x for n, x in starts.items()}, HAS_INIT=True)
+    launch.launch_narrowing(module.scan_kernel, plan, "group_scan_launch",
+                            {**again, **deltas, **gate, **fixed, "STORE_CHUNKS": True, "STORE_LAST": False,
+                             "n_groups": n_groups, "group_len": length}, may_fall_back, overrides)
+    return {**deltas, **{f"group_deltas_{n}": x for n, x in totals.items()}}
+
+
+def group_lam(lam: torch.Tensor, walkers: int, n_groups: int, length: int) -> torch.Tensor:
+    """The walk over groups' log decays, laid out as ``lam`` ([rows, groups, C]: the kernels
+    read each chunk's last entry): each group's entry is the sum of its chunks' last ones."""
+    ends = lam[..., -1].reshape(walkers, -1)
+    padded = ends.new_zeros(walkers, n_groups * length)
+    padded[:, :ends.shape[1]] = ends
+    out = lam.new_zeros(walkers, n_groups, lam.shape[-1])
+    out[..., -1] = padded.view(walkers, n_groups, length).sum(-1)
+    return out
 
 
 def per_chunk_alloc(like: torch.Tensor, seq_chunks):

@@ -499,6 +499,8 @@ def scan_kernel(
     lam_ptr,  # [N, H, nC, C]: the last entry of each chunk (its log decay) is read
     HAS_INIT: tl.constexpr,  # False: every initial state is zero (init_ is not read)
     PREFETCH: tl.constexpr,  # load the next chunk's deltas while this chunk's are applied
+    n_groups, group_len,  # the walk in groups of group_len chunks, one program each (launch.scan_groups; 1, n_chunks: one level)
+    STORE_CHUNKS: tl.constexpr, STORE_LAST: tl.constexpr,  # write the per-chunk states / the last one (False: a two-level phase that does not)
     seq_chunks, VARLEN: tl.constexpr,  # VARLEN: sequence n owns chunks seq_chunks[n] .. seq_chunks[n + 1] - 1
     H, n_chunks,
     C: tl.constexpr,
@@ -506,9 +508,13 @@ def scan_kernel(
     D_dv: tl.constexpr, B_dv: tl.constexpr,
     DOT: tl.constexpr, SDOT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Walks the chunks of one (sequence, head): each chunk's end state from its start
-    state and the deltas delta_kernel wrote (carry and scan terms; no token is read)."""
-    pid_nh = tl.program_id(0).to(tl.int64)
+    """Walks the chunks of one (sequence, head), or of one group of them: each chunk's end
+    state from its start state and the deltas delta_kernel wrote (carry and scan terms; no
+    token is read). A group's walk from zero ends in the group's own delta (the combine is
+    associative), which a walk over the groups' deltas turns into each group's start."""
+    pid_w = tl.program_id(0).to(tl.int64)  # the walker: (sequence·head, group of chunks); init / final rows are its
+    pid_nh = pid_w // n_groups
+    grp = pid_w % n_groups
     pid_dv = tl.program_id(1)  # this program's block of dv
     # states without a split dim are computed by every block and written by its block 0 (own_)
     n = pid_nh // H
@@ -517,8 +523,8 @@ def scan_kernel(
     offs_d = tl.arange(0, B_d)
     offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
 
-    c_lo = 0
-    c_hi = n_chunks
+    c_lo = grp * group_len  # this program's group of chunks (n_groups = 1: all of them)
+    c_hi = tl.minimum(c_lo + group_len, n_chunks)
     if VARLEN:  # every sequence's chunks lie in one row per head (N = 1): walk this program's
         c_lo = tl.load(seq_chunks + n)
         c_hi = tl.load(seq_chunks + n + 1)
@@ -529,14 +535,14 @@ def scan_kernel(
     msk_P = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
     own_P = msk_P
     if HAS_INIT:
-        st_P = tl.load(init_P + pid_nh * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
+        st_P = tl.load(init_P + pid_w * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
     else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
         st_P = tl.zeros_like(off_P).to(tl.float32)
     off_E = offs_d[:, None] * D_dv + offs_dv[None, :]
     msk_E = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
     own_E = msk_E
     if HAS_INIT:
-        st_E = tl.load(init_E + pid_nh * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
+        st_E = tl.load(init_E + pid_w * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
     else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
         st_E = tl.zeros_like(off_E).to(tl.float32)
     off_aux_E_1 = offs_d[:, None] * D_d + offs_d[None, :]
@@ -547,8 +553,9 @@ def scan_kernel(
         pf_E = tl.load(deltas_E + (crow * n_chunks + i_pf) * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
         pf_aux_E_1 = tl.load(deltas_aux_E_1 + (crow * n_chunks + i_pf) * (D_d * D_d) + off_aux_E_1, mask=msk_aux_E_1, other=0.0)
     for i_c in range(c_lo, c_hi):
-        tl.store(starts_P + (crow * n_chunks + i_c) * (D_d * D_dv) + off_P, st_P, mask=own_P)
-        tl.store(starts_E + (crow * n_chunks + i_c) * (D_d * D_dv) + off_E, st_E, mask=own_E)
+        if STORE_CHUNKS:
+            tl.store(starts_P + (crow * n_chunks + i_c) * (D_d * D_dv) + off_P, st_P, mask=own_P)
+            tl.store(starts_E + (crow * n_chunks + i_c) * (D_d * D_dv) + off_E, st_E, mask=own_E)
         lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
         if PREFETCH:
             i_pf = tl.minimum(i_c + 1, c_hi - 1)
@@ -581,5 +588,6 @@ def scan_kernel(
 
         st_P = nx_P
         st_E = nx_E
-    tl.store(final_P + pid_nh * (D_d * D_dv) + off_P, st_P, mask=own_P)
-    tl.store(final_E + pid_nh * (D_d * D_dv) + off_E, st_E, mask=own_E)
+    if STORE_LAST:
+        tl.store(final_P + pid_w * (D_d * D_dv) + off_P, st_P, mask=own_P)
+        tl.store(final_E + pid_w * (D_d * D_dv) + off_E, st_E, mask=own_E)

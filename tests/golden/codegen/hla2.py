@@ -591,6 +591,8 @@ def scan_kernel(
     lam_ptr,  # [N, H, nC, C]: the last entry of each chunk (its log decay) is read
     HAS_INIT: tl.constexpr,  # False: every initial state is zero (init_ is not read)
     PREFETCH: tl.constexpr,  # load the next chunk's deltas while this chunk's are applied
+    n_groups, group_len,  # the walk in groups of group_len chunks, one program each (launch.scan_groups; 1, n_chunks: one level)
+    STORE_CHUNKS: tl.constexpr, STORE_LAST: tl.constexpr,  # write the per-chunk states / the last one (False: a two-level phase that does not)
     seq_chunks, VARLEN: tl.constexpr,  # VARLEN: sequence n owns chunks seq_chunks[n] .. seq_chunks[n + 1] - 1
     H, n_chunks,
     C: tl.constexpr,
@@ -598,9 +600,13 @@ def scan_kernel(
     D_dv: tl.constexpr, B_dv: tl.constexpr,
     DOT: tl.constexpr, SDOT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Walks the chunks of one (sequence, head): each chunk's end state from its start
-    state and the deltas delta_kernel wrote (carry and scan terms; no token is read)."""
-    pid_nh = tl.program_id(0).to(tl.int64)
+    """Walks the chunks of one (sequence, head), or of one group of them: each chunk's end
+    state from its start state and the deltas delta_kernel wrote (carry and scan terms; no
+    token is read). A group's walk from zero ends in the group's own delta (the combine is
+    associative), which a walk over the groups' deltas turns into each group's start."""
+    pid_w = tl.program_id(0).to(tl.int64)  # the walker: (sequence·head, group of chunks); init / final rows are its
+    pid_nh = pid_w // n_groups
+    grp = pid_w % n_groups
     pid_dv = tl.program_id(1)  # this program's block of dv
     # states without a split dim are computed by every block and written by its block 0 (own_)
     n = pid_nh // H
@@ -609,8 +615,8 @@ def scan_kernel(
     offs_d = tl.arange(0, B_d)
     offs_dv = pid_dv * B_dv + tl.arange(0, B_dv)
 
-    c_lo = 0
-    c_hi = n_chunks
+    c_lo = grp * group_len  # this program's group of chunks (n_groups = 1: all of them)
+    c_hi = tl.minimum(c_lo + group_len, n_chunks)
     if VARLEN:  # every sequence's chunks lie in one row per head (N = 1): walk this program's
         c_lo = tl.load(seq_chunks + n)
         c_hi = tl.load(seq_chunks + n + 1)
@@ -621,21 +627,21 @@ def scan_kernel(
     msk_S = (offs_d[:, None] < D_d) & (offs_d[None, :] < D_d)
     own_S = tl.where((pid_dv == 0), msk_S, False)
     if HAS_INIT:
-        st_S = tl.load(init_S + pid_nh * (D_d * D_d) + off_S, mask=msk_S, other=0.0)
+        st_S = tl.load(init_S + pid_w * (D_d * D_d) + off_S, mask=msk_S, other=0.0)
     else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
         st_S = tl.zeros_like(off_S).to(tl.float32)
     off_C = offs_d[:, None] * D_dv + offs_dv[None, :]
     msk_C = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
     own_C = msk_C
     if HAS_INIT:
-        st_C = tl.load(init_C + pid_nh * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
+        st_C = tl.load(init_C + pid_w * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
     else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
         st_C = tl.zeros_like(off_C).to(tl.float32)
     off_G = offs_d[:, None] * D_dv + offs_dv[None, :]
     msk_G = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
     own_G = msk_G
     if HAS_INIT:
-        st_G = tl.load(init_G + pid_nh * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
+        st_G = tl.load(init_G + pid_w * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
     else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
         st_G = tl.zeros_like(off_G).to(tl.float32)
     if PREFETCH:  # the deltas do not depend on the carry: the next chunk's load overlaps this chunk's work
@@ -644,9 +650,10 @@ def scan_kernel(
         pf_C = tl.load(deltas_C + (crow * n_chunks + i_pf) * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
         pf_G = tl.load(deltas_G + (crow * n_chunks + i_pf) * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
     for i_c in range(c_lo, c_hi):
-        tl.store(starts_S + (crow * n_chunks + i_c) * (D_d * D_d) + off_S, st_S, mask=own_S)
-        tl.store(starts_C + (crow * n_chunks + i_c) * (D_d * D_dv) + off_C, st_C, mask=own_C)
-        tl.store(starts_G + (crow * n_chunks + i_c) * (D_d * D_dv) + off_G, st_G, mask=own_G)
+        if STORE_CHUNKS:
+            tl.store(starts_S + (crow * n_chunks + i_c) * (D_d * D_d) + off_S, st_S, mask=own_S)
+            tl.store(starts_C + (crow * n_chunks + i_c) * (D_d * D_dv) + off_C, st_C, mask=own_C)
+            tl.store(starts_G + (crow * n_chunks + i_c) * (D_d * D_dv) + off_G, st_G, mask=own_G)
         lam_end = tl.load(lam_ptr + (crow * n_chunks + i_c) * C + C - 1)
         if PREFETCH:
             i_pf = tl.minimum(i_c + 1, c_hi - 1)
@@ -685,6 +692,7 @@ def scan_kernel(
         st_S = nx_S
         st_C = nx_C
         st_G = nx_G
-    tl.store(final_S + pid_nh * (D_d * D_d) + off_S, st_S, mask=own_S)
-    tl.store(final_C + pid_nh * (D_d * D_dv) + off_C, st_C, mask=own_C)
-    tl.store(final_G + pid_nh * (D_d * D_dv) + off_G, st_G, mask=own_G)
+    if STORE_LAST:
+        tl.store(final_S + pid_w * (D_d * D_d) + off_S, st_S, mask=own_S)
+        tl.store(final_C + pid_w * (D_d * D_dv) + off_C, st_C, mask=own_C)
+        tl.store(final_G + pid_w * (D_d * D_dv) + off_G, st_G, mask=own_G)
