@@ -211,3 +211,44 @@ def test_bf16_on_the_interpreter_matches_the_torch_backend(name):
     assert ((o.double() - r).norm() / r.norm()).item() < 1e-2
     for got, want in zip(leaves, wide):
         assert ((got.grad.double() - want.grad).norm() / want.grad.norm()).item() < 2e-2
+
+
+@pytest.mark.parametrize("name,params,with_final", [("hla2", {}, True), ("linear", {"normalize": True}, False),
+                                                    ("power", {}, True)])
+def test_carry_gradient_stops_after_the_reverse_pass(name, params, with_final):
+    """``Op.carry_grad_impl`` (context parallelism's first backward step): the initial
+    state's gradient from the output's cotangent and, where given, the final states',
+    without the gradient kernels, on the generated kernels as from torch's autograd of
+    the whole op (gated, float32)."""
+    from hladsl.runtime import triton_backward
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, d = 2, 37, 2, 8
+    q, k, v, g = _inputs(name, gen, B, T, H, d, d, True, params.get("normalize"))
+    ref = hladsl.load(name, backend="torch", chunk_size=16, **params)
+    op = hladsl.load(name, backend="triton", chunk_size=16, **params)
+    shapes = ref.state_shapes(d, d)
+    init = {n: (0.1 * torch.randn(B, H, *s, generator=gen)).requires_grad_() for n, s in shapes.items()}
+    w_o = torch.randn(B, T, H, d, generator=gen)
+    w_f = {n: torch.randn(B, H, *s, generator=gen) for n, s in shapes.items()} if with_final else None
+    o, final = ref(q, k, v, g, initial_state=init, output_final_state=True)
+    loss = (o * w_o).sum() + (sum((final[n] * w_f[n]).sum() for n in final) if with_final else 0)
+    want = torch.autograd.grad(loss, list(init.values()))
+    ran = []
+    launchers = {name: getattr(triton_backward.launch, name) for name in ("launch", "launch_narrowing")}
+
+    def spying(real):
+        def spy(kernel, *args, **kwargs):
+            ran.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
+            return real(kernel, *args, **kwargs)
+        return spy
+    for name_, real in launchers.items():
+        setattr(triton_backward.launch, name_, spying(real))
+    try:
+        got = op.carry_grad_impl([q, k, v], g, None, [x.detach() for x in init.values()], w_o,
+                                 [w_f[n] for n in shapes] if with_final else None)
+    finally:
+        for name_, real in launchers.items():
+            setattr(triton_backward.launch, name_, real)
+    for a, b in zip(got, want):
+        assert ((a - b).norm() / b.norm()).item() < 1e-4
+    assert {"reverse_kernel", "rscan_kernel"} & set(ran) and "grad_kernel" not in ran, ran

@@ -26,16 +26,23 @@ Strategies (``cp_plan_text`` explains the choice for given sizes):
   streaming summaries and the combine-only ones the combine reads on the B side,
   plus log ρ), one all-gather, then folds the preceding segments onto the initial
   state with the derived combine (evaluated from ``ir.combine.combine``) and runs
-  its shard from that carry. Backward: the fold's VJP, then a reduce-scatter.
+  its shard from that carry. Backward, dense (``_FinalGrads``): the segment pass runs
+  without autograd; every rank computes its own part of its carry's gradient (its
+  op's reverse pass alone, ``Op.carry_grad_impl``), one all-gather, folds the later
+  ranks' parts back to its end through the combine's transpose and runs its op's one
+  backward with that as its final state's gradient. Varlen (and finals on every
+  rank): the fold's VJP, a reduce-scatter, and the segment pass differentiated.
 * relay: rank r receives its carry from rank r−1, runs its shard from it and sends
   its end state on; nothing combine-only is materialised. Backward: state
   gradients travel back rank to rank. Ranks run one after another.
 
-Costs (what to improve next): the gather's segment pass runs the op (or, with
-combine-only summaries, ``ir.segment``'s op that also carries them) from a zero
-state and discards its output; a state-pass-only entry of the op would make it
-the cheap pass it should be. The relay runs whole shards one after another; with
-per-chunk state starts exposed it could send its end state before its outputs.
+Costs (what to improve next; benchmarks/RESULTS.md round 14: hla2 at 128k over two
+GPUs, fwd + bwd, 0.81x one GPU gated, 0.96x ungated): the gather's segment pass runs
+the op (or, with combine-only summaries, ``ir.segment``'s op that also carries them)
+from a zero state and discards its output (a state-pass-only entry would skip the
+output kernel), and the reverse pass runs twice (own part, then the backward). The
+relay runs whole shards one after another; with per-chunk state starts exposed it
+could send its end state before its outputs.
 """
 from __future__ import annotations
 
@@ -247,6 +254,11 @@ class _Ctx:
     def __init__(self, alg, plan, group, dims, heads, rows, dtype, device):
         self.alg, self.plan, self.group, self.dims = alg, plan, group, dims
         self.heads, self.rows, self.dtype, self.device = heads, rows, dtype, device
+        # dense gather: later ranks' gradients reach this rank's tokens through its op's
+        # final state (_FinalGrads), not through its segment pass (run without autograd)
+        self.via_finals = plan.strategy == "gather" and not plan.varlen and not plan.exchange_finals
+        self.gathered = None   # the segment tuples of every rank (gather), for _FinalGrads
+        self.init_flat = None  # the initial state's rows where this rank holds them, for _FinalGrads
 
     def shapes(self, names, rows):
         return {n: (rows, self.heads) + packed_shape(self.alg.summary(n), self.dims) for n in names}
@@ -323,11 +335,12 @@ class _CarryIn(torch.autograd.Function):
             dist.broadcast(init_flat, src=ctx.global_rank(0), group=ctx.group)
         gathered_flat = carry_flat = None
         if plan.strategy == "gather":
-            gathered_flat = _all_gather(ctx, seg_flat)
+            gathered_flat = ctx.gathered = _all_gather(ctx, seg_flat)
         elif plan.incoming:
             carry_flat = ctx.zeros(_numel(ctx.shapes(plan.names, ctx.rows)))
             dist.recv(carry_flat, src=ctx.global_rank(plan.rank - 1), group=ctx.group)
         fctx.ctx = ctx
+        ctx.init_flat = init_flat if plan.init_here else None
         fctx.save_for_backward(init_flat if plan.init_here else None, gathered_flat)
         rows = _CarryIn.rows(ctx, init_flat if plan.init_here else None, gathered_flat, carry_flat)
         return _flat(rows, plan.names)
@@ -353,6 +366,15 @@ class _CarryIn(torch.autograd.Function):
         ctx = fctx.ctx
         plan = ctx.plan
         init_flat, gathered_flat = fctx.saved_tensors
+        if ctx.via_finals:
+            # the carry's gradient went back through the earlier ranks' final states
+            # (_FinalGrads): only the first rank's rows -- the initial state -- pass it on
+            gathered_flat = None
+            if plan.rank > 0 and init_flat is not None:
+                d_init = torch.zeros_like(init_flat)
+                if plan.share_init:
+                    dist.reduce(d_init, dst=ctx.global_rank(0), group=ctx.group)
+                return None, None, None, None
         leaves = [x.detach().requires_grad_() for x in (init_flat, gathered_flat) if x is not None]
         it = iter(leaves)
         init_leaf = next(it) if init_flat is not None else None
@@ -438,6 +460,64 @@ class _SendOn(torch.autograd.Function):
         d_end = ctx.zeros(fctx.n)
         dist.recv(d_end, src=ctx.global_rank(ctx.plan.rank + 1), group=ctx.group)
         return None, d_o, d_end
+
+
+class _FinalGrads(torch.autograd.Function):
+    """Dense gather, backward: this rank's op gets, as its final state's gradient, the
+    gradient of the next rank's carry, so that one backward of its op gives its tokens'
+    whole gradients (no segment pass to differentiate). Every rank first computes its own
+    part of its carry's gradient -- from its outputs alone, the op's reverse pass without
+    gradient kernels (``Op.carry_grad_impl``; the last rank's with the user's final-state
+    gradient too: its whole carry gradient) --, one all-gather, then each folds the later
+    ranks' parts back to its own end: d carry_s = own_s + J_sᵀ d carry_(s+1), J_s the
+    combine's derivative in its A side at rank s's segment tuple (linear: the gathered
+    tuple alone fixes it). o and the final state pass through."""
+
+    @staticmethod
+    def forward(fctx, ctx: _Ctx, op, call: tuple, o, final_flat):
+        fctx.ctx, fctx.op, fctx.call = ctx, op, call
+        return o.view_as(o), final_flat.view_as(final_flat)
+
+    @staticmethod
+    def backward(fctx, d_o, d_final):
+        ctx, op, (tokens, g, scale, start) = fctx.ctx, fctx.op, fctx.call
+        plan = ctx.plan
+        shapes = ctx.shapes(plan.names, len(plan.pieces))
+        last = plan.rank == plan.world - 1
+        # the last rank's part is its carry's whole gradient: it has the user's final-state one
+        ends = _unflat(d_final, shapes) if last and d_final is not None else None
+        own = op.carry_grad_impl(tokens, g, scale, [start[n] for n in plan.names], d_o,
+                                 None if ends is None else [ends[n] for n in plan.names])
+        parts = _all_gather(ctx, _flat({n: x.to(ctx.dtype) for n, x in zip(plan.names, own)}, plan.names))
+        if last:
+            return None, None, None, d_o, d_final
+        d = parts[-1]
+        for r in range(plan.world - 2, plan.rank, -1):
+            d = parts[r] + _carry_transpose(ctx, r, d, shapes)
+        return None, None, None, d_o, d.to(d_final.dtype if d_final is not None else ctx.dtype)
+
+
+def _carry_transpose(ctx: _Ctx, s: int, d, shapes) -> torch.Tensor:
+    """J_sᵀ d: the transpose of A -> A ⊕ X_s at rank s's carry (packed storage layout,
+    flat), X_s its gathered segment tuple. (A combine may multiply two summaries of its A
+    side -- HLA3's --, so J_s is taken at the carry itself: the fold of the initial state
+    and the segments before s, as the forward's _CarryIn formed it on rank s.)"""
+    alg, plan, dims = ctx.alg, ctx.plan, ctx.dims
+    polys = {n: combine(alg, alg.summary(n)) for n in plan.names}
+    segs, log_rhos = zip(*(_split_segment(ctx, ctx.gathered[r]) for r in range(s + 1)))
+    init = None
+    if ctx.init_flat is not None:
+        init = _init_rows(ctx, _unflat(ctx.init_flat, ctx.shapes(plan.names, plan.n_seq)), plan.chain_seqs)
+    carry = _flat(_fold(ctx, init, list(segs[:s]), list(log_rhos[:s])), plan.names)
+    b = {n: unpack(alg.summary(n), x, dims) for n, x in segs[s].items()}
+    rho = torch.exp(log_rhos[s])
+
+    def step(a_flat):
+        a = {n: unpack(alg.summary(n), x, dims) for n, x in _unflat(a_flat, shapes).items()}
+        out = _combine(polys, a, b, rho)
+        return _flat({n: pack(alg.summary(n), x, dims) for n, x in out.items()}, plan.names)
+    _, pull = torch.func.vjp(step, carry)
+    return pull(d)[0]
 
 
 class _Finals(torch.autograd.Function):
@@ -598,7 +678,10 @@ def cp_call(op, tokens: dict, g=None, scale=None, initial_state=None, output_fin
 
     init_flat = (_flat({n: initial_state[n].to(dtype) for n in plan.names}, plan.names)
                  if has_init_here else ctx.zeros(0))
-    seg_flat = _segment_flat(op, ctx, tokens, g, scale) if plan.strategy == "gather" else ctx.zeros(0)
+    if plan.strategy != "gather":
+        seg_flat = ctx.zeros(0)
+    else:   # via_finals: no autograd, _FinalGrads carries its gradient
+        seg_flat = _segment_flat(op, ctx, tokens, g, scale, differentiable=not ctx.via_finals)
     # the anchor makes the carry-in require grad on every rank when any rank
     # differentiates, so that every rank joins the backward's collectives
     anchor = torch.zeros(0, dtype=dtype, device=q.device, requires_grad=plan.wants_grad)
@@ -611,6 +694,11 @@ def cp_call(op, tokens: dict, g=None, scale=None, initial_state=None, output_fin
                                 device=cu_seqlens.device)
     o, final = op(**tokens, g=g, scale=scale, initial_state=start, output_final_state=True,
                   cu_seqlens=local_cu)
+    if ctx.via_finals and plan.wants_grad:
+        call = ([x.detach() for x in tokens.values()], None if g is None else g.detach(),
+                scale, {n: x.detach() for n, x in start.items()})
+        o, final_flat = _FinalGrads.apply(ctx, op, call, o, _flat(final, plan.names))
+        final = _unflat(final_flat, ctx.shapes(plan.names, len(plan.pieces)))
     if plan.strategy == "relay" and plan.outgoing:
         out_rows = [m for m, p in enumerate(plan.pieces) if not p.ends_here]
         o = _SendOn.apply(ctx, o, _flat({n: final[n][out_rows] for n in plan.names}, plan.names))
@@ -646,9 +734,9 @@ def _contributions(ctx, final, init_flat):
     return out
 
 
-def _segment_flat(op, ctx, tokens, g, scale):
+def _segment_flat(op, ctx, tokens, g, scale, differentiable: bool = True):
     """This rank's segment tuple of its outgoing rows (zeros when none go out),
-    flattened, with log ρ appended when gated."""
+    flattened, with log ρ appended when gated (``differentiable`` False: without autograd)."""
     plan = ctx.plan
     shapes = ctx.shapes(plan.tuple_names, ctx.rows)
     if not plan.outgoing:
@@ -657,8 +745,9 @@ def _segment_flat(op, ctx, tokens, g, scale):
         a = plan.pieces[-1].start
         tokens = {n: x[:, a:] for n, x in tokens.items()}
         g = None if g is None else g[:, a:]
-    _, seg = _segment_op(op)(**tokens, g=g, scale=scale,
-                             output_final_state=True)
+    seg_op = _segment_op(op)
+    with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
+        _, seg = seg_op(**tokens, g=g, scale=scale, output_final_state=True)
     flat = _flat({n: seg[n].to(ctx.dtype) for n in plan.tuple_names}, plan.tuple_names)
     if plan.gated:
         flat = torch.cat([flat, g.to(ctx.dtype).sum(1).reshape(-1)])

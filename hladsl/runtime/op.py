@@ -295,6 +295,37 @@ class Op:
             return launch.fitting_chunk(key, self._chunk(first, "backward", dims, g is not None, schedule,
                                                          cu_seqlens is not None), run)
 
+    def carry_grad_impl(self, tokens: list, g, scale, init: list, grad_o, grad_final: list | None = None) -> list:
+        """d(initial state) from the output's cotangent (and ``grad_final``, the final
+        states', in storage layout; None: zero), without token gradients: on the generated
+        kernels the backward stopped after its reverse pass. Context parallelism's first
+        backward step (runtime.context_parallel): every rank's own part of its carry's
+        gradient, before the full backward. ``scale`` as a call's (None: the default)."""
+        scale = DEFAULT_SCALE if scale is None else float(scale)
+        first = tokens[0]
+        if not self.use_triton(first):
+            toks = dict(zip(self.inputs, tokens))
+            _, pull = torch.func.vjp(lambda *xs: self._run_torch(toks, g, scale, list(xs), None), *init)
+            finals = grad_final or [torch.zeros_like(x) for x in init]
+            return list(pull((grad_o, finals)))
+        from hladsl.runtime.triton_backward import backward_triton
+        dims = self._dims(dict(zip(self.inputs, tokens)))
+        key = (self.identity, "backward", tuple(sorted(dims.items())), first.dtype, g is not None,
+               self.schedule, str(first.device))
+
+        def run(chunk):
+            prep = _Prepared(self, dict(zip(self.inputs, tokens)), g, scale, init, None, chunk,
+                             keep_dtype=True)
+            d_finals = {s.name: prep.final_vjp(s.name, d) for s, d in zip(self.algebra.streaming, grad_final or ())}
+            _, _, d_init = backward_triton(
+                prep.program, prep.tiles, prep.lam, prep.init, prep.output_vjp(grad_o), d_finals,
+                self.algebra.eps, schedule=self.schedule, grad_dtype=first.dtype,
+                grad_scales=prep.scales, scales=prep.load_scales, reverse_only=True)
+            return [prep.init_vjp(s.name, d_init[s.name], x) for s, x in zip(self.algebra.streaming, init)]
+        with autotune.session(self.autotune, first, dims, g is not None, None):
+            return launch.fitting_chunk(key, self._chunk(first, "backward", dims, g is not None,
+                                                         self.schedule), run)
+
     # -- internals -----------------------------------------------------------------------
     def _no_kernel_fits(self, exc, what: str, dims: dict, first) -> None:
         """No generated ``what`` kernel fits this GPU (OutOfResources after every chunk size

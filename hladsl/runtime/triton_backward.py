@@ -24,7 +24,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                     schedule: str = "auto", targets_per_program: int | None = None,
                     grad_dtype: torch.dtype = torch.float32, seq_chunks: torch.Tensor | None = None,
                     grad_scales: dict[str, float] | None = None,
-                    scales: dict[str, float] | None = None):
+                    scales: dict[str, float] | None = None, reverse_only: bool = False):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16, may be strided views);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff ungated); init_states
     and grad_final: summary -> [N, H, *program.state_shape] (init_states None: zeros; a
@@ -48,7 +48,9 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     grad_scales: input -> the factor it was scaled by (the query scale), by the caller before
     tiling or by the kernels as they load it (``scales``, as for forward_triton): its
     gradient is multiplied by it inside the kernel, before the store in ``grad_dtype`` (an
-    fp16 d(scaled q) = dq / scale can overflow where dq does not)."""
+    fp16 d(scaled q) = dq / scale can overflow where dq does not). reverse_only: stop after
+    the reverse pass and return (None, None, d_init) -- the initial state's gradient without
+    the gradient kernels (context parallelism's first backward step, runtime.context_parallel)."""
     module, ctx = backward_kernels(program)
     fwd = ctx["forward"]
     if schedule == "fused" and not ctx["fused"]:
@@ -117,6 +119,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                  **{f"starts_{s['name']}": starts[s["name"]] for s in ctx["reverse_reads"]}}
         d_init, dends, blocks = _reverse_pass(module, ctx, plan, fixed, state_args, grad_final, seq_chunks,
                                               (n_seq, heads, n_chunks))
+    if reverse_only:
+        return None, None, d_init
 
     # (c) token and Λ gradients, parallel over chunks
     d_tiles, d_lam = _grad_buffers(ctx, first, common, lam, grad_dtype)
