@@ -31,7 +31,9 @@ Rules:
   the walking one cannot be split over the value dim (``use_chunk_scan``; its scan kernel
   prefetching the next chunk's deltas, ``SCAN_PREFETCH``), and the
   backward's reverse pass chunk-parallel after it (``use_reverse_scan``), its cotangents
-  written over its per-chunk parts where that is safe (``reverse_in_place``: memory).
+  written over its per-chunk parts where that is safe (``reverse_in_place``: memory);
+  the backward's scans in two levels, groups of chunks then a walk over the groups,
+  where few (sequence, head) pairs walk many chunks (``scan_groups``).
 * gradient kernels: one gradient target group (a token input, or Λ) per program
   (``grad_target_sets``), so that one target's tiles are live at a time; the packed
   dim they loop over in narrow tiles (``grad_loop_tile``); a target with many
