@@ -252,3 +252,25 @@ def test_carry_gradient_stops_after_the_reverse_pass(name, params, with_final):
     for a, b in zip(got, want):
         assert ((a - b).norm() / b.norm()).item() < 1e-4
     assert {"reverse_kernel", "rscan_kernel"} & set(ran) and "grad_kernel" not in ran, ran
+
+
+@pytest.mark.parametrize("name", ["hla2", "power"])
+def test_final_states_alone_skip_the_output_kernel(name, monkeypatch):
+    """``Op.final_state_impl`` (context parallelism's segment pass): the op's final states
+    from zero, without launching the output kernel, on the generated kernels (gated)."""
+    from hladsl.runtime import triton_forward
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, g = _inputs(name, gen, 2, 37, 2, 8, 8, True, False)
+    op = hladsl.load(name, backend="triton", chunk_size=16)
+    _, want = hladsl.load(name, backend="torch", chunk_size=16)(q, k, v, g, output_final_state=True)
+    ran = []
+    real = triton_forward.launch.launch
+
+    def spy(kernel, *args, **kwargs):
+        ran.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
+        return real(kernel, *args, **kwargs)
+    monkeypatch.setattr(triton_forward.launch, "launch", spy)
+    got = dict(zip(op.state_names, op.final_state_impl([q, k, v], g, None, [])))
+    for n, x in want.items():
+        assert ((got[n] - x).norm() / x.norm()).item() < 1e-5, n
+    assert "output_kernel" not in ran

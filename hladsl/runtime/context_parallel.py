@@ -37,10 +37,10 @@ Strategies (``cp_plan_text`` explains the choice for given sizes):
   gradients travel back rank to rank. Ranks run one after another.
 
 Costs (what to improve next; benchmarks/RESULTS.md round 14: hla2 at 128k over two
-GPUs, fwd + bwd, 0.81x one GPU gated, 0.96x ungated): the gather's segment pass runs
-the op (or, with combine-only summaries, ``ir.segment``'s op that also carries them)
-from a zero state and discards its output (a state-pass-only entry would skip the
-output kernel), and the reverse pass runs twice (own part, then the backward). The
+GPUs, fwd + bwd, 0.81x one GPU gated, 0.96x ungated): the reverse pass runs twice (own
+part, then inside the backward), every rank's scans walk only its (sequence, head) pairs
+(16 at B = 1, H = 16), and the segment pass (dense: the state pass alone,
+``Op.final_state_impl``) is a third state pass per rank. The
 relay runs whole shards one after another; with per-chunk state starts exposed it
 could send its end state before its outputs.
 """
@@ -746,9 +746,13 @@ def _segment_flat(op, ctx, tokens, g, scale, differentiable: bool = True):
         tokens = {n: x[:, a:] for n, x in tokens.items()}
         g = None if g is None else g[:, a:]
     seg_op = _segment_op(op)
-    with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
+    if differentiable:
         _, seg = seg_op(**tokens, g=g, scale=scale, output_final_state=True)
+    else:   # the state pass alone, no output kernel, no autograd
+        with torch.no_grad():
+            seg = dict(zip(seg_op.state_names, seg_op.final_state_impl(
+                [tokens[n] for n in seg_op.inputs], g, scale, [])))
     flat = _flat({n: seg[n].to(ctx.dtype) for n in plan.tuple_names}, plan.tuple_names)
     if plan.gated:
         flat = torch.cat([flat, g.to(ctx.dtype).sum(1).reshape(-1)])
-    return flat
+    return flat if differentiable else flat.detach()

@@ -295,6 +295,30 @@ class Op:
             return launch.fitting_chunk(key, self._chunk(first, "backward", dims, g is not None, schedule,
                                                          cu_seqlens is not None), run)
 
+    def final_state_impl(self, tokens: list, g, scale, init: list) -> list:
+        """The final states alone (dense, no autograd): the state pass without the output
+        kernel (context parallelism's segment pass, runtime.context_parallel). ``scale`` as
+        a call's (None: the default)."""
+        scale = DEFAULT_SCALE if scale is None else float(scale)
+        toks, first = dict(zip(self.inputs, tokens)), tokens[0]
+        if not self.use_triton(first):
+            prep = _Prepared(self, toks, g, scale, init, None, self._chunk(first), keep_dtype=False)
+            _, finals = chunk_torch.state_pass(prep.program, prep.tiles, prep.lam, prep.init, prep.compute)
+            return prep.finish_states(finals)
+        from hladsl.runtime.triton_forward import forward_triton
+        dims = self._dims(toks)
+        key = (self.identity, tuple(sorted(dims.items())), first.dtype, g is not None, self.schedule,
+               str(first.device))
+
+        def run(chunk):
+            prep = _Prepared(self, toks, g, scale, init, None, chunk, keep_dtype=True)
+            _, finals = forward_triton(prep.program, prep.tiles, prep.lam, prep.init, self.algebra.eps,
+                                       schedule=self.schedule, scales=prep.load_scales, states_only=True)
+            return prep.finish_states(finals)
+        with autotune.session(self.autotune, first, dims, g is not None, None):
+            return launch.fitting_chunk(key, self._chunk(first, "forward", dims, g is not None,
+                                                         self.schedule), run)
+
     def carry_grad_impl(self, tokens: list, g, scale, init: list, grad_o, grad_final: list | None = None) -> list:
         """d(initial state) from the output's cotangent (and ``grad_final``, the final
         states', in storage layout; None: zero), without token gradients: on the generated
@@ -501,17 +525,21 @@ class _Prepared:
         _, pull = torch.func.vjp(lambda y: unpack(s, y, self.dims), x.to(d.dtype))
         return pull(d)[0].to(x.dtype).contiguous()
 
+    def finish_states(self, finals) -> list:
+        """The final states in storage layout, in the compute dtype."""
+        states = [finals[s.name] if self.program.is_packed(s.name)
+                  else pack(s, finals[s.name], self.dims) for s in self.op.algebra.streaming]
+        return [x.to(self.compute) for x in states]
+
     def finish(self, o_tiles, finals):
         """o [B, T, H, dv] in the inputs' dtype and the final states in storage layout."""
-        alg, (B, T, H) = self.op.algebra, self.shape
+        B, T, H = self.shape
         o = o_tiles.permute(0, 2, 3, 1, 4).reshape(B, -1, H, o_tiles.shape[-1])[:, :T]
         if self.index is not None:
             o = o.reshape(-1, *o.shape[2:])[self.index].unsqueeze(0)
         if o.dtype != self.dtype or not o.is_contiguous():   # one copy: cast and lay out together
             o = o.to(self.dtype, memory_format=torch.contiguous_format)
-        states = [finals[s.name] if self.program.is_packed(s.name)
-                  else pack(s, finals[s.name], self.dims) for s in alg.streaming]
-        return o, [x.to(self.compute) for x in states]
+        return o, self.finish_states(finals)
 
 
 def _checked_bounds(cu_seqlens, T: int) -> list[int]:

@@ -72,7 +72,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
                    num_stages: int | None = None, packed_block: int | None = None,
                    state_options: dict | None = None, output_options: dict | None = None,
                    schedule: str = "auto", out_dtype: torch.dtype = torch.float32,
-                   seq_chunks: torch.Tensor | None = None, scales: dict[str, float] | None = None):
+                   seq_chunks: torch.Tensor | None = None, scales: dict[str, float] | None = None,
+                   states_only: bool = False):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16; may be a strided view);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff the program is ungated);
     init_states: summary -> [N, H, *shape] as the program holds it (program.state_shape), or None
@@ -94,7 +95,9 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     in one row (N = 1), sequence n in chunks seq_chunks[n] .. seq_chunks[n+1] - 1; its
     initial and final states are row n of [S, H, *shape]; never the fused schedule. scales:
     query input -> the call's scale, applied by the kernels as they load its tiles (bf16 /
-    fp16: the bits of torch's x * scale, without that extra pass over the tokens)."""
+    fp16: the bits of torch's x * scale, without that extra pass over the tokens).
+    states_only: the final states alone, no output kernel (o is None; context parallelism's
+    segment pass)."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
         raise ValueError("lam must be given exactly when the chunk program is gated")
@@ -133,6 +136,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
     tokens = {**_token_args(ctx["state_inputs"], tiles, lam, program.gated, scales), **plan.packed}
     run_state_pass(module, ctx, plan, state_args, tokens, lam, num_stages is None, state_options)
+    if states_only:
+        return None, final
 
     o, out = _output_buffer(program, ctx, first, eps, out_dtype)
     out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated, scales), **plan.packed,
