@@ -37,7 +37,7 @@ Strategies (``cp_plan_text`` explains the choice for given sizes):
   gradients travel back rank to rank. Ranks run one after another.
 
 Costs (what to improve next; benchmarks/RESULTS.md round 14: hla2 at 128k over two
-GPUs, fwd + bwd, 0.81x one GPU gated, 0.96x ungated): the reverse pass runs twice (own
+GPUs, fwd + bwd, 0.78x one GPU gated, 0.89x ungated): the reverse pass runs twice (own
 part, then inside the backward), every rank's scans walk only its (sequence, head) pairs
 (16 at B = 1, H = 16), and the segment pass (dense: the state pass alone,
 ``Op.final_state_impl``) is a third state pass per rank. The
