@@ -512,9 +512,9 @@ def scan_kernel(
     state from its start state and the deltas delta_kernel wrote (carry and scan terms; no
     token is read). A group's walk from zero ends in the group's own delta (the combine is
     associative), which a walk over the groups' deltas turns into each group's start."""
-    pid_w = tl.program_id(0).to(tl.int64)  # the walker: (sequence·head, group of chunks); init / final rows are its
-    pid_nh = pid_w // n_groups
-    grp = pid_w % n_groups
+    walker = tl.program_id(0).to(tl.int64)  # the walker: (sequence·head, group of chunks); init / final rows are its
+    pid_nh = walker // n_groups
+    grp = walker % n_groups
     pid_dv = tl.program_id(1)  # this program's block of dv
     # states without a split dim are computed by every block and written by its block 0 (own_)
     n = pid_nh // H
@@ -535,14 +535,14 @@ def scan_kernel(
     msk_P = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
     own_P = msk_P
     if HAS_INIT:
-        st_P = tl.load(init_P + pid_w * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
+        st_P = tl.load(init_P + walker * (D_d * D_dv) + off_P, mask=msk_P, other=0.0)
     else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
         st_P = tl.zeros_like(off_P).to(tl.float32)
     off_E = offs_d[:, None] * D_dv + offs_dv[None, :]
     msk_E = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
     own_E = msk_E
     if HAS_INIT:
-        st_E = tl.load(init_E + pid_w * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
+        st_E = tl.load(init_E + walker * (D_d * D_dv) + off_E, mask=msk_E, other=0.0)
     else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
         st_E = tl.zeros_like(off_E).to(tl.float32)
     off_aux_E_1 = offs_d[:, None] * D_d + offs_d[None, :]
@@ -589,5 +589,5 @@ def scan_kernel(
         st_P = nx_P
         st_E = nx_E
     if STORE_LAST:
-        tl.store(final_P + pid_w * (D_d * D_dv) + off_P, st_P, mask=own_P)
-        tl.store(final_E + pid_w * (D_d * D_dv) + off_E, st_E, mask=own_E)
+        tl.store(final_P + walker * (D_d * D_dv) + off_P, st_P, mask=own_P)
+        tl.store(final_E + walker * (D_d * D_dv) + off_E, st_E, mask=own_E)

@@ -604,9 +604,9 @@ def scan_kernel(
     state from its start state and the deltas delta_kernel wrote (carry and scan terms; no
     token is read). A group's walk from zero ends in the group's own delta (the combine is
     associative), which a walk over the groups' deltas turns into each group's start."""
-    pid_w = tl.program_id(0).to(tl.int64)  # the walker: (sequence·head, group of chunks); init / final rows are its
-    pid_nh = pid_w // n_groups
-    grp = pid_w % n_groups
+    walker = tl.program_id(0).to(tl.int64)  # the walker: (sequence·head, group of chunks); init / final rows are its
+    pid_nh = walker // n_groups
+    grp = walker % n_groups
     pid_dv = tl.program_id(1)  # this program's block of dv
     # states without a split dim are computed by every block and written by its block 0 (own_)
     n = pid_nh // H
@@ -627,21 +627,21 @@ def scan_kernel(
     msk_S = (offs_d[:, None] < D_d) & (offs_d[None, :] < D_d)
     own_S = tl.where((pid_dv == 0), msk_S, False)
     if HAS_INIT:
-        st_S = tl.load(init_S + pid_w * (D_d * D_d) + off_S, mask=msk_S, other=0.0)
+        st_S = tl.load(init_S + walker * (D_d * D_d) + off_S, mask=msk_S, other=0.0)
     else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
         st_S = tl.zeros_like(off_S).to(tl.float32)
     off_C = offs_d[:, None] * D_dv + offs_dv[None, :]
     msk_C = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
     own_C = msk_C
     if HAS_INIT:
-        st_C = tl.load(init_C + pid_w * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
+        st_C = tl.load(init_C + walker * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
     else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
         st_C = tl.zeros_like(off_C).to(tl.float32)
     off_G = offs_d[:, None] * D_dv + offs_dv[None, :]
     msk_G = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
     own_G = msk_G
     if HAS_INIT:
-        st_G = tl.load(init_G + pid_w * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
+        st_G = tl.load(init_G + walker * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
     else:  # no initial state: zeros, init_ not read (no zero buffer to allocate and fill)
         st_G = tl.zeros_like(off_G).to(tl.float32)
     if PREFETCH:  # the deltas do not depend on the carry: the next chunk's load overlaps this chunk's work
@@ -693,6 +693,6 @@ def scan_kernel(
         st_C = nx_C
         st_G = nx_G
     if STORE_LAST:
-        tl.store(final_S + pid_w * (D_d * D_d) + off_S, st_S, mask=own_S)
-        tl.store(final_C + pid_w * (D_d * D_dv) + off_C, st_C, mask=own_C)
-        tl.store(final_G + pid_w * (D_d * D_dv) + off_G, st_G, mask=own_G)
+        tl.store(final_S + walker * (D_d * D_d) + off_S, st_S, mask=own_S)
+        tl.store(final_C + walker * (D_d * D_dv) + off_C, st_C, mask=own_C)
+        tl.store(final_G + walker * (D_d * D_dv) + off_G, st_G, mask=own_G)
