@@ -69,27 +69,25 @@ def _loss_and_grads(op, tensors, init, w_o, w_s, cu, scale):
     return o, final, torch.autograd.grad(loss, wrt)
 
 
-@pytest.mark.parametrize("name,params,gated,with_init,varlen,dv", CASES,
-                         ids=[f"{c[0]}{'-norm' if c[1] else ''}-{'gated' if c[2] else 'plain'}"
-                              f"{'-init' if c[3] else ''}{'-varlen' if c[4] else ''}-dv{c[5]}" for c in CASES])
-def test_scan_schedule_matches_torch_float64(name, params, gated, with_init, varlen, dv, launched):
-    gen = torch.Generator().manual_seed(11)
-    B, T, H, d = (1, 70, 2, 8) if varlen else (2, 53, 2, 8)
+def _check_scan_schedule(name, params, gated, with_init, dv, shapes, seed, cu=None):
+    """The "scan" schedule in fp32 under the interpreter against the float64 torch program:
+    outputs (1e-5), final states (1e-5) and every gradient (1e-4)."""
+    gen = torch.Generator().manual_seed(seed)
+    B, T, H, d = shapes
     q, k = (0.5 * torch.randn(B, T, H, d, generator=gen, dtype=torch.float64) for _ in range(2))
     if params.get("normalize"):
         q, k = q.abs() + 0.1, k.abs() + 0.1
     v = torch.randn(B, T, H, dv, generator=gen, dtype=torch.float64)
     g = -0.3 * torch.rand(B, T, H, generator=gen, dtype=torch.float64) if gated else None
-    cu = torch.tensor([0, 21, 22, 70]) if varlen else None
-    n_seq = 3 if varlen else B
+    n_seq = B if cu is None else cu.numel() - 1
     ref = hladsl.load(name, backend="torch", chunk_size=16, **params)
     op = hladsl.load(name, backend="triton", chunk_size=16, **params)
     op.schedule = "scan"
-    shapes = ref.state_shapes(d, dv)
+    states = ref.state_shapes(d, dv)
     init = ({n: 0.2 * torch.randn(n_seq, H, *s, generator=gen, dtype=torch.float64).abs()
-             for n, s in shapes.items()} if with_init else None)
+             for n, s in states.items()} if with_init else None)
     w_o = torch.randn(B, T, H, dv, generator=gen, dtype=torch.float64)
-    w_s = {n: torch.randn(n_seq, H, *s, generator=gen, dtype=torch.float64) for n, s in shapes.items()}
+    w_s = {n: torch.randn(n_seq, H, *s, generator=gen, dtype=torch.float64) for n, s in states.items()}
     want_o, want_f, want_g = _loss_and_grads(ref, (q, k, v, g), init, w_o, w_s, cu, 0.5)
 
     def f32(x):
@@ -104,10 +102,19 @@ def test_scan_schedule_matches_torch_float64(name, params, gated, with_init, var
     def rel(a, b):
         return ((a.double() - b).norm() / b.norm()).item()
     assert rel(got_o, want_o) < 1e-5
-    for n in shapes:
+    for n in states:
         assert rel(got_f[n], want_f[n]) < 1e-5, n
     for a, b in zip(got_g, want_g):
         assert rel(a, b) < 1e-4
+
+
+@pytest.mark.parametrize("name,params,gated,with_init,varlen,dv", CASES,
+                         ids=[f"{c[0]}{'-norm' if c[1] else ''}-{'gated' if c[2] else 'plain'}"
+                              f"{'-init' if c[3] else ''}{'-varlen' if c[4] else ''}-dv{c[5]}" for c in CASES])
+def test_scan_schedule_matches_torch_float64(name, params, gated, with_init, varlen, dv, launched):
+    _check_scan_schedule(name, params, gated, with_init, dv, (1, 70, 2, 8) if varlen else (2, 53, 2, 8), 11,
+                         torch.tensor([0, 21, 22, 70]) if varlen else None)
+    states = hladsl.load(name, backend="torch", chunk_size=16, **params).state_names
     # the forward and the backward's recomputation both ran the chunk-parallel pass, and so
     # did the backward's reverse pass (AHLA's reads its forward chunk summary Σ k qᵀ,
     # HLA3-masked's chunk-start states beside its three summaries)
@@ -117,7 +124,7 @@ def test_scan_schedule_matches_torch_float64(name, params, gated, with_init, var
     # dense: d-states the scan's programs own whole write their chunk-end cotangents over
     # their parts (HLA3-masked's scan has no split: every one); varlen: none
     args = dict(launched.args)["rscan_kernel"]
-    written = {n for n in shapes if f"rdeltas_{n}" in args}
+    written = {n for n in states if f"rdeltas_{n}" in args}
     shared = {n for n in written if args[f"dends_{n}"].data_ptr() == args[f"rdeltas_{n}"].data_ptr()}
     assert shared == set() if varlen else (shared == written if name == "hla3_masked" else bool(shared))
 
@@ -419,39 +426,8 @@ def test_two_level_scan_matches_torch_float64(name, params, gated, with_init, dv
     """Seven chunks in groups of two (the last alone): the forward and reverse scans each in
     three launches (the groups from zero, the walk over the groups, the groups from their
     starts), outputs, final states and every gradient in fp32 against the float64 program."""
-    gen = torch.Generator().manual_seed(17)
-    B, T, H, d = 2, 16 * 7 - 5, 2, 8
-    q, k = (0.5 * torch.randn(B, T, H, d, generator=gen, dtype=torch.float64) for _ in range(2))
-    if params.get("normalize"):
-        q, k = q.abs() + 0.1, k.abs() + 0.1
-    v = torch.randn(B, T, H, dv, generator=gen, dtype=torch.float64)
-    g = -0.3 * torch.rand(B, T, H, generator=gen, dtype=torch.float64) if gated else None
-    ref = hladsl.load(name, backend="torch", chunk_size=16, **params)
-    op = hladsl.load(name, backend="triton", chunk_size=16, **params)
-    op.schedule = "scan"
-    shapes = ref.state_shapes(d, dv)
-    init = ({n: 0.2 * torch.randn(B, H, *s, generator=gen, dtype=torch.float64).abs()
-             for n, s in shapes.items()} if with_init else None)
-    w_o = torch.randn(B, T, H, dv, generator=gen, dtype=torch.float64)
-    w_s = {n: torch.randn(B, H, *s, generator=gen, dtype=torch.float64) for n, s in shapes.items()}
-    want_o, want_f, want_g = _loss_and_grads(ref, (q, k, v, g), init, w_o, w_s, None, 0.5)
-
-    def f32(x):
-        return None if x is None else x.float()
-    try:
-        got_o, got_f, got_g = _loss_and_grads(
-            op, tuple(map(f32, (q, k, v, g))), None if init is None else {n: f32(x) for n, x in init.items()},
-            f32(w_o), {n: f32(x) for n, x in w_s.items()}, None, 0.5)
-    finally:
-        op.schedule = "auto"
-
-    def rel(a, b):
-        return ((a.double() - b).norm() / b.norm()).item()
-    assert rel(got_o, want_o) < 1e-5
-    for n in shapes:
-        assert rel(got_f[n], want_f[n]) < 1e-5, n
-    for a, b in zip(got_g, want_g):
-        assert rel(a, b) < 1e-4
+    B, H = 2, 2
+    _check_scan_schedule(name, params, gated, with_init, dv, (B, 16 * 7 - 5, H, 8), 17)
     # forward, the backward's recomputation, reverse: three launches each, the groups' walks
     # over B * H * 4 groups (four groups: 2 + 2 + 2 + 1 chunks), the walk over them B * H
     assert launched.count("scan_kernel") == 6 and launched.count("rscan_kernel") == 3

@@ -320,8 +320,10 @@ def _init_rows(ctx, init, seqs):
 class _CarryIn(torch.autograd.Function):
     """Forward: initial-state rows from the first rank (when shared), the carry
     from the previous rank (relay) or the gathered segments folded (gather); the
-    op's initial state for this rank's pieces. Backward: the same traffic reversed.
-    Its output always feeds the op, so every rank runs its backward."""
+    op's initial state for this rank's pieces. Backward: the same traffic reversed, or,
+    dense gather (``via_finals``), the first rank's initial-state gradient alone (the
+    later ranks' reached it through _FinalGrads). Its output always feeds the op, so
+    every rank runs its backward."""
 
     @staticmethod
     def forward(fctx, ctx: _Ctx, anchor: torch.Tensor, init_flat: torch.Tensor,
@@ -368,13 +370,15 @@ class _CarryIn(torch.autograd.Function):
         init_flat, gathered_flat = fctx.saved_tensors
         if ctx.via_finals:
             # the carry's gradient went back through the earlier ranks' final states
-            # (_FinalGrads): only the first rank's rows -- the initial state -- pass it on
-            gathered_flat = None
-            if plan.rank > 0 and init_flat is not None:
-                d_init = torch.zeros_like(init_flat)
-                if plan.share_init:
-                    dist.reduce(d_init, dst=ctx.global_rank(0), group=ctx.group)
+            # (_FinalGrads): only the first rank's rows -- the initial state -- pass it on,
+            # whole (no collective: every rank takes this branch)
+            if plan.rank > 0 or init_flat is None:
                 return None, None, None, None
+            with torch.enable_grad():
+                init_leaf = init_flat.detach().requires_grad_()
+                rows = _flat(_CarryIn.rows(ctx, init_leaf, None, None), plan.names)
+                d_init, = torch.autograd.grad(rows, [init_leaf], d_rows, allow_unused=True)
+            return None, None, torch.zeros_like(init_flat) if d_init is None else d_init, None
         leaves = [x.detach().requires_grad_() for x in (init_flat, gathered_flat) if x is not None]
         it = iter(leaves)
         init_leaf = next(it) if init_flat is not None else None
@@ -486,31 +490,46 @@ class _FinalGrads(torch.autograd.Function):
         last = plan.rank == plan.world - 1
         # the last rank's part is its carry's whole gradient: it has the user's final-state one
         ends = _unflat(d_final, shapes) if last and d_final is not None else None
-        own = op.carry_grad_impl(tokens, g, scale, [start[n] for n in plan.names], d_o,
-                                 None if ends is None else [ends[n] for n in plan.names])
-        parts = _all_gather(ctx, _flat({n: x.to(ctx.dtype) for n, x in zip(plan.names, own)}, plan.names))
+        if plan.rank == 0 and not last:   # no rank reads the first one's part: zeros, not a pass
+            own_flat = ctx.zeros(_numel(shapes))
+        else:
+            own = op.carry_grad_impl(tokens, g, scale, [start[n] for n in plan.names], d_o,
+                                     None if ends is None else [ends[n] for n in plan.names])
+            own_flat = _flat({n: x.to(ctx.dtype) for n, x in zip(plan.names, own)}, plan.names)
+        parts = _all_gather(ctx, own_flat)
         if last:
             return None, None, None, d_o, d_final
+        carries = _carries(ctx, plan.world - 1)
         d = parts[-1]
         for r in range(plan.world - 2, plan.rank, -1):
-            d = parts[r] + _carry_transpose(ctx, r, d, shapes)
+            d = parts[r] + _carry_transpose(ctx, r, carries[r], d, shapes)
         return None, None, None, d_o, d.to(d_final.dtype if d_final is not None else ctx.dtype)
 
 
-def _carry_transpose(ctx: _Ctx, s: int, d, shapes) -> torch.Tensor:
-    """J_sᵀ d: the transpose of A -> A ⊕ X_s at rank s's carry (packed storage layout,
-    flat), X_s its gathered segment tuple. (A combine may multiply two summaries of its A
-    side -- HLA3's --, so J_s is taken at the carry itself: the fold of the initial state
-    and the segments before s, as the forward's _CarryIn formed it on rank s.)"""
-    alg, plan, dims = ctx.alg, ctx.plan, ctx.dims
-    polys = {n: combine(alg, alg.summary(n)) for n in plan.names}
-    segs, log_rhos = zip(*(_split_segment(ctx, ctx.gathered[r]) for r in range(s + 1)))
+def _carries(ctx: _Ctx, upto: int) -> list[torch.Tensor]:
+    """Every rank's carry below ``upto`` (packed storage layout, flat), as the forward's
+    _CarryIn formed it there: the initial state's rows folded with the segments before."""
+    plan = ctx.plan
     init = None
     if ctx.init_flat is not None:
         init = _init_rows(ctx, _unflat(ctx.init_flat, ctx.shapes(plan.names, plan.n_seq)), plan.chain_seqs)
-    carry = _flat(_fold(ctx, init, list(segs[:s]), list(log_rhos[:s])), plan.names)
-    b = {n: unpack(alg.summary(n), x, dims) for n, x in segs[s].items()}
-    rho = torch.exp(log_rhos[s])
+    carries, carry = [], init
+    for r in range(upto):
+        carries.append(_fold(ctx, carry, [], []))   # (the zero state where there is no init)
+        seg, log_rho = _split_segment(ctx, ctx.gathered[r])
+        carry = _fold(ctx, carries[-1], [seg], [log_rho])
+    return [_flat(c, plan.names) for c in carries]
+
+
+def _carry_transpose(ctx: _Ctx, s: int, carry, d, shapes) -> torch.Tensor:
+    """J_sᵀ d: the transpose of A -> A ⊕ X_s at rank s's ``carry`` (packed storage layout,
+    flat), X_s its gathered segment tuple. (A combine may multiply two summaries of its A
+    side -- HLA3's --, so J_s is taken at the carry itself.)"""
+    alg, plan, dims = ctx.alg, ctx.plan, ctx.dims
+    polys = {n: combine(alg, alg.summary(n)) for n in plan.names}
+    seg, log_rho = _split_segment(ctx, ctx.gathered[s])
+    b = {n: unpack(alg.summary(n), x, dims) for n, x in seg.items()}
+    rho = torch.exp(log_rho)
 
     def step(a_flat):
         a = {n: unpack(alg.summary(n), x, dims) for n, x in _unflat(a_flat, shapes).items()}

@@ -281,12 +281,14 @@ def scan_groups(n_chunks: int, walkers: int, device, varlen: bool, groupable: bo
     """Groups of the scan's walk (1: one level): ceil(nC / SCAN_GROUP) in the backward (its
     recomputed state pass, whose groups' deltas the reverse scan walks, and the reverse scan),
     where the program's scan can group (``triton_gen._chunk_scan``'s groupable), the call is
-    dense (varlen sequences are the walkers already), there are at least two groups of chunks,
+    dense (varlen sequences are the walkers already), there are at least two whole groups of chunks,
     and the ``walkers`` ((sequence, head) pairs) leave the GPU short of SCAN_GROUP_FILL
     programs an SM. Measured (runs 92, 93, hla2, B = 2, H = 16, T = 65536, fwd + bwd): the
     reverse scan 4.27 -> 2.92 ms (its one-level walk moved ~0.9 TB/s), the recomputed forward
     scan ~0.2 ms slower (its one level already moves ~1.3 TB/s and the groups read the deltas
-    twice), so the forward alone stays one level (2.87 vs 3.09 ms), ``SCAN_GROUP_FORWARD``."""
+    twice), so the forward alone stays one level (2.87 vs 3.09 ms), ``SCAN_GROUP_FORWARD``.
+    The backward's plan keeps one level where no grouped reverse scan reads the groups'
+    deltas (a fused backward, a reverse pass that walks)."""
     if (not groupable or varlen or not SCAN_GROUP or n_chunks < 2 * SCAN_GROUP
             or walkers >= SCAN_GROUP_FILL * sms(device)
             or (direction == "forward" and not SCAN_GROUP_FORWARD)):

@@ -301,10 +301,14 @@ class Op:
         a call's (None: the default)."""
         scale = DEFAULT_SCALE if scale is None else float(scale)
         toks, first = dict(zip(self.inputs, tokens)), tokens[0]
-        if not self.use_triton(first):
+
+        def torch_path():
             prep = _Prepared(self, toks, g, scale, init, None, self._chunk(first), keep_dtype=False)
             _, finals = chunk_torch.state_pass(prep.program, prep.tiles, prep.lam, prep.init, prep.compute)
             return prep.finish_states(finals)
+        if not self.use_triton(first):
+            return torch_path()
+        from triton.runtime.errors import OutOfResources
         from hladsl.runtime.triton_forward import forward_triton
         dims = self._dims(toks)
         key = (self.identity, tuple(sorted(dims.items())), first.dtype, g is not None, self.schedule,
@@ -315,9 +319,13 @@ class Op:
             _, finals = forward_triton(prep.program, prep.tiles, prep.lam, prep.init, self.algebra.eps,
                                        schedule=self.schedule, scales=prep.load_scales, states_only=True)
             return prep.finish_states(finals)
-        with autotune.session(self.autotune, first, dims, g is not None, None):
-            return launch.fitting_chunk(key, self._chunk(first, "forward", dims, g is not None,
-                                                         self.schedule), run)
+        try:
+            with autotune.session(self.autotune, first, dims, g is not None, None):
+                return launch.fitting_chunk(key, self._chunk(first, "forward", dims, g is not None,
+                                                             self.schedule), run)
+        except OutOfResources as exc:   # every rank's shape is the same: each falls back alike
+            self._no_kernel_fits(exc, "forward", dims, first)
+        return torch_path()
 
     def carry_grad_impl(self, tokens: list, g, scale, init: list, grad_o, grad_final: list | None = None) -> list:
         """d(initial state) from the output's cotangent (and ``grad_final``, the final
@@ -327,11 +335,15 @@ class Op:
         gradient, before the full backward. ``scale`` as a call's (None: the default)."""
         scale = DEFAULT_SCALE if scale is None else float(scale)
         first = tokens[0]
-        if not self.use_triton(first):
+
+        def torch_path():
             toks = dict(zip(self.inputs, tokens))
             _, pull = torch.func.vjp(lambda *xs: self._run_torch(toks, g, scale, list(xs), None), *init)
             finals = grad_final or [torch.zeros_like(x) for x in init]
             return list(pull((grad_o, finals)))
+        if not self.use_triton(first):
+            return torch_path()
+        from triton.runtime.errors import OutOfResources
         from hladsl.runtime.triton_backward import backward_triton
         dims = self._dims(dict(zip(self.inputs, tokens)))
         key = (self.identity, "backward", tuple(sorted(dims.items())), first.dtype, g is not None,
@@ -346,9 +358,13 @@ class Op:
                 self.algebra.eps, schedule=self.schedule, grad_dtype=first.dtype,
                 grad_scales=prep.scales, scales=prep.load_scales, reverse_only=True)
             return [prep.init_vjp(s.name, d_init[s.name], x) for s, x in zip(self.algebra.streaming, init)]
-        with autotune.session(self.autotune, first, dims, g is not None, None):
-            return launch.fitting_chunk(key, self._chunk(first, "backward", dims, g is not None,
-                                                         self.schedule), run)
+        try:
+            with autotune.session(self.autotune, first, dims, g is not None, None):
+                return launch.fitting_chunk(key, self._chunk(first, "backward", dims, g is not None,
+                                                             self.schedule), run)
+        except OutOfResources as exc:   # every rank's shape is the same: each falls back alike
+            self._no_kernel_fits(exc, "backward", dims, first)
+        return torch_path()
 
     # -- internals -----------------------------------------------------------------------
     def _no_kernel_fits(self, exc, what: str, dims: dict, first) -> None:

@@ -59,10 +59,10 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     n_seq, heads, n_chunks = first.shape[:3]
     device = first.device
     key = (id(program), tuple(first.shape[:4]), first.dtype, device, precision, num_warps,
-           reverse_block, schedule, targets_per_program)
+           reverse_block, schedule, targets_per_program, reverse_only)
     plan = launch.remembered(_PLANS, key, lambda: _BackwardPlan(
         program, ctx, first, precision, num_warps, reverse_block, schedule, targets_per_program,
-        seq_chunks), cacheable=seq_chunks is None)
+        seq_chunks, fused_ok=not reverse_only), cacheable=seq_chunks is None)
     walk, common, packed = plan.walk, plan.common, plan.packed
     check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, plan.walkers,
                         zero_init_ok=True)
@@ -214,11 +214,11 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
             dends[name] = per_chunk_alloc(init, seq_chunks)(shape)
         args[f"dends_{name}"] = dends[name]
     gate = {"lam_ptr": lam} if lam is not None else {}
-    fixed = {**plan.walk, **plan.common, **{f"starts_{s['name']}": starts[s["name"]] for s in rs["starts"]}}
+    walking = {**plan.walk, **plan.common, **{f"starts_{s['name']}": starts[s["name"]] for s in rs["starts"]}}
     n_groups = plan.scan_groups if rs["groupable"] else 1
     if n_groups == 1:
         launch.launch_narrowing(module.rscan_kernel, plan, "rscan_launch",
-                                {**args, **parts, **{k: deltas[k] for k in read}, **gate, **fixed, **ONE_LEVEL,
+                                {**args, **parts, **{k: deltas[k] for k in read}, **gate, **walking, **ONE_LEVEL,
                                  "group_len": rows[2]}, True)
         return d_init, dends, 1
     # two levels (launch.scan_groups): each group's own part of its d(start) from zero, the walk
@@ -232,17 +232,17 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
     read_now = {k: deltas[k] for k in read}
     launch.launch_narrowing(module.rscan_kernel, plan, "group_rscan_launch",
                             {**args, "HAS_DFINAL": False, **{f"dinit_{n}": x for n, x in own.items()}, **parts,
-                             **read_now, **gate, **fixed, "STORE_CHUNKS": False, "STORE_LAST": True,
+                             **read_now, **gate, **walking, "STORE_CHUNKS": False, "STORE_LAST": True,
                              "n_groups": n_groups, "group_len": length}, True)
     launch.launch_narrowing(module.rscan_kernel, plan, "rscan_launch",
                             {**args, "IN_PLACE": False, **{f"dends_{n}": x for n, x in ends.items()},
                              **{f"rdeltas_{n}": own[n] for n in (s["name"] for s in rs["written"])},
                              **{k: deltas["group_" + k] for k in read},
                              **({"lam_ptr": group_lam(lam, walkers, n_groups, length)} if lam is not None else {}),
-                             **fixed, **ONE_LEVEL, "n_chunks": n_groups, "group_len": n_groups}, True)
+                             **walking, **ONE_LEVEL, "n_chunks": n_groups, "group_len": n_groups}, True)
     launch.launch_narrowing(module.rscan_kernel, plan, "group_rscan_launch",
                             {**args, "HAS_DFINAL": True, **{f"dfinal_{n}": x for n, x in ends.items()}, **parts,
-                             **read_now, **gate, **fixed, "STORE_CHUNKS": True, "STORE_LAST": False,
+                             **read_now, **gate, **walking, "STORE_CHUNKS": True, "STORE_LAST": False,
                              "n_groups": n_groups, "group_len": length}, True)
     return d_init, dends, 1
 
@@ -317,7 +317,7 @@ class _BackwardPlan:
     launches (target sets, the groups each holds, parts)."""
 
     def __init__(self, program, ctx, first, precision, num_warps, reverse_block, schedule,
-                 targets_per_program, seq_chunks):
+                 targets_per_program, seq_chunks, fused_ok: bool = True):
         self.program = program      # keeps id(program) in the plan's key from being reused
         fwd = ctx["forward"]
         n_seq, heads, n_chunks = first.shape[:3]
@@ -333,14 +333,18 @@ class _BackwardPlan:
         self.packed = _packed_tables(program, device)
         plan_state_pass(self, program, fwd, common, first, schedule, "backward")
         self.cotangent_dot = launch.dot_override(first, fwd["output_chained_dots"], {}, features)
-        self.fused = seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device,
-                                                             n_seq * heads, n_chunks)
+        # (not for the reverse pass alone: the fused kernel computes every gradient too)
+        self.fused = fused_ok and seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device,
+                                                                          n_seq * heads, n_chunks)
         if self.fused:
+            self.scan_groups = 1   # no reverse scan reads the groups' deltas
             self.fused_dot = launch.dot_override(first, ctx["fused"]["chained_dots"], {}, features)
             self.fused_targets = launch.grad_target_sets(len(ctx["fused"]["groups"]), targets_per_program)
             return
         rs = ctx["reverse_scan"]
         self.reverse_scan = launch.use_reverse_scan(schedule, self.chunk_scan, rs)
+        if not (self.reverse_scan and rs["groupable"]):
+            self.scan_groups = 1   # the recomputed scan groups only for a reverse scan that reads the groups' deltas
         if self.reverse_scan:
             self.rdelta_launch = launch.split_blocks((n_chunks, n_seq * heads), [], program, common, first,
                                                      rs["delta_chained_dots"])

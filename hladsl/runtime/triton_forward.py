@@ -111,10 +111,10 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     if schedule == "fused" and not ctx["fused"]:
         raise autotune.Unavailable(f"{program.algebra.name} has no fused schedule (packed states)")
     key = (id(program), tuple(first.shape[:4]), first.dtype, device, precision, state_block, num_warps,
-           num_stages, packed_block, schedule)
+           num_stages, packed_block, schedule, states_only)
     plan = launch.remembered(_PLANS, key, lambda: _ForwardPlan(
         program, ctx, first, precision, state_block, num_warps, num_stages, packed_block, schedule,
-        seq_chunks), cacheable=seq_chunks is None and not (state_options or output_options))
+        seq_chunks, fused_ok=not states_only), cacheable=seq_chunks is None and not (state_options or output_options))
     common = plan.common
     if plan.fused:
         try:
@@ -128,14 +128,18 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     state_args, final = _state_buffers(ctx, program, init_states, (plan.walkers, heads), device)
     out_args = {}
     sdot = {**common, **plan.output_dot, **(output_options or {})}["SDOT"]
+    # the final states alone: a one-level scan writes no chunk starts (the walk always does)
+    store_chunks = not (states_only and plan.chunk_scan and plan.scan_groups == 1)
     for s in ctx["states"]:
         if s["read"]:
             init = state_args[f"init_{s['name']}"]
             starts = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]),
-                                                      dtype=launch.starts_dtype(s["starts_sdot"], sdot))
+                                                      dtype=launch.starts_dtype(s["starts_sdot"], sdot)) \
+                if store_chunks else final[s["name"]]   # (never written: STORE_CHUNKS False)
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
     tokens = {**_token_args(ctx["state_inputs"], tiles, lam, program.gated, scales), **plan.packed}
-    run_state_pass(module, ctx, plan, state_args, tokens, lam, num_stages is None, state_options)
+    run_state_pass(module, ctx, plan, state_args, tokens, lam, num_stages is None, state_options,
+                   store_chunks=store_chunks)
     if states_only:
         return None, final
 
@@ -156,7 +160,7 @@ class _ForwardPlan:
     tiling, the output kernel's dot dtypes, the packed tables and walk arguments."""
 
     def __init__(self, program, ctx, first, precision, state_block, num_warps, num_stages,
-                 packed_block, schedule, seq_chunks):
+                 packed_block, schedule, seq_chunks, fused_ok: bool = True):
         self.program = program      # keeps id(program) in the plan's key from being reused
         n_seq, heads, n_chunks = first.shape[:3]
         device = first.device
@@ -170,7 +174,8 @@ class _ForwardPlan:
         self.common = common
         self.walk = walk_args(seq_chunks, n_seq, device)   # (a varlen plan is never reused)
         self.walkers = self.walk.pop("walkers")   # sequences the state pass walks
-        self.fused = seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device,
+        # (not for the final states alone: the fused kernel computes every output too)
+        self.fused = fused_ok and seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device,
                                                              n_seq * heads, n_chunks)
         if self.fused:
             f = ctx["fused"]
@@ -184,9 +189,11 @@ class _ForwardPlan:
 
 def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first, schedule: str,
                     direction: str, state_block: int | None = None) -> None:
-    """A plan's state-pass launches (forward, and the backward's recomputation): the
-    walking kernel's (``state_launch``), and where ``launch.use_chunk_scan`` takes the
-    chunk-parallel pass, the delta and scan kernels' (``delta_launch``, ``scan_launch``)."""
+    """A plan's state-pass launches (``direction`` "forward", or "backward": its
+    recomputation): the walking kernel's (``state_launch``), and where
+    ``launch.use_chunk_scan`` takes the chunk-parallel pass, the delta and scan kernels'
+    (``delta_launch``, ``scan_launch``) and, where ``launch.scan_groups`` walks the scan in
+    ``scan_groups`` groups, the groups' walks (``group_scan_launch``)."""
     n_seq, heads, n_chunks = first.shape[:3]
     plan.state_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common, first,
                                             ctx["state_chained_dots"], state_block)
@@ -210,12 +217,15 @@ ONE_LEVEL = {"STORE_CHUNKS": True, "STORE_LAST": True, "n_groups": 1}   # a scan
 
 
 def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam, may_fall_back: bool,
-                   overrides: dict | None = None) -> dict:
+                   overrides: dict | None = None, store_chunks: bool = True) -> dict:
     """The chunk-start states (``starts_``) and final states of ``state_args`` (init_ /
     final_ / starts_ buffers, HAS_INIT): the walking state pass, or the chunk-parallel one
-    (``plan.chunk_scan``): every chunk's deltas into a per-chunk buffer, then the scan.
-    Returns those per-chunk deltas ({"deltas_<state>": buffer}; none for the walk): the
-    backward's chunk-parallel reverse pass reads some and reuses the others' memory."""
+    (``plan.chunk_scan``): every chunk's deltas into a per-chunk buffer, then the scan (in
+    two levels where ``plan.scan_groups`` > 1). Returns those per-chunk deltas
+    ({"deltas_<state>": buffer}; none for the walk), and in two levels each group's own
+    delta ({"group_deltas_<state>": [N, H, groups, *shape]}): the backward's chunk-parallel
+    reverse pass reads some and reuses the others' memory. ``store_chunks`` False: a
+    one-level scan writes no chunk starts (the final states alone)."""
     walk, common = plan.walk, plan.common
     if not plan.chunk_scan:
         launch.launch_narrowing(module.state_pass_kernel, plan, "state_launch",
@@ -232,8 +242,8 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     fixed = {**walk, **common, "PREFETCH": launch.SCAN_PREFETCH}
     if plan.scan_groups == 1:
         launch.launch_narrowing(module.scan_kernel, plan, "scan_launch",
-                                {**state_args, **deltas, **gate, **fixed, **ONE_LEVEL, "group_len": rows[2]},
-                                may_fall_back, overrides)
+                                {**state_args, **deltas, **gate, **fixed, **ONE_LEVEL, "group_len": rows[2],
+                                 "STORE_CHUNKS": store_chunks}, may_fall_back, overrides)
         return deltas
     n_groups, length = plan.scan_groups, launch.SCAN_GROUP
     walkers = rows[0] * rows[1]
