@@ -300,32 +300,20 @@ class Op:
         kernel (context parallelism's segment pass, runtime.context_parallel). ``scale`` as
         a call's (None: the default)."""
         scale = DEFAULT_SCALE if scale is None else float(scale)
-        toks, first = dict(zip(self.inputs, tokens)), tokens[0]
+        toks = dict(zip(self.inputs, tokens))
 
         def torch_path():
-            prep = _Prepared(self, toks, g, scale, init, None, self._chunk(first), keep_dtype=False)
+            prep = _Prepared(self, toks, g, scale, init, None, self._chunk(tokens[0]), keep_dtype=False)
             _, finals = chunk_torch.state_pass(prep.program, prep.tiles, prep.lam, prep.init, prep.compute)
             return prep.finish_states(finals)
-        if not self.use_triton(first):
-            return torch_path()
-        from triton.runtime.errors import OutOfResources
-        from hladsl.runtime.triton_forward import forward_triton
-        dims = self._dims(toks)
-        key = (self.identity, tuple(sorted(dims.items())), first.dtype, g is not None, self.schedule,
-               str(first.device))
 
         def run(chunk):
+            from hladsl.runtime.triton_forward import forward_triton
             prep = _Prepared(self, toks, g, scale, init, None, chunk, keep_dtype=True)
             _, finals = forward_triton(prep.program, prep.tiles, prep.lam, prep.init, self.algebra.eps,
                                        schedule=self.schedule, scales=prep.load_scales, states_only=True)
             return prep.finish_states(finals)
-        try:
-            with autotune.session(self.autotune, first, dims, g is not None, None):
-                return launch.fitting_chunk(key, self._chunk(first, "forward", dims, g is not None,
-                                                             self.schedule), run)
-        except OutOfResources as exc:   # every rank's shape is the same: each falls back alike
-            self._no_kernel_fits(exc, "forward", dims, first)
-        return torch_path()
+        return self._on_kernels("forward", toks, g, run, torch_path)
 
     def carry_grad_impl(self, tokens: list, g, scale, init: list, grad_o, grad_final: list | None = None) -> list:
         """d(initial state) from the output's cotangent (and ``grad_final``, the final
@@ -334,36 +322,42 @@ class Op:
         backward step (runtime.context_parallel): every rank's own part of its carry's
         gradient, before the full backward. ``scale`` as a call's (None: the default)."""
         scale = DEFAULT_SCALE if scale is None else float(scale)
-        first = tokens[0]
+        toks = dict(zip(self.inputs, tokens))
 
         def torch_path():
-            toks = dict(zip(self.inputs, tokens))
             _, pull = torch.func.vjp(lambda *xs: self._run_torch(toks, g, scale, list(xs), None), *init)
             finals = grad_final or [torch.zeros_like(x) for x in init]
             return list(pull((grad_o, finals)))
-        if not self.use_triton(first):
-            return torch_path()
-        from triton.runtime.errors import OutOfResources
-        from hladsl.runtime.triton_backward import backward_triton
-        dims = self._dims(dict(zip(self.inputs, tokens)))
-        key = (self.identity, "backward", tuple(sorted(dims.items())), first.dtype, g is not None,
-               self.schedule, str(first.device))
 
         def run(chunk):
-            prep = _Prepared(self, dict(zip(self.inputs, tokens)), g, scale, init, None, chunk,
-                             keep_dtype=True)
+            from hladsl.runtime.triton_backward import backward_triton
+            prep = _Prepared(self, toks, g, scale, init, None, chunk, keep_dtype=True)
             d_finals = {s.name: prep.final_vjp(s.name, d) for s, d in zip(self.algebra.streaming, grad_final or ())}
             _, _, d_init = backward_triton(
                 prep.program, prep.tiles, prep.lam, prep.init, prep.output_vjp(grad_o), d_finals,
-                self.algebra.eps, schedule=self.schedule, grad_dtype=first.dtype,
+                self.algebra.eps, schedule=self.schedule, grad_dtype=tokens[0].dtype,
                 grad_scales=prep.scales, scales=prep.load_scales, reverse_only=True)
             return [prep.init_vjp(s.name, d_init[s.name], x) for s, x in zip(self.algebra.streaming, init)]
+        return self._on_kernels("backward", toks, g, run, torch_path)
+
+    def _on_kernels(self, direction: str, tokens: dict, g, run, torch_path):
+        """``run(chunk)`` on the generated kernels at the launch layer's chunk for
+        ``direction`` (halved while a kernel does not fit), or ``torch_path()`` off them --
+        the torch backend, or no kernel fitting (``_no_kernel_fits``; every rank of a
+        context-parallel call has the same shapes, so each falls back alike)."""
+        first = tokens[self.inputs[0]]
+        if not self.use_triton(first):
+            return torch_path()
+        from triton.runtime.errors import OutOfResources
+        dims = self._dims(tokens)
+        key = (self.identity, direction, tuple(sorted(dims.items())), first.dtype, g is not None,
+               self.schedule, str(first.device))
         try:
             with autotune.session(self.autotune, first, dims, g is not None, None):
-                return launch.fitting_chunk(key, self._chunk(first, "backward", dims, g is not None,
+                return launch.fitting_chunk(key, self._chunk(first, direction, dims, g is not None,
                                                              self.schedule), run)
-        except OutOfResources as exc:   # every rank's shape is the same: each falls back alike
-            self._no_kernel_fits(exc, "backward", dims, first)
+        except OutOfResources as exc:
+            self._no_kernel_fits(exc, direction, dims, first)
         return torch_path()
 
     # -- internals -----------------------------------------------------------------------
