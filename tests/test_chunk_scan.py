@@ -438,13 +438,14 @@ def test_two_level_scan_matches_torch_float64(name, params, gated, with_init, dv
 
 def test_scans_with_chunk_summaries_outside_the_states_stay_one_level(launched, grouped_scans):
     """AHLA's scan reads Σ k qᵀ of each chunk, which no state holds: a group of chunks has no
-    such summary to build (no combine), so its scans walk every chunk in one launch."""
+    such summary to build (no combine), so its scans, forward and reverse, walk every chunk
+    in one launch."""
     gen = torch.Generator().manual_seed(3)
-    q, k, v = (0.5 * torch.randn(1, 16 * 6, 2, 8, generator=gen) for _ in range(3))
+    q, k, v = (0.5 * torch.randn(1, 16 * 6, 2, 8, generator=gen).requires_grad_() for _ in range(3))
     op = hladsl.load("ahla", backend="triton", chunk_size=16)
     op.schedule = "scan"
     try:
-        op(q, k, v)
+        op(q, k, v)[0].sum().backward()
     finally:
         op.schedule = "auto"
-    assert launched.count("scan_kernel") == 1
+    assert launched.count("scan_kernel") == 2 and launched.count("rscan_kernel") == 1

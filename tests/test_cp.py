@@ -58,6 +58,9 @@ def _cases():
                       gated=True, init=True, mode="last", seed=4))
     cases.append(dict(spec="hla2", params={"ridge": 0.3}, strategy="relay", varlen=False,
                       gated=True, init=True, mode="last", seed=5))
+    # only the initial state differentiated (frozen tokens): every rank still joins the backward
+    cases.append(dict(spec="hla3", params={}, strategy="gather", varlen=False, gated=True, init=True,
+                      mode="last", seed=6, frozen=True))
     return cases
 
 
@@ -95,9 +98,9 @@ def _op(case):
     return _OPS[key]
 
 
-def _leaves(data, lo, hi):
-    out = {n: data[n][:, lo:hi].clone().requires_grad_() for n in ("q", "k", "v")}
-    out["g"] = None if data["g"] is None else data["g"][:, lo:hi].clone().requires_grad_()
+def _leaves(data, lo, hi, frozen=False):
+    out = {n: data[n][:, lo:hi].clone().requires_grad_(not frozen) for n in ("q", "k", "v")}
+    out["g"] = None if data["g"] is None else data["g"][:, lo:hi].clone().requires_grad_(not frozen)
     return out
 
 
@@ -109,7 +112,7 @@ def _grads(leaves, init):
 
 def _reference(case, data):
     op = _op(case)
-    x = _leaves(data, 0, data["q"].shape[1])
+    x = _leaves(data, 0, data["q"].shape[1], case.get("frozen", False))
     init = None if data["init"] is None else {n: t.clone().requires_grad_()
                                               for n, t in data["init"].items()}
     o, final = op(x["q"], x["k"], x["v"], x["g"], scale=0.7, initial_state=init,
@@ -125,7 +128,7 @@ def _sharded(case, data, lengths, rank, world, group=None):
     op = _op(case)
     lo = sum(lengths[:rank])
     hi = lo + lengths[rank]
-    x = _leaves(data, lo, hi)
+    x = _leaves(data, lo, hi, case.get("frozen", False))
     init = None
     if data["init"] is not None and rank == 0:
         init = {n: t.clone().requires_grad_() for n, t in data["init"].items()}
@@ -152,6 +155,8 @@ def _compare(case, ref, got, world):
     for n in ("q", "k", "v", "g"):
         if g_ref[n] is not None:
             errs["d" + n] = _rel(torch.cat([r[2][n] for r in got], 1), g_ref[n])
+        elif any(r[2][n] is not None for r in got):   # frozen tokens got a gradient
+            errs["d" + n + " (frozen)"] = 1.0
     if g_ref["init"] is not None:
         for n, t in g_ref["init"].items():
             errs[f"dinit.{n}"] = _rel(got[0][2]["init"][n], t)
