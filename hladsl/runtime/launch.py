@@ -272,9 +272,7 @@ SCAN_PREFETCH = True
 # + nC / SCAN_GROUP.
 SCAN_GROUP = 32
 SCAN_GROUP_FILL = 4     # grouped only while the one-level walkers fill fewer than this many a SM
-SCAN_GROUP_WIDTH = None   # the groups' value block (None: state_block's rule at their program count)
 SCAN_GROUP_FORWARD = False   # group the forward's own scan too (measured slower, below)
-SCAN_WIDTH = None   # the one-level scans' value block (None: state_block's rule); an A/B knob
 
 
 def scan_groups(n_chunks: int, walkers: int, device, varlen: bool, groupable: bool, direction: str) -> int:
@@ -288,7 +286,9 @@ def scan_groups(n_chunks: int, walkers: int, device, varlen: bool, groupable: bo
     scan ~0.2 ms slower (its one level already moves ~1.3 TB/s and the groups read the deltas
     twice), so the forward alone stays one level (2.87 vs 3.09 ms), ``SCAN_GROUP_FORWARD``.
     The backward's plan keeps one level where no grouped reverse scan reads the groups'
-    deltas (a fused backward, a reverse pass that walks)."""
+    deltas (a fused backward, a reverse pass that walks). Value blocks follow ``state_block``'s
+    rule at each launch's program count (runs 93, 94: 16- or 32-wide groups and 32- or
+    64-wide one-level walks were slower)."""
     if (not groupable or varlen or not SCAN_GROUP or n_chunks < 2 * SCAN_GROUP
             or walkers >= SCAN_GROUP_FILL * sms(device)
             or (direction == "forward" and not SCAN_GROUP_FORWARD)):

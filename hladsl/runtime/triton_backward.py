@@ -11,7 +11,7 @@ from hladsl.codegen.triton_gen import constexprs
 from hladsl.runtime import autotune, launch
 from hladsl.runtime.triton_forward import (_packed_tables, _state_buffers, _token_args, tile_args,
                                            token_layout, walk_args, per_chunk_alloc, plan_state_pass,
-                                           run_state_pass, group_lam, ONE_LEVEL)
+                                           run_state_pass, group_lam, group_phases, ONE_LEVEL)
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime.backward_torch import check_backward_args
 
@@ -223,7 +223,7 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
         return d_init, dends, 1
     # two levels (launch.scan_groups): each group's own part of its d(start) from zero, the walk
     # over the groups (each one step at its forward delta) to each group's d(end), the groups again
-    length, walkers = launch.SCAN_GROUP, rows[0] * rows[1]
+    alone, over_groups, again = group_phases(n_groups)
     own, ends = {}, {}
     for s in rs["states"]:
         init = state_args[f"init_{s['name']}"]
@@ -232,18 +232,16 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
     read_now = {k: deltas[k] for k in read}
     launch.launch_narrowing(module.rscan_kernel, plan, "group_rscan_launch",
                             {**args, "HAS_DFINAL": False, **{f"dinit_{n}": x for n, x in own.items()}, **parts,
-                             **read_now, **gate, **walking, "STORE_CHUNKS": False, "STORE_LAST": True,
-                             "n_groups": n_groups, "group_len": length}, True)
+                             **read_now, **gate, **walking, **alone}, True)
     launch.launch_narrowing(module.rscan_kernel, plan, "rscan_launch",
                             {**args, "IN_PLACE": False, **{f"dends_{n}": x for n, x in ends.items()},
                              **{f"rdeltas_{n}": own[n] for n in (s["name"] for s in rs["written"])},
                              **{k: deltas["group_" + k] for k in read},
-                             **({"lam_ptr": group_lam(lam, walkers, n_groups, length)} if lam is not None else {}),
-                             **walking, **ONE_LEVEL, "n_chunks": n_groups, "group_len": n_groups}, True)
+                             **({"lam_ptr": group_lam(lam, n_groups)} if lam is not None else {}),
+                             **walking, **over_groups}, True)
     launch.launch_narrowing(module.rscan_kernel, plan, "group_rscan_launch",
                             {**args, "HAS_DFINAL": True, **{f"dfinal_{n}": x for n, x in ends.items()}, **parts,
-                             **read_now, **gate, **walking, "STORE_CHUNKS": True, "STORE_LAST": False,
-                             "n_groups": n_groups, "group_len": length}, True)
+                             **read_now, **gate, **walking, **again}, True)
     return d_init, dends, 1
 
 
@@ -349,11 +347,11 @@ class _BackwardPlan:
             self.rdelta_launch = launch.split_blocks((n_chunks, n_seq * heads), [], program, common, first,
                                                      rs["delta_chained_dots"])
             self.rscan_launch = launch.split_blocks(walkers * heads, rs["splits"], program, common, first,
-                                                    rs["scan_chained_dots"], reverse_block or launch.SCAN_WIDTH)
+                                                    rs["scan_chained_dots"], reverse_block)
             if self.scan_groups > 1 and rs["groupable"]:   # the groups' walks of the two-level scan
                 self.group_rscan_launch = launch.split_blocks(walkers * heads * self.scan_groups, rs["splits"],
                                                               program, common, first, rs["scan_chained_dots"],
-                                                              reverse_block or launch.SCAN_GROUP_WIDTH)
+                                                              reverse_block)
         self.reverse_launch = launch.split_blocks(walkers * heads, ctx["reverse_splits"], program, common,
                                                   first, ctx["reverse_chained_dots"], reverse_block,
                                                   fixed_blocks=bool(ctx["reverse_partial"]))

@@ -204,16 +204,27 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
         plan.delta_launch = launch.split_blocks((n_chunks, n_seq * heads), ctx["splits"], program, common,
                                                 first, cs["delta_chained_dots"])
         plan.scan_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common, first,
-                                               cs["scan_chained_dots"], state_block or launch.SCAN_WIDTH)
+                                               cs["scan_chained_dots"], state_block)
         plan.scan_groups = launch.scan_groups(n_chunks, plan.walkers * heads, first.device,
                                               plan.walk["VARLEN"], cs["groupable"], direction)
         if plan.scan_groups > 1:   # the groups' walks (phases 1 and 3); the walk over groups is scan_launch's
             plan.group_scan_launch = launch.split_blocks(plan.walkers * heads * plan.scan_groups, ctx["splits"],
                                                          program, common, first, cs["scan_chained_dots"],
-                                                         state_block or launch.SCAN_GROUP_WIDTH)
+                                                         state_block)
 
 
 ONE_LEVEL = {"STORE_CHUNKS": True, "STORE_LAST": True, "n_groups": 1}   # a scan kernel's whole walk
+
+
+def group_phases(n_groups: int) -> tuple[dict, dict, dict]:
+    """The scan kernels' arguments for the three launches of a two-level walk (forward or
+    reverse; ``launch.scan_groups``): the groups from zero to their own deltas (nothing per
+    chunk written), the walk over the groups (its "chunks"), the groups again from their
+    starts (no last state)."""
+    length = launch.SCAN_GROUP
+    return ({"STORE_CHUNKS": False, "STORE_LAST": True, "n_groups": n_groups, "group_len": length},
+            {**ONE_LEVEL, "n_chunks": n_groups, "group_len": n_groups},
+            {"STORE_CHUNKS": True, "STORE_LAST": False, "n_groups": n_groups, "group_len": length})
 
 
 def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam, may_fall_back: bool,
@@ -245,8 +256,8 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
                                 {**state_args, **deltas, **gate, **fixed, **ONE_LEVEL, "group_len": rows[2],
                                  "STORE_CHUNKS": store_chunks}, may_fall_back, overrides)
         return deltas
-    n_groups, length = plan.scan_groups, launch.SCAN_GROUP
-    walkers = rows[0] * rows[1]
+    n_groups = plan.scan_groups
+    alone, over_groups, again_args = group_phases(n_groups)
     totals, starts = {}, {}   # each group's own delta; each group's start
     for s in ctx["states"]:
         name, init = s["name"], state_args[f"init_{s['name']}"]
@@ -255,26 +266,25 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     groups = {k: v for k, v in state_args.items() if not k.startswith("final_")}
     groups.update({f"final_{n}": x for n, x in totals.items()}, HAS_INIT=False)
     launch.launch_narrowing(module.scan_kernel, plan, "group_scan_launch",
-                            {**groups, **deltas, **gate, **fixed, "STORE_CHUNKS": False, "STORE_LAST": True,
-                             "n_groups": n_groups, "group_len": length}, may_fall_back, overrides)
+                            {**groups, **deltas, **gate, **fixed, **alone}, may_fall_back, overrides)
     over = {**state_args, **{f"starts_{n}": x for n, x in starts.items() if f"starts_{n}" in state_args}}
     over_deltas = {k: totals[k[len("deltas_"):]] for k in deltas}
-    over_gate = {"lam_ptr": group_lam(lam, walkers, n_groups, length)} if lam is not None else {}
+    over_gate = {"lam_ptr": group_lam(lam, n_groups)} if lam is not None else {}
     launch.launch_narrowing(module.scan_kernel, plan, "scan_launch",
-                            {**over, **over_deltas, **over_gate, **fixed, **ONE_LEVEL, "n_chunks": n_groups,
-                             "group_len": n_groups}, may_fall_back, overrides)
+                            {**over, **over_deltas, **over_gate, **fixed, **over_groups}, may_fall_back, overrides)
     again = {k: v for k, v in state_args.items() if not k.startswith("init_")}
     again.update({f"init_{n}": x for n, x in starts.items()}, HAS_INIT=True)
     launch.launch_narrowing(module.scan_kernel, plan, "group_scan_launch",
-                            {**again, **deltas, **gate, **fixed, "STORE_CHUNKS": True, "STORE_LAST": False,
-                             "n_groups": n_groups, "group_len": length}, may_fall_back, overrides)
+                            {**again, **deltas, **gate, **fixed, **again_args}, may_fall_back, overrides)
     return {**deltas, **{f"group_deltas_{n}": x for n, x in totals.items()}}
 
 
-def group_lam(lam: torch.Tensor, walkers: int, n_groups: int, length: int) -> torch.Tensor:
+def group_lam(lam: torch.Tensor, n_groups: int) -> torch.Tensor:
     """The walk over groups' log decays, laid out as ``lam`` ([rows, groups, C]: the kernels
     read each chunk's last entry): each group's entry is the sum of its chunks' last ones."""
-    ends = lam[..., -1].reshape(walkers, -1)
+    length = launch.SCAN_GROUP
+    ends = lam[..., -1].reshape(-1, lam.shape[2])
+    walkers = ends.shape[0]
     padded = ends.new_zeros(walkers, n_groups * length)
     padded[:, :ends.shape[1]] = ends
     out = lam.new_zeros(walkers, n_groups, lam.shape[-1])
