@@ -218,32 +218,23 @@ class Op:
     def forward_impl(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str):
         """(o, [final state per summary]) without autograd."""
         tokens = dict(zip(self.inputs, tokens))
-        first = tokens[self.inputs[0]]
-        if not self.use_triton(first):
-            return self._run_torch(tokens, g, scale, init, cu_seqlens)
-        dims = self._dims(tokens)
-        key = (self.identity, tuple(sorted(dims.items())), first.dtype, g is not None, schedule,
-               str(first.device))
 
         def run(chunk):
-            prep = _Prepared(self, tokens, g, scale, init, cu_seqlens, chunk, keep_dtype=True)
             from hladsl.runtime.triton_forward import forward_triton
+            prep = _Prepared(self, tokens, g, scale, init, cu_seqlens, chunk, keep_dtype=True)
             o_tiles, finals = forward_triton(prep.program, prep.tiles, prep.lam, prep.init,
                                              self.algebra.eps, schedule=schedule, out_dtype=prep.dtype,
                                              seq_chunks=prep.seq_chunks, scales=prep.load_scales)
             return prep.finish(o_tiles, finals)
-        from triton.runtime.errors import OutOfResources
-        try:
-            with autotune.session(self.autotune, first, dims, g is not None, cu_seqlens):
-                return launch.fitting_chunk(key, self._chunk(first, "forward", dims, g is not None, schedule,
-                                                             cu_seqlens is not None), run)
-        except OutOfResources as exc:
-            self._no_kernel_fits(exc, "forward", dims, first)
-        return self._run_torch(tokens, g, scale, init, cu_seqlens)
+        return self._on_kernels("forward", tokens, g, run,
+                                lambda: self._run_torch(tokens, g, scale, init, cu_seqlens), schedule, cu_seqlens)
 
     def backward_impl(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str,
                       grad_o, grad_states: list):
-        """Gradients of (tokens..., g, init...) given those of (o, final states)."""
+        """Gradients of (tokens..., g, init...) given those of (o, final states): the
+        generated backward kernels between the (linear, cheap) transposes of the torch
+        preparation and finish, written out (``_Prepared``'s ``*_vjp``: every product runs
+        inside a kernel, no tracing on the host), or torch's VJP of the torch program."""
         keep = [n for n, x in enumerate(grad_states) if x is not None]
         leaves = list(tokens) + ([g] if g is not None else []) + list(init)
         n_tok = len(tokens)
@@ -255,45 +246,28 @@ class Op:
                                         cu_seqlens)
             return (o,) + tuple(finals[n] for n in keep)
 
-        if self.use_triton(tokens[0]):
-            from triton.runtime.errors import OutOfResources
-            try:
-                return self._backward_triton(tokens, g, scale, init, cu_seqlens, schedule, grad_o,
-                                             grad_states)
-            except OutOfResources as exc:
-                self._no_kernel_fits(exc, "backward", self._dims(dict(zip(self.inputs, tokens))),
-                                     tokens[0])
-        _, pullback = torch.func.vjp(forward, *leaves)
-        got = pullback((grad_o,) + tuple(grad_states[n] for n in keep))
-        return [torch.zeros_like(x) if d is None else d.contiguous() for x, d in zip(leaves, got)]
-
-    def _backward_triton(self, tokens, g, scale, init, cu_seqlens, schedule, grad_o, grad_states):
-        """The generated backward kernels between the (linear, cheap) transposes of the
-        torch preparation and finish, written out (``_Prepared``'s ``*_vjp``): every
-        product runs inside a kernel, no tracing on the host."""
-        from hladsl.runtime.triton_backward import backward_triton
-        first = tokens[0]
-        dims = self._dims(dict(zip(self.inputs, tokens)))
-        key = (self.identity, "backward", tuple(sorted(dims.items())), first.dtype, g is not None, schedule,
-               str(first.device))
+        def torch_path():
+            _, pullback = torch.func.vjp(forward, *leaves)
+            got = pullback((grad_o,) + tuple(grad_states[n] for n in keep))
+            return [torch.zeros_like(x) if d is None else d.contiguous() for x, d in zip(leaves, got)]
 
         def run(chunk):
+            from hladsl.runtime.triton_backward import backward_triton
             prep = _Prepared(self, dict(zip(self.inputs, tokens)), g, scale, init, cu_seqlens, chunk,
                              keep_dtype=True)
             d_finals = {n: prep.final_vjp(n, d) for n, d in zip(self.state_names, grad_states)
                         if d is not None}
             d_tiles, d_lam, d_init = backward_triton(
                 prep.program, prep.tiles, prep.lam, prep.init, prep.output_vjp(grad_o), d_finals,
-                self.algebra.eps, schedule=schedule, grad_dtype=first.dtype, seq_chunks=prep.seq_chunks,
+                self.algebra.eps, schedule=schedule, grad_dtype=tokens[0].dtype, seq_chunks=prep.seq_chunks,
                 grad_scales=prep.scales, scales=prep.load_scales)
             grads = [prep.token_vjp(d_tiles[n], x) for n, x in zip(self.inputs, tokens)]
             if g is not None:
                 grads.append(prep.gate_vjp(d_lam, g))
             grads += [prep.init_vjp(s.name, d_init[s.name], x) for s, x in zip(self.algebra.streaming, init)]
             return grads
-        with autotune.session(self.autotune, first, dims, g is not None, cu_seqlens):
-            return launch.fitting_chunk(key, self._chunk(first, "backward", dims, g is not None, schedule,
-                                                         cu_seqlens is not None), run)
+        return self._on_kernels("backward", dict(zip(self.inputs, tokens)), g, run, torch_path, schedule,
+                                cu_seqlens)
 
     def final_state_impl(self, tokens: list, g, scale, init: list) -> list:
         """The final states alone (dense, no autograd): the state pass without the output
@@ -340,22 +314,25 @@ class Op:
             return [prep.init_vjp(s.name, d_init[s.name], x) for s, x in zip(self.algebra.streaming, init)]
         return self._on_kernels("backward", toks, g, run, torch_path)
 
-    def _on_kernels(self, direction: str, tokens: dict, g, run, torch_path):
+    def _on_kernels(self, direction: str, tokens: dict, g, run, torch_path, schedule: str | None = None,
+                    cu_seqlens=None):
         """``run(chunk)`` on the generated kernels at the launch layer's chunk for
         ``direction`` (halved while a kernel does not fit), or ``torch_path()`` off them --
         the torch backend, or no kernel fitting (``_no_kernel_fits``; every rank of a
-        context-parallel call has the same shapes, so each falls back alike)."""
+        context-parallel call has the same shapes, so each falls back alike). ``schedule``
+        None: the op's."""
         first = tokens[self.inputs[0]]
         if not self.use_triton(first):
             return torch_path()
         from triton.runtime.errors import OutOfResources
+        schedule = self.schedule if schedule is None else schedule
         dims = self._dims(tokens)
         key = (self.identity, direction, tuple(sorted(dims.items())), first.dtype, g is not None,
-               self.schedule, str(first.device))
+               schedule, str(first.device))
         try:
-            with autotune.session(self.autotune, first, dims, g is not None, None):
-                return launch.fitting_chunk(key, self._chunk(first, direction, dims, g is not None,
-                                                             self.schedule), run)
+            with autotune.session(self.autotune, first, dims, g is not None, cu_seqlens):
+                return launch.fitting_chunk(key, self._chunk(first, direction, dims, g is not None, schedule,
+                                                             cu_seqlens is not None), run)
         except OutOfResources as exc:
             self._no_kernel_fits(exc, direction, dims, first)
         return torch_path()
