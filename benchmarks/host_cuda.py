@@ -111,22 +111,23 @@ def step_rows(n):
     rows = []
     for spec in ("linear", "hla2"):
         op = hladsl.load(spec)
-        for B in (1, 64):
-            q, k, v, _ = inputs(B, 1, 16, 64, False, False)
-            _, state = op(q, k, v, output_final_state=True)
-            wall, lus, nl = wall_us(lambda: op.step(q, k, v, state=state), n)
-            rows.append((f"{spec} step B={B}", wall, lus, nl, bench_ms(lambda: op.step(q, k, v, state=state))))
+        for B, gated in ((1, False), (64, False), (1, True), (64, True)):
+            q, k, v, g = inputs(B, 1, 16, 64, gated, False)
+            _, state = op(q, k, v, g=g, output_final_state=True)
+            wall, lus, nl = wall_us(lambda: op.step(q, k, v, g=g, state=state), n)
+            rows.append((f"{spec} step B={B}{' gated' if gated else ''}", wall, lus, nl,
+                         bench_ms(lambda: op.step(q, k, v, g=g, state=state))))
     try:
         from fla.ops.simple_gla import fused_recurrent_simple_gla
-        for B in (1, 64):
-            q, k, v, _ = inputs(B, 1, 16, 64, False, False)
+        for B, gated in ((1, False), (64, False), (1, True), (64, True)):
+            q, k, v, g = inputs(B, 1, 16, 64, gated, False)
             st = torch.zeros(B, 16, 64, 64, device="cuda")
 
             def call():
-                return fused_recurrent_simple_gla(q, k, v, scale=64 ** -0.5, initial_state=st,
+                return fused_recurrent_simple_gla(q, k, v, g, scale=64 ** -0.5, initial_state=st,
                                                   output_final_state=True)
             wall, _, _ = wall_us(call, n)
-            rows.append((f"fla fused_recurrent B={B}", wall, 0.0, 0, bench_ms(call)))
+            rows.append((f"fla fused_recurrent B={B}{' gated' if gated else ''}", wall, 0.0, 0, bench_ms(call)))
     except ImportError as exc:
         print("fla:", exc)
     return rows

@@ -26,7 +26,7 @@ import triton
 import triton.testing
 
 import hladsl
-from hladsl.codegen.step_gen import phase_splittable, splittable, step_plan
+from hladsl.codegen.step_gen import shared_splittable, splittable, step_plan
 from hladsl.runtime.step import run_step
 
 SPECS = [("linear", {}), ("hla2", {}), ("ahla", {}), ("hla3", {}), ("hla3_masked", {}),
@@ -70,7 +70,7 @@ def variants(plan, sweep: bool):
     if not sweep:
         return [{}]
     out = [{}] + [{"num_warps": w} for w in (2, 4, 8, 16)]
-    if splittable(plan) or phase_splittable(plan):      # one launch, or the phase split
+    if splittable(plan) or shared_splittable(plan):
         out += [{"block_v": bv, "num_warps": w} for bv in (16, 32, 64) for w in (4, 8, 16)]
     if plan.packed:
         out += [{"packed_rows": r, "num_warps": w} for r in (16, 32, 128) for w in (4, 8)]
@@ -170,8 +170,7 @@ def latency_b1(name, H, d, dv, sweep=False):
 def compile_only(B, H, d, T=1, warps=None, block_v=None) -> list[dict]:
     """Compile every spec's step kernels for sm_90 without a GPU (Triton's own
     ptxas) and report registers and spills per thread at the default launch
-    (value block from launch.step_value_block unless ``block_v``; with the phase
-    split also state_kernel, the second launch)."""
+    (value block from launch.step_value_block unless ``block_v``)."""
     from hladsl.codegen.step_gen import PACKED_ROWS, step_kernel
     from hladsl.codegen.triton_gen import block_size
     from hladsl.runtime import launch
@@ -181,29 +180,26 @@ def compile_only(B, H, d, T=1, warps=None, block_v=None) -> list[dict]:
         alg = hladsl.load(name, **params).algebra
         module, ctx = step_kernel(alg, {"d": d, "dv": d}, True)
         plan = step_plan(alg, {"d": d, "dv": d})
-        width = block_v or launch.step_value_block(d, ctx["split"], ctx["phased"])
-        phased = ctx["phased"] and width < block_size(d)
+        width = block_v or launch.step_value_block(d, ctx["split"], ctx["shared"])
         consts = {f"str_{x['name']}_f": 1 for x in ctx["inputs"]}
         consts.update({f"str_{s['name']}_{s['axes'] - 1}": 1 for s in ctx["states"]})
         for dim, n in ctx["sizes"]:
             consts[f"D_{dim}"], consts[f"B_{dim}"] = n, block_size(n)
         consts[f"B_{plan.value_dim}"] = width
-        for pd in ctx["packed"]:
-            consts[f"D_{pd['name']}"], consts[f"B_{pd['name']}"] = pd["size"], PACKED_ROWS
+        for pd in ctx["packed"]:    # as runtime.step._Setup: whole where only the free update walks it
+            consts[f"D_{pd['name']}"] = pd["size"]
+            consts[f"B_{pd['name']}"] = (PACKED_ROWS if pd["name"] in plan.packed_names()
+                                         else block_size(pd["size"]))
         consts.update(T_BLOCK=max(2, triton.next_power_of_2(T)), INDEXED=False, ACC=tl_float32())
-        if ctx["phased"]:
-            consts["STORE_FREE"] = not phased
+        if ctx["shared"]:
+            consts["SHARED"] = width < block_size(d)
         if T == 1:
             consts["T"] = 1
         everything = [n for n, _ in plan.states]
         nw = warps or _warps(plan, width, PACKED_ROWS, everything)
         label = name + "".join(f" {k}={v}" for k, v in params.items())
-        row = dict(spec=label, block_v=width, launches=2 if phased else 1, warps=nw,
+        row = dict(spec=label, block_v=width, warps=nw,
                    resources=_resources(module.step_kernel, consts, nw))
-        if phased:
-            free_warps = warps or _warps(plan, block_size(d), PACKED_ROWS, ctx["free"])
-            row.update(state_warps=free_warps, state_resources=_resources(
-                module.state_kernel, consts, free_warps))
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -231,7 +227,7 @@ def _resources(fn, consts: dict, warps: int) -> list[str]:
         n = p.name
         if n in consts or p.is_constexpr:
             sig[n] = "constexpr"
-        elif n.endswith(("_idx", "rows_ptr")):
+        elif n.endswith(("_idx", "rows_ptr", "cnt_ptr")):
             sig[n] = "*i32"
         elif n.startswith("in_"):
             sig[n] = "*bf16"

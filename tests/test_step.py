@@ -11,12 +11,13 @@ import torch  # noqa: E402
 
 import hladsl  # noqa: E402
 from hladsl.codegen.step_gen import (  # noqa: E402
-    phase_splittable,
+    shared_splittable,
     splittable,
     step_plan,
     step_source,
     value_free,
 )
+from hladsl.runtime import step as step_module  # noqa: E402
 from hladsl.runtime.step import run_step  # noqa: E402
 
 SPECS = [("linear", {}), ("hla2", {}), ("ahla", {}), ("hla3", {}), ("hla3_masked", {}),
@@ -92,6 +93,9 @@ def _triton_check(spec, params, gated, normalize, pieces=(2, 3), d=5, dv=6, bloc
     for name, x in state.items():
         assert x.data_ptr() == storage[name], name
         assert _rel(final[name], x) < 1e-5, name
+    # the shared split's counters (if this launch split) are back at zero
+    counters = step_module._COUNTERS.get(id(state[op.algebra.streaming[0].name]))
+    assert counters is None or not counters[1].any()
 
 
 @pytest.mark.parametrize("spec,params,gated,normalize", [
@@ -111,11 +115,11 @@ def test_triton_step_value_blocks(spec, params):
     _triton_check(spec, params, True, False, pieces=(1, 1), d=4, dv=20, block_v=16)
 
 
-@pytest.mark.parametrize("dv,block_v", [(5, None), (20, 16)], ids=["whole", "phase_split"])
+@pytest.mark.parametrize("dv,block_v", [(5, None), (20, 16)], ids=["whole", "shared_split"])
 def test_triton_step_long_input_in_launches(monkeypatch, dv, block_v):
     """Kernels with packed dims take at most launch.STEP_MAX_TOKENS tokens a launch;
-    longer inputs run as consecutive launches on the updated state (split: both
-    launches per piece, power's z a value-free row state)."""
+    longer inputs run as consecutive launches on the updated state (split: power's z
+    a value-free row state, which the last block updates again from its old rows)."""
     from hladsl.runtime import launch
     monkeypatch.setattr(launch, "STEP_MAX_TOKENS", 2)
     _triton_check("power", {"p": 2}, True, True, pieces=(5,), d=4, dv=dv, block_v=block_v)
@@ -126,46 +130,62 @@ def test_triton_step_long_input_in_launches(monkeypatch, dv, block_v):
 @pytest.mark.parametrize("spec,params", SPECS, ids=IDS)
 def test_triton_step_value_blocks_every_spec(spec, params, gated, normalize):
     """dv = 20 in blocks of 16 (two blocks, the second one ragged), multi-token
-    pieces. Specs whose states all hold dv split in one launch; the others
-    (hla2's S, hla3's SK/SQ, every normalizer state) run the phase split:
-    step_kernel over the value blocks reading the old value-free states, then
-    state_kernel updating them in place. Under the interpreter the programs run
-    one after another, so a block that wrote S in place would feed the next
-    block the new S and fail here."""
+    pieces. Specs whose states all hold dv split their states; the others (hla2's
+    S, hla3's SK/SQ, every normalizer state) run the shared split: every block
+    reads the old value-free states, the last block writes them. Under the
+    interpreter the programs run one after another, so a first block that wrote S
+    in place would feed the next block the new S and fail here."""
     op = hladsl.load(spec, normalize=normalize, **params)
     plan = step_plan(op.algebra, {"d": 4, "dv": 20})
-    assert splittable(plan) or phase_splittable(plan)
-    assert phase_splittable(plan) == bool(value_free(plan))
+    assert splittable(plan) or shared_splittable(plan)
+    assert shared_splittable(plan) == bool(value_free(plan))
     _triton_check(spec, params, gated, normalize, pieces=(1, 3), d=4, dv=20, block_v=16)
 
 
-def test_phase_split_is_the_default_for_value_free_states(monkeypatch):
-    """The launch rule splits hla2 (S has no dv) into value blocks and two launches:
-    state_kernel runs once per step, after step_kernel."""
+def test_shared_split_is_the_default_for_value_free_states(monkeypatch):
+    """The launch rule splits hla2 (S has no dv) into value blocks in one launch
+    (SHARED, with this state's counters), which it leaves at zero."""
     from hladsl.codegen.step_gen import step_kernel
     from hladsl.runtime import launch
-    monkeypatch.setattr(launch, "STEP_PHASED_BLOCK", 16)
+    monkeypatch.setattr(launch, "STEP_SHARED_BLOCK", 16)
     assert launch.step_value_block(20, False, True) == 16
-    assert launch.step_value_block(20, True, False) == 32       # linear: whole, one launch
+    assert launch.step_value_block(20, True, False) == 32       # linear: whole
     assert launch.step_value_block(20, False, False) == 32
     op = hladsl.load("hla2")
     module, ctx = step_kernel(op.algebra, {"d": 4, "dv": 20}, True)
-    assert ctx["phased"] and ctx["free"] == ["S"]
+    assert ctx["shared"] and ctx["free"] == ["S"] and not hasattr(module, "state_kernel")
     calls = []
-    for name in ("step_kernel", "state_kernel"):
-        kernel = getattr(module, name)
+    kernel = module.step_kernel
 
-        class Spy:
-            arg_names = kernel.arg_names
+    class Spy:
+        arg_names = kernel.arg_names
 
-            def __getitem__(self, grid, name=name, kernel=kernel):
-                def run(**kwargs):
-                    calls.append((name, grid, kwargs.get("STORE_FREE")))
-                    return kernel[grid](**kwargs)
-                return run
-        monkeypatch.setattr(module, name, Spy())
+        def __getitem__(self, grid):
+            def run(**kwargs):
+                calls.append((grid, kwargs["SHARED"], kwargs["cnt_ptr"]))
+                return kernel[grid](**kwargs)
+            return run
+    monkeypatch.setattr(module, "step_kernel", Spy())
     _triton_check("hla2", {}, True, False, pieces=(2,), d=4, dv=20)
-    assert calls == [("step_kernel", (2 * 2 * 2,), False), ("state_kernel", (2 * 2,), None)]
+    (grid, shared, counters), = calls
+    assert grid == (2 * 2 * 2,) and shared and counters.shape == (2 * 2,) and not counters.any()
+
+
+@pytest.mark.parametrize("spec,normalize,rows", [
+    ("hla2", True, {"S"}), ("hla3", False, {"SK", "SQ"}), ("hla3_masked", False, {"S"}),
+    ("hla3", True, set())], ids=["hla2", "hla3", "hla3_masked", "hla3_normalized"])
+def test_value_free_updates_alone_hold_symmetric_states_on_packed_rows(spec, normalize, rows):
+    """The outputs read HLA2's S whole (q S C), so the step holds it whole; its update
+    alone (the shared split's last block) only produces it from k k and passes it, so
+    that plan holds it on packed rows -- the same storage, read without a gather.
+    Normalised HLA3's h1..h3 read SK and SQ in their updates: whole there too."""
+    alg = hladsl.load(spec, normalize=normalize).algebra
+    plan = step_plan(alg, {"d": 4, "dv": 6})
+    free = value_free(plan)
+    alone = step_plan(alg, {"d": 4, "dv": 6}, only=free)
+    assert not any(plan.row_dim(n) for n in free)
+    assert {n for n in free if alone.row_dim(n)} == rows
+    assert [n for n, _ in alone.states] == list(free) and not alone.output and not alone.normalizer
 
 
 VALUE_SUM_SPEC = """
@@ -188,7 +208,7 @@ def test_value_blocks_refused_when_a_term_sums_the_value_dim(tmp_path):
     path.write_text(VALUE_SUM_SPEC)
     op = hladsl.load(str(path))
     plan = step_plan(op.algebra, {"d": 4, "dv": 20})
-    assert value_free(plan) == ("z",) and not splittable(plan) and not phase_splittable(plan)
+    assert value_free(plan) == ("z",) and not splittable(plan) and not shared_splittable(plan)
     q, k, v = (torch.rand(2, 1, 2, n, dtype=torch.float32) for n in (4, 4, 20))
     state = {name: torch.zeros((2, 2) + shape) for name, shape in op.state_shapes(4, 20).items()}
     with pytest.raises(ValueError, match="cannot split"):
@@ -200,7 +220,7 @@ def test_value_blocks_refused_when_a_term_sums_the_value_dim(tmp_path):
     assert _rel(ref, o) < 1e-5
 
 
-@pytest.mark.parametrize("block_v", [None, 16], ids=["whole", "phase_split"])
+@pytest.mark.parametrize("block_v", [None, 16], ids=["whole", "shared_split"])
 @pytest.mark.parametrize("spec,params", [("hla2", {}), ("power", {"p": 2})], ids=["hla2", "power"])
 def test_triton_step_float64_strided_tokens(spec, params, block_v):
     """fp64 states run the kernel in fp64 (ACC); tokens may be any strided view."""
@@ -219,14 +239,14 @@ def test_triton_step_float64_strided_tokens(spec, params, block_v):
 
 
 @pytest.mark.parametrize("backend,dv", [("torch", 5), ("triton", 5), ("triton", 20)],
-                         ids=["torch", "triton", "triton_phase_split"])
+                         ids=["torch", "triton", "triton_shared_split"])
 @pytest.mark.parametrize("spec,params", [("hla2", {}), ("power", {"p": 2})], ids=["hla2", "power"])
 def test_state_indices_pool(spec, params, backend, dv, monkeypatch):
     """A shuffled pool of state slots: row b reads and writes slot idx[b]; the same
     rows as separate calls, the other slots untouched. At dv = 20 the default
-    launch is the phase split (two value blocks, then the value-free states)."""
+    launch is the shared split (two value blocks, counters per pool slot)."""
     from hladsl.runtime import launch
-    monkeypatch.setattr(launch, "STEP_PHASED_BLOCK", 16)
+    monkeypatch.setattr(launch, "STEP_SHARED_BLOCK", 16)
     op = hladsl.load(spec, normalize=True, **params)
     dtype = torch.float64 if backend == "torch" else torch.float32
     gen = torch.Generator().manual_seed(1)

@@ -23,12 +23,17 @@ a loop over blocks of its rows, each block walking the T tokens again (a row
 state's update reads only the same rows, the token and ρ_t). Outputs of row
 states are summed over the blocks in a [T, value block] accumulator.
 
-Phase split (``phase_splittable``): where some states lack the value dim (HLA2's
-S, every normalizer state), programs may still own blocks of it if step_kernel
-never writes those value-free states: it reads their old values and forms the
-token-updated ones in registers; a second kernel, state_kernel (its regions the
-value-free updates alone), then updates them in place. The runtime launches both
-on one stream when ``runtime.launch.step_value_block`` splits the value dim.
+Shared split (``shared_splittable``): where some states lack the value dim (HLA2's
+S, every normalizer state), programs may still own blocks of it: every block reads
+those value-free states' old values and forms the new ones in registers for its
+outputs, without writing them; the last block of a (row, head) to finish --
+counted by an atomic per (state row, head) -- then updates them in place from
+their old values, which no block has written (one launch;
+``runtime.launch.step_value_block`` picks the block). That update is planned on
+its own (``step_plan(..., only=...)``): without the outputs, a symmetric state
+the outputs read whole (HLA2's S) is a row state, updated along its contiguous
+packed rows. Run 106 (H100): hla2 0.55 -> 0.72 of copy bandwidth, hla3_masked
+0.54 -> 0.70, hla3 0.41 -> 0.53.
 """
 from __future__ import annotations
 
@@ -113,21 +118,24 @@ _INDEX_DIMS = exhaustive({Kind.TOKEN: _token_dims, Kind.POWER: _power_dims, Kind
 
 # -- the plan ------------------------------------------------------------------------------
 
-def step_plan(alg: Algebra, sizes) -> StepPlan:
-    """The serial update of ``alg`` at dim ``sizes`` ({dim: n} or its items)."""
-    return _step_plan(alg, tuple(sorted(dict(sizes).items())))
+def step_plan(alg: Algebra, sizes, only=None) -> StepPlan:
+    """The serial update of ``alg`` at dim ``sizes`` ({dim: n} or its items). With
+    ``only`` (state names), the updates of those states alone, no output: a
+    symmetric state that the outputs read whole may then be a row state (HLA2's S,
+    updated alone, is produced by k k and passed: it updates along its packed rows)."""
+    return _step_plan(alg, tuple(sorted(dict(sizes).items())),
+                      None if only is None else frozenset(only))
 
 
 @lru_cache(maxsize=64)
-def _step_plan(alg: Algebra, sizes) -> StepPlan:
+def _step_plan(alg: Algebra, sizes, only) -> StepPlan:
     if len(alg.output.free) != 1:
         raise ValueError(f"the step needs an output with one free index, {alg.name} has "
                          f"{alg.output.free}")
     groups = {s.name: s.symmetric for s in alg.streaming}
-    updates = {s.name: serial(alg, s) for s in alg.streaming}
-    polys = list(updates.items()) + [(None, alg.output)]
-    if alg.normalizer is not None:
-        polys.append((None, alg.normalizer))
+    updates = {s.name: serial(alg, s) for s in alg.streaming if only is None or s.name in only}
+    outputs = [alg.output] + ([alg.normalizer] if alg.normalizer is not None else [])
+    polys = list(updates.items()) + ([(None, poly) for poly in outputs] if only is None else [])
     for _, poly in polys:
         for m in poly.terms:
             for f in m.factors:
@@ -157,8 +165,9 @@ def _step_plan(alg: Algebra, sizes) -> StepPlan:
         return tuple(out)
 
     return replace(shell, states=tuple((name, terms(name, p)) for name, p in updates.items()),
-                   output=terms(None, alg.output),
-                   normalizer=terms(None, alg.normalizer) if alg.normalizer is not None else ())
+                   output=terms(None, alg.output) if only is None else (),
+                   normalizer=terms(None, alg.normalizer) if alg.normalizer is not None and only is None
+                   else ())
 
 
 def _row_states(alg, polys, groups) -> set[str]:
@@ -294,11 +303,11 @@ def _token_group(ops, slots, uses, free, consumed: bool):
 
 
 def splittable(p: StepPlan) -> bool:
-    """Can programs own blocks of the value dim? Yes when every state holds it
-    exactly once and every term keeps it free (each block needs only the same
-    block). A state without it would have to be recomputed by every block, and
-    the block that writes it back in place could overwrite it before another
-    block has read it (``phase_splittable`` is the way around that)."""
+    """Can programs own blocks of the value dim, each needing only its own block?
+    Yes when every state holds it exactly once and every term keeps it free. A
+    state without it would have to be recomputed by every block, and the block
+    that writes it back in place could overwrite it before another block has read
+    it (``shared_splittable`` is the way around that)."""
     return not value_free(p) and _value_blocks_own(p)
 
 
@@ -307,14 +316,13 @@ def value_free(p: StepPlan) -> tuple[str, ...]:
     return tuple(name for name, _ in p.states if p.value_dim not in p.dims_of(name))
 
 
-def phase_splittable(p: StepPlan) -> bool:
-    """Can the step run as two launches, launch 1 split over blocks of the value
-    dim and launch 2 updating the value-free states? Yes when some states lack
-    the value dim, the others hold it once and every term keeps it free: a
-    block then forms the value-free states' new values in registers from the
-    old ones without another block's data, and no value-free state's update
-    reads a state with the value dim (its result lacks the dim, so such a read
-    would sum over it), so launch 2 never reads what launch 1 overwrote."""
+def shared_splittable(p: StepPlan) -> bool:
+    """Can programs own blocks of the value dim while sharing the value-free
+    states? Yes when some states lack the value dim, the others hold it once and
+    every term keeps it free: a block then forms the value-free states' new values
+    from their old ones without another block's data (no value-free state's update
+    reads a state with the value dim: its result lacks the dim, so such a read
+    would sum over it), and the last block to finish writes them."""
     return bool(value_free(p)) and _value_blocks_own(p)
 
 
@@ -489,9 +497,17 @@ def kernel_context(plan: StepPlan, gated: bool) -> dict:
     for pd in plan.packed:
         _ident("packed dim", pd.name)
     _check_phases(plan)
-    phased = phase_splittable(plan)
-    packed = [{"name": pd.name, "base": pd.base, "power": pd.power, "size": pd.size}
-              for pd in plan.packed]
+    shared = shared_splittable(plan)
+    free = list(value_free(plan)) if shared else []
+    # the shared split's last block updates the value-free states alone: on packed rows
+    # where they are symmetric (no gather of the other half; the same storage)
+    free_plan = step_plan(alg, dict(plan.sizes), only=free) if free else None
+    packed = {}
+    for pd in (*plan.packed, *(free_plan.packed if free_plan else ())):
+        entry = {"name": pd.name, "base": pd.base, "power": pd.power, "size": pd.size}
+        if packed.setdefault(pd.name, entry) != entry:
+            raise ValueError(f"packed dim {pd.name} names two groups: {packed[pd.name]}, {entry}")
+    packed = list(packed.values())
     return {
         "name": alg.name,
         "sizes": [[d, n] for d, n in plan.sizes],
@@ -505,10 +521,10 @@ def kernel_context(plan: StepPlan, gated: bool) -> dict:
         "direct": not plan.packed,
         "value_dim": plan.value_dim,
         "split": splittable(plan),
-        "phased": phased,
-        "free": list(value_free(plan)) if phased else [],
-        "state_regions": _regions(plan, gated, only=set(value_free(plan)), outputs=False)
-        if phased else [],
+        "shared": shared,
+        "free": free,
+        "free_states": [{"name": n, **_layout(free_plan, n)} for n in free],
+        "free_regions": _regions(free_plan, gated, only=set(free), outputs=False) if free else [],
         "equations": serial_text(alg),
     }
 
@@ -534,7 +550,7 @@ def _regions(plan: StepPlan, gated: bool, only: set[str] | None = None,
              outputs: bool = True) -> list[dict]:
     """The token-loop bodies: whole states first, then one per packed dim. With
     ``only``, the updates of those states alone; with ``outputs`` False, no
-    output code (the value-free launch of a phase split)."""
+    output code (the shared split's last block updating the value-free states)."""
     alg = plan.algebra
     equations = {s.name: line for s, line in zip(alg.streaming, serial_text(alg))}
     names_of = [s.name for s in alg.streaming if only is None or s.name in only]
@@ -552,6 +568,7 @@ def _regions(plan: StepPlan, gated: bool, only: set[str] | None = None,
             region.block.lines.append("")
             region.block.note(equations[name])
             region.terms(dict(plan.states)[name], f"nx_{name}", "st")
+        updates_end = len(region.block.lines)
         for key, terms in outs.items():
             if terms:
                 region.block.lines.append("")
@@ -560,7 +577,9 @@ def _regions(plan: StepPlan, gated: bool, only: set[str] | None = None,
                     if n else t.source for n, t in enumerate(terms)))
                 region.terms(terms, key, "nx")
         temps = region.block._temps
-        regions.append({"row_dim": rd, "states": names, "code": region.block.text(),
+        lines = region.block.lines
+        regions.append({"row_dim": rd, "states": names, "updates": "\n".join(lines[:updates_end]),
+                        "output_code": "\n".join(lines[updates_end:]),
                         "inputs": [{"name": x, "dim": d} for x, d in region.inputs.items()],
                         "rhos": sorted(region.rhos), "num": bool(outs["num"]),
                         "den": bool(outs["den"]), "outputs": outputs,

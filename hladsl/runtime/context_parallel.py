@@ -59,7 +59,7 @@ from hladsl.ir.evaluate import einsum_poly
 from hladsl.ir.pipeline import algebra_compilation
 from hladsl.ir.segment import gathered, segment_algebra
 from hladsl.runtime.packing import pack, packed_shape, unpack
-from hladsl.runtime.validate import check_inputs, check_state
+from hladsl.runtime.validate import check_inputs, check_state, value_checks
 
 STRATEGIES = ("auto", "gather", "relay")
 # auto: gather while each rank receives at most this many bytes of segment tuples
@@ -650,7 +650,8 @@ def _metadata(tokens, g, has_init, wants_grad, error, group):
 def _check_local(op, tokens, g, scale, initial_state, cu_seqlens, rank):
     """This rank's own checks (before any communication): the dim sizes."""
     alg = op.algebra
-    dims = check_inputs(alg, tokens, g, scale, None)
+    dims = check_inputs(alg, tokens, g, scale, None,
+                        data_checks=value_checks(tokens[op.inputs[0]]))   # no host sync on CUDA
     q = tokens[op.inputs[0]]
     if cu_seqlens is not None:
         _check_cu_seqlens(cu_seqlens, q.shape[0], None)

@@ -42,7 +42,7 @@ Rules:
   (``tune_candidates``: warps, stages, and the state-pass / reverse-pass value-dim
   block where ``split_blocks`` allows splitting); the schedule is tuned by the runners.
 * decode step: warps from the fp32 state elements a program holds (``step_warps``);
-  the value-dim block, and with it one launch or the phase split (``step_value_block``);
+  the value-dim block, and with it whether value blocks share the value-free states (``step_value_block``);
   inputs of more than ``STEP_MAX_TOKENS`` tokens run as consecutive launches when the
   kernel sums outputs in a [T, value block] register tile.
 """
@@ -748,45 +748,46 @@ SCALE_QUERIES_IN_KERNEL = True
 STEP_MAX_TOKENS = 64
 
 
-STEP_ELEMENTS_PER_WARP = 3200
+STEP_ELEMENTS_PER_WARP = 4096
 
 
 def step_warps(elements: int) -> int:
     """4, 8 or 16 warps, about STEP_ELEMENTS_PER_WARP fp32 state elements a warp.
-    The H100 sweep of run 27 (benchmarks/RESULTS.md; B = 64, H = 16, d = dv = 64)
-    found fewer warps faster than the former 1600 a warp wherever they differ:
-    ahla (8192 elements) 1.36 of copy bandwidth at 4 warps, 0.97 at 8; hla2 and
-    hla3_masked (12288) 0.57 and 0.50 at 4, 0.46 at 8; hla3 (24576) 0.40 at 8,
-    0.32 at 16. Compiled for sm_90 (benchmarks/step_bench.py --compile-only) no
-    shipped step kernel spills at d = dv = 64 under this rule."""
+    Fewer warps measured faster wherever they differ: run 27 (H100, B = 64, H = 16,
+    d = dv = 64, whole kernels) ahla (8192 elements) 1.36 of copy bandwidth at 4
+    warps, 0.97 at 8; hla2 and hla3_masked (12288) 0.57 and 0.50 at 4, 0.46 at 8;
+    hla3 (24576) 0.40 at 8, 0.32 at 16. Run 106, the shared split's blocks of 32:
+    hla3 (16384 elements) 108.1 µs at 4 warps vs 158.3 at 8 (255 registers a thread:
+    two programs an SM at 4 warps, one at 8), hla2 41.9 vs 50.0, hla3_masked 43.2 vs
+    53.3 (8192). Decode is latency-bound: more programs an SM keep more loads in flight."""
     warps = 4
     while warps < 16 and elements > warps * STEP_ELEMENTS_PER_WARP:
         warps *= 2
     return warps
 
 
-STEP_PHASED_BLOCK = None   # None: run whole (measured, below); a width turns the phase split on
+STEP_SHARED_BLOCK = 32   # the value block of steps with value-free states (None: whole)
 
 
-def step_value_block(size: int, splittable: bool, phased: bool) -> int:
+def step_value_block(size: int, splittable: bool, shared: bool) -> int:
     """The decode step's block of the value dim (padded ``size`` when unsplit).
     Specs whose states all hold the value dim (linear, ahla, power) run whole:
     one program per (row, head) reaches 0.85-1.14 of copy bandwidth on the H100
-    at d = dv = 64 (run 27). Specs with value-free states (hla2's S, hla3's SK and
-    SQ, every normalizer state) run as the phase split in blocks of
-    STEP_PHASED_BLOCK: one program holding every state (up to 24576 fp32 at
-    d = dv = 64: one or two programs an SM) reached only 0.32-0.46; in blocks the
-    value states shrink to [d, 32] tiles, so more programs fit an SM and keep more
-    loads in flight, and the blocks of one (row, head) run side by side and share
-    the value-free states' reads in L2. 32, not 16: a 32-wide fp32 row is one
-    128-byte line, and in run 27's sweep 16-wide blocks were slower than 32-wide
-    ones for every spec that splits (linear 0.75 vs 0.94, ahla 0.84 vs 1.31,
-    power p = 2 0.67 vs 1.08). Measured (run 33, H100, B = 64, H = 16, d = dv = 64): the
-    phase split at 32 gave hla2 0.43, hla3 0.28, hla3_masked 0.42 of copy bandwidth, the
-    whole kernel at 4 warps 0.55, 0.39 (8 warps), 0.54 in the same sweep: the second
-    launch re-reads and re-gathers the value-free states. So it is off by default
-    (``STEP_PHASED_BLOCK = None``); the split path stays tested and selectable."""
+    at d = dv = 64 (run 27; in run 27's sweep 16-wide blocks were slower than whole
+    for every spec that splits: linear 0.75 vs 0.94, ahla 0.84 vs 1.31, power p = 2
+    0.67 vs 1.08). Specs with value-free states (hla2's S, hla3's SK and SQ, every
+    normalizer state) run the shared split in blocks of STEP_SHARED_BLOCK: one
+    program holding every state (up to 24576 fp32 at d = dv = 64: one or two
+    programs an SM) reached only 0.40-0.55; in blocks of 32 (a 32-wide fp32 row is
+    one 128-byte line) the value states shrink to [d, 32] tiles, so more programs
+    fit an SM and keep more loads in flight, and the blocks of one (row, head) run
+    side by side and share the value-free states' reads in L2; the last block of a
+    (row, head) updates those (``codegen.step_gen``). Run 106 (H100, B = 64, H = 16,
+    d = dv = 64, graph of 16 steps): hla2 41.9 µs vs 54.1 whole (0.71 vs 0.55 of copy
+    bandwidth), hla3_masked 43.2 vs 55.4, hla3 108.1 vs 141.7; 16-wide blocks were
+    slower (58.6, 56.4, 166.8), as was the former phase split (a second launch
+    re-reading and re-gathering the value-free states; run 33: hla2 0.43)."""
     width = block_size(size)
-    if phased and not splittable and STEP_PHASED_BLOCK:
-        return min(width, STEP_PHASED_BLOCK)
+    if shared and not splittable and STEP_SHARED_BLOCK:
+        return min(width, STEP_SHARED_BLOCK)
     return width

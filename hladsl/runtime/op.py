@@ -23,7 +23,7 @@ from hladsl.ir.pipeline import Compilation, program_for
 from hladsl.runtime import autotune, chunk_torch, launch
 from hladsl.runtime.custom_op import EagerCall, TransformableCall, fresh_outputs, op_name, register
 from hladsl.runtime.packing import pack, packed_shape, unpack
-from hladsl.runtime.validate import check_inputs, check_state, check_step_state
+from hladsl.runtime.validate import check_inputs, check_state, check_step_state, value_checks
 
 BACKENDS = ("auto", "torch", "triton")
 _NO_KERNEL_WARNED: set = set()   # (spec, forward/backward, dims, dtype, device) warned about
@@ -168,10 +168,8 @@ class Op:
         tokens, opts = self.bind(args, kwargs, STEP_OPTIONS)
         g, scale, state, state_indices, backend = opts.values()
         first = tokens[self.inputs[0]]
-        # no checks of values while a CUDA graph is captured: they would sync
-        capturing = (isinstance(first, torch.Tensor) and first.is_cuda
-                     and torch.cuda.is_current_stream_capturing())
-        dims = check_inputs(self.algebra, tokens, g, scale, None, data_checks=not capturing)
+        # no checks of g's values on CUDA (each would sync with the host: value_checks)
+        dims = check_inputs(self.algebra, tokens, g, scale, None, data_checks=value_checks(first))
         n = first.shape[0] if state is None or state_indices is None else \
             next(iter(state.values())).shape[0]
         if state is None:
@@ -398,16 +396,6 @@ class Op:
                 x = x * self.query_scale(x, scale)
             out[name] = x
         return out
-
-
-def value_checks(x) -> bool:
-    """Check the values of g (finite, <= 0)? Reading a CUDA tensor's values waits for
-    the GPU (a host sync per call that stalls the launch queue), so on CUDA only when
-    HLADSL_CHECK_VALUES=1; never while torch.compile traces."""
-    if torch.compiler.is_compiling():
-        return False
-    on_cuda = isinstance(x, torch.Tensor) and x.device.type == "cuda"   # x is not validated yet
-    return not on_cuda or os.environ.get("HLADSL_CHECK_VALUES") == "1"
 
 
 def _compute_dtype(x) -> torch.dtype:

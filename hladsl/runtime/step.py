@@ -8,11 +8,14 @@ held whole. "torch" evaluates each term with batched einsums over (batch, head),
 looping over the T tokens; "triton" launches the one generated kernel
 (``codegen.step_gen``), which allocates nothing but o and never syncs with the
 host, so a decode step can be captured in a CUDA graph. Where some states lack
-the value dim (HLA2's S) and the launch rule splits the value dim, it is two
-launches on one stream: step_kernel over value blocks (reading, never writing,
-those states), then state_kernel updating them in place (``launch.step_value_block``).
+the value dim (HLA2's S) and the launch rule splits the value dim
+(``launch.step_value_block``), the last value block of each (row, head) writes
+them, counted in a small int32 buffer of zeros kept beside the state (``_counters``:
+made at the first step on that state, left at zero by every step).
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -196,14 +199,31 @@ def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps
     args.update(_tensor_args(setup.states, tokens, g, state, state_indices, o))
     for name, scale in scales.items():
         args[f"scl_{name}"] = scale
+    if setup.shared:
+        args["cnt_ptr"] = _counters(state[setup.states[0][0]])
     for a, n, t_block in setup.pieces:
         piece = args if n == T else _piece(args, tokens, g, o, a, n)
         piece["T"], piece["T_BLOCK"] = n, t_block
         direct.call(setup.kernel, setup.grid, piece)
-        if setup.free_kernel is not None:
-            free = {k: v for k, v in piece.items() if k in setup.free_names}
-            direct.call(setup.free_kernel, (B * H,), {**free, "num_warps": setup.free_warps})
     return o
+
+
+_COUNTERS: dict = {}   # id(first state tensor) -> (weakref to it, counters)
+
+
+def _counters(first_state: torch.Tensor) -> torch.Tensor:
+    """The shared split's per-(state row, head) counters of value blocks done, int32
+    zeros, one buffer per state (keyed by its first tensor and dropped with it: steps
+    on different states, even on different streams, never share a counter). Every
+    step leaves them at zero (the last block resets its own)."""
+    key = id(first_state)
+    hit = _COUNTERS.get(key)
+    if hit is None or hit[0]() is not first_state:
+        n, h = first_state.shape[:2]
+        counters = torch.zeros(n * h, dtype=torch.int32, device=first_state.device)
+        hit = _COUNTERS[key] = (weakref.ref(first_state), counters)
+        weakref.finalize(first_state, _COUNTERS.pop, key, None)
+    return hit[1]
 
 
 def _piece(args: dict, tokens, g, o, a: int, n: int) -> dict:
@@ -233,11 +253,16 @@ class _Setup:
         self.dv = dv = sizes[plan.value_dim]
         self.states = [(s["name"], s["axes"]) for s in ctx["states"]]
         static, rows = {}, 0
-        for pd in plan.packed:
-            idx, mult = _tables(sizes[pd.base], pd.power, device)
-            rows = packed_rows or min(PACKED_ROWS, block_size(pd.size))
-            static.update({f"pk_{pd.name}_idx": idx, f"pk_{pd.name}_mult": mult,
-                           f"D_{pd.name}": pd.size, f"B_{pd.name}": rows})
+        for pd in ctx["packed"]:   # the plan's, and those the value-free states update on
+            idx, mult = _tables(sizes[pd["base"]], pd["power"], device)
+            rows = packed_rows or min(PACKED_ROWS, block_size(pd["size"]))
+            if pd["name"] not in plan.packed_names():
+                # only the last block's update of value-free states walks it (vectors of
+                # packed rows): all at once, not a chain of dependent round trips (HLA2's S
+                # in 33 blocks of 64 rows: a step of 64.5 µs, run 105; at once 41.9, run 106)
+                rows = block_size(pd["size"])
+            static.update({f"pk_{pd['name']}_idx": idx, f"pk_{pd['name']}_mult": mult,
+                           f"D_{pd['name']}": pd["size"], f"B_{pd['name']}": rows})
         for d, n in sizes.items():
             static[f"D_{d}"], static[f"B_{d}"] = n, block_size(n)
         static.update(H=H, INDEXED=indexed, ACC=tl.float64 if dtype == torch.float64 else tl.float32)
@@ -245,25 +270,22 @@ class _Setup:
             static["eps"] = float(plan.algebra.eps)
         full = block_size(dv)
         if block_v is None:
-            width = launch.step_value_block(dv, ctx["split"], ctx["phased"])
-        elif not (ctx["split"] or ctx["phased"]) and block_v < full:
+            width = launch.step_value_block(dv, ctx["split"], ctx["shared"])
+        elif not (ctx["split"] or ctx["shared"]) and block_v < full:
             raise ValueError(f"{plan.algebra.name}'s step cannot split {plan.value_dim} (block_v)")
         else:
             width = min(block_size(block_v), full)
         static[f"B_{plan.value_dim}"] = width
-        # phase split: more than one value block while some states lack the value dim
-        # (step_kernel leaves those to state_kernel, launched after it on the same stream)
-        phased = ctx["phased"] and width < full
-        if ctx["phased"]:
-            static["STORE_FREE"] = not phased
+        # shared split: more than one value block while some states lack the value dim
+        # (every block forms them, the last one of a (row, head) writes them)
+        self.shared = ctx["shared"] and width < full
+        if ctx["shared"]:
+            static["SHARED"] = self.shared
+            static["cnt_ptr"] = None   # a pointer only when SHARED (the call's _counters)
         self.grid = (B * H * -(-dv // width),)
         warps = num_warps or _warps(plan, width, rows, [name for name, _ in plan.states])
         self.static = {**static, "num_warps": warps}
         self.kernel = module.step_kernel
-        self.free_kernel = module.state_kernel if phased else None
-        if phased:
-            self.free_warps = num_warps or _warps(plan, full, rows, ctx["free"])
-            self.free_names = set(module.state_kernel.arg_names)
         # kernels with packed dims sum outputs in a [T, value block] register tile:
         # longer inputs run as consecutive launches of launch.STEP_MAX_TOKENS (the state carries over)
         span = T if ctx["direct"] else launch.STEP_MAX_TOKENS

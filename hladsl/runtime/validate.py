@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -118,3 +119,16 @@ def check_step_state(state: dict, state_indices, B: int, T: int, device) -> None
             not isinstance(state_indices, torch.Tensor) or tuple(state_indices.shape) != (B,)
             or state_indices.dtype not in (torch.int32, torch.int64) or state_indices.device != device):
         raise ValueError(f"state_indices must be an int32/int64 tensor [B] = [{B}] on {device}")
+
+
+def value_checks(x) -> bool:
+    """Check the values of g (finite, <= 0)? Reading a CUDA tensor's values waits for
+    the GPU (a host sync per call that stalls the launch queue), so on CUDA only when
+    HLADSL_CHECK_VALUES=1; never while torch.compile traces or a CUDA graph is captured."""
+    if torch.compiler.is_compiling():
+        return False
+    on_cuda = isinstance(x, torch.Tensor) and x.device.type == "cuda"   # x is not validated yet
+    if not on_cuda:
+        return True
+    # asked for, still never while a CUDA graph is captured (a sync there is an error)
+    return os.environ.get("HLADSL_CHECK_VALUES") == "1" and not torch.cuda.is_current_stream_capturing()
