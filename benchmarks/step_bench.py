@@ -189,14 +189,14 @@ def compile_only(B, H, d, T=1, warps=None, block_v=None) -> list[dict]:
         for pd in ctx["packed"]:    # as runtime.step._Setup: whole where only the free update walks it
             consts[f"D_{pd['name']}"] = pd["size"]
             consts[f"B_{pd['name']}"] = (PACKED_ROWS if pd["name"] in plan.packed_names()
-                                         else block_size(pd["size"]))
+                                         else min(launch.STEP_FREE_ROWS, block_size(pd["size"])))
         consts.update(T_BLOCK=max(2, triton.next_power_of_2(T)), INDEXED=False, ACC=tl_float32())
         if ctx["shared"]:
             consts["SHARED"] = width < block_size(d)
         if T == 1:
             consts["T"] = 1
         everything = [n for n, _ in plan.states]
-        nw = warps or _warps(plan, width, PACKED_ROWS, everything)
+        nw = warps or _warps(plan, width, PACKED_ROWS, everything, ctx["shared"] and width < block_size(d))
         label = name + "".join(f" {k}={v}" for k, v in params.items())
         row = dict(spec=label, block_v=width, warps=nw,
                    resources=_resources(module.step_kernel, consts, nw))

@@ -120,3 +120,43 @@ def _run(compiled, grid, table, args: dict) -> None:
     compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
                  stream, compiled.function, compiled.packed_metadata, meta,
                  hooks.launch_enter_hook, hooks.launch_exit_hook, *values)
+
+
+class Bound:
+    """One compiled variant with its arguments in parameter order, for calls that differ
+    only in their tensors (the caller keys it by what Triton specialises on: dtypes,
+    16-byte alignment, shapes and strides): ``launch`` fills the tensors in and runs the
+    binary, no argument binding and no key."""
+
+    def __init__(self, compiled, grid, values: list, slots: list[int]):
+        self.compiled, self.slots = compiled, slots
+        self.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        self.values = values
+
+    def launch(self, tensors) -> None:
+        values = self.values.copy()
+        for slot, x in zip(self.slots, tensors):
+            values[slot] = x
+        hooks = _knobs().runtime
+        stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+        c = self.compiled
+        meta = c.launch_metadata(self.grid, stream, *values) if hooks.launch_enter_hook else None
+        c.run(*self.grid, stream, c.function, c.packed_metadata, meta,
+              hooks.launch_enter_hook, hooks.launch_exit_hook, *values)
+
+
+def bind(kernel, grid, args: dict, tensors: list[str]) -> Bound | None:
+    """The variant ``call`` launched for ``args``, bound (None where launches are not
+    direct or it has not compiled): later calls pass the values of ``tensors`` only (the
+    template keeps none of this call's tensors alive)."""
+    table = _param_table(kernel) if ENABLED else None
+    if table is None:
+        return None
+    compiled = _COMPILED.get(_key(kernel, table, args))
+    if compiled is None:
+        return None
+    names, _, defaults, _ = table
+    slots = [names.index(n) for n in tensors]
+    values = [None if i in slots else args.get(n, d) for i, (n, d) in enumerate(zip(names, defaults))]
+    return Bound(compiled, grid, values, slots)
+

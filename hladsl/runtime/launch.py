@@ -748,25 +748,29 @@ SCALE_QUERIES_IN_KERNEL = True
 STEP_MAX_TOKENS = 64
 
 
-STEP_ELEMENTS_PER_WARP = 4096
+STEP_ELEMENTS_PER_WARP = 3200
+STEP_SHARED_ELEMENTS_PER_WARP = 4096
 
 
-def step_warps(elements: int) -> int:
-    """4, 8 or 16 warps, about STEP_ELEMENTS_PER_WARP fp32 state elements a warp.
-    Fewer warps measured faster wherever they differ: run 27 (H100, B = 64, H = 16,
-    d = dv = 64, whole kernels) ahla (8192 elements) 1.36 of copy bandwidth at 4
-    warps, 0.97 at 8; hla2 and hla3_masked (12288) 0.57 and 0.50 at 4, 0.46 at 8;
-    hla3 (24576) 0.40 at 8, 0.32 at 16. Run 106, the shared split's blocks of 32:
-    hla3 (16384 elements) 108.1 µs at 4 warps vs 158.3 at 8 (255 registers a thread:
-    two programs an SM at 4 warps, one at 8), hla2 41.9 vs 50.0, hla3_masked 43.2 vs
-    53.3 (8192). Decode is latency-bound: more programs an SM keep more loads in flight."""
+def step_warps(elements: int, shared: bool = False) -> int:
+    """4, 8 or 16 warps, about STEP_ELEMENTS_PER_WARP fp32 state elements a warp
+    (STEP_SHARED_ELEMENTS_PER_WARP in a shared split's value blocks). Fewer warps
+    measured faster wherever they differ: run 27 (H100, B = 64, H = 16, d = dv = 64,
+    whole kernels) ahla (8192 elements) 1.36 of copy bandwidth at 4 warps, 0.97 at 8;
+    hla2 and hla3_masked (12288) 0.57 and 0.50 at 4, 0.46 at 8; hla3 (24576) 0.40 at
+    8, 0.32 at 16. Run 106, the shared split's blocks of 32: hla3 (16384 elements)
+    108.1 µs at 4 warps vs 158.3 at 8 (255 registers a thread: two programs an SM at
+    4 warps, one at 8), hla2 41.9 vs 50.0, hla3_masked 43.2 vs 53.3 (8192). Decode is
+    latency-bound: more programs an SM keep more loads in flight."""
+    per_warp = STEP_SHARED_ELEMENTS_PER_WARP if shared else STEP_ELEMENTS_PER_WARP
     warps = 4
-    while warps < 16 and elements > warps * STEP_ELEMENTS_PER_WARP:
+    while warps < 16 and elements > warps * per_warp:
         warps *= 2
     return warps
 
 
 STEP_SHARED_BLOCK = 32   # the value block of steps with value-free states (None: whole)
+STEP_FREE_ROWS = 4096    # packed rows a block of the last block's value-free update (run 106)
 
 
 def step_value_block(size: int, splittable: bool, shared: bool) -> int:

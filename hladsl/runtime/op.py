@@ -71,6 +71,7 @@ class Op:
         self.backend = backend
         self.chunk_size = chunk_size      # None: the launch rules choose (launch.chunk_for)
         self._long_chunks = launch.plan_cache()   # shape class -> launch.takes_long_chunk
+        self._bound_steps = launch.plan_cache()   # decode call signature -> runtime.step.BoundStep
         self.schedule = "auto"            # Triton: "two_pass", "fused", "scan" or "auto" (runtime.launch)
         self.autotune = False             # time launch configs per shape class (runtime.autotune)
         self.inputs = tuple(alg.inputs)   # declaration order
@@ -165,6 +166,12 @@ class Op:
         final state) is updated in place, zeros when None. Returns (o in the
         inputs' dtype, state)."""
         from hladsl.runtime.step import run_checked_step
+        signature = _step_signature(self, args, kwargs)
+        if signature is not None:
+            bound = self._bound_steps.get(signature)
+            if bound is not None:   # a call like an earlier one in all but its tensors' data
+                return bound(args, kwargs.get("g"), kwargs["state"], kwargs.get("state_indices")), \
+                    kwargs["state"]
         tokens, opts = self.bind(args, kwargs, STEP_OPTIONS)
         g, scale, state, state_indices, backend = opts.values()
         first = tokens[self.inputs[0]]
@@ -181,10 +188,16 @@ class Op:
             raise ValueError(f"step's backend must be None, 'torch' or 'triton', got {backend!r}")
         if backend is None or backend == "triton":   # the interpreter check on CPU included
             backend = "triton" if self.use_triton(first, backend) else "torch"
+        remember = None
+        if signature is not None and backend == "triton" and first.is_cuda:
+            def remember(bound):
+                if len(self._bound_steps) >= BOUND_STEPS_KEPT:
+                    self._bound_steps.clear()
+                self._bound_steps[signature] = bound
         o = run_checked_step(self.algebra, dims, next(iter(state.values())).dtype, tokens, g, state,
                              state_indices, backend,
                              scales={n: self.query_scale(tokens[n], scale) for n in self.queries},
-                             out_dtype=first.dtype)
+                             out_dtype=first.dtype, on_bound=remember)
         return o, state
 
     def serial(self, *args, **kwargs):
@@ -396,6 +409,37 @@ class Op:
                 x = x * self.query_scale(x, scale)
             out[name] = x
         return out
+
+
+BOUND_STEPS_KEPT = 64   # an op's bound decode launches (signatures) before it starts over
+
+
+def _tensor_signature(x) -> tuple:
+    """What a launch setup and Triton's specialisation read off a tensor (not its data)."""
+    return x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15
+
+
+def _step_signature(op: Op, args: tuple, kwargs: dict):
+    """The key of a decode call in the usual form -- the token inputs positionally, the
+    state (and g, scale, state_indices) by keyword -- under which a bound launch serves
+    it; None for any other form (and while torch.compile traces): those validate."""
+    if (len(args) != len(op.inputs) or "state" not in kwargs or "backend" in kwargs
+            or not kwargs.keys() <= _BOUND_KEYWORDS or torch.compiler.is_compiling()):
+        return None
+    try:
+        state, g, rows = kwargs["state"], kwargs.get("g"), kwargs.get("state_indices")
+        if len(state) != len(op.state_names):
+            return None
+        return (op.backend, kwargs.get("scale"), os.environ.get("HLADSL_CHECK_VALUES"),
+                *map(_tensor_signature, args),
+                None if g is None else _tensor_signature(g),
+                None if rows is None else _tensor_signature(rows),
+                *(_tensor_signature(state[n]) for n in op.state_names))
+    except (AttributeError, KeyError, TypeError):   # not tensors / not the op's state: validate
+        return None
+
+
+_BOUND_KEYWORDS = frozenset({"g", "scale", "state", "state_indices"})
 
 
 def _compute_dtype(x) -> torch.dtype:

@@ -10,12 +10,10 @@ looping over the T tokens; "triton" launches the one generated kernel
 host, so a decode step can be captured in a CUDA graph. Where some states lack
 the value dim (HLA2's S) and the launch rule splits the value dim
 (``launch.step_value_block``), the last value block of each (row, head) writes
-them, counted in a small int32 buffer of zeros kept beside the state (``_counters``:
+them, counted in a small int32 buffer of zeros kept per state storage (``_counters``:
 made at the first step on that state, left at zero by every step).
 """
 from __future__ import annotations
-
-import weakref
 
 import torch
 
@@ -51,9 +49,11 @@ def run_step(algebra: Algebra, tokens: dict, g, state: dict, state_indices=None,
 
 def run_checked_step(algebra: Algebra, sizes: dict, dtype: torch.dtype, tokens: dict, g, state: dict,
                      state_indices, backend: str, block_v=None, num_warps=None, packed_rows=None,
-                     scales: dict | None = None, out_dtype: torch.dtype | None = None):
+                     scales: dict | None = None, out_dtype: torch.dtype | None = None, on_bound=None):
     """``run_step`` on arguments validated by the caller (``Op.step`` checks them as the
-    op's inputs): ``sizes`` {dim: n}, ``dtype`` the state tensors' dtype."""
+    op's inputs): ``sizes`` {dim: n}, ``dtype`` the state tensors' dtype. ``on_bound``
+    receives this launch as a ``BoundStep`` where it can be one (the caller reuses it for
+    calls whose tensors match these in everything but their data)."""
     plan = step_plan(algebra, sizes)
     scales = {name: float((scales or {}).get(name, 1.0)) for name in tokens}
     if backend == "triton" and dtype == torch.float64 and set(scales.values()) != {1.0}:
@@ -62,7 +62,7 @@ def run_checked_step(algebra: Algebra, sizes: dict, dtype: torch.dtype, tokens: 
         scales = dict.fromkeys(scales, 1.0)
     if backend == "triton":
         return _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps,
-                           packed_rows, scales, out_dtype or dtype)
+                           packed_rows, scales, out_dtype or dtype, on_bound)
     o = _run_torch(plan, tokens, g, state, state_indices, dtype, scales)
     return o if out_dtype is None else o.to(out_dtype)
 
@@ -188,7 +188,7 @@ _SETUPS = launch.plan_cache()     # launch setups of recent shapes (launch.remem
 
 
 def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps, packed_rows,
-                scales, out_dtype):
+                scales, out_dtype, on_bound=None):
     first = next(iter(tokens.values()))
     B, T, H, _ = first.shape
     key = (id(plan), B, T, H, dtype, g is not None, state_indices is not None, block_v, num_warps,
@@ -205,25 +205,62 @@ def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps
         piece = args if n == T else _piece(args, tokens, g, o, a, n)
         piece["T"], piece["T_BLOCK"] = n, t_block
         direct.call(setup.kernel, setup.grid, piece)
+    if on_bound is not None and len(setup.pieces) == 1:
+        bound = direct.bind(setup.kernel, setup.grid, args, setup.tensor_names(g is not None))
+        if bound is not None:
+            on_bound(BoundStep(setup, bound, out_dtype))
     return o
 
 
-_COUNTERS: dict = {}   # id(first state tensor) -> (weakref to it, counters)
+class BoundStep:
+    """A decode step's launch for one signature of its tensors (shapes, strides, dtypes,
+    devices, alignment: what the launch setup and Triton's specialisation depend on),
+    kept by ``Op.step``: a call allocates o, looks up its state's counters where the
+    step is split, and launches the bound kernel -- no validation, plan or key."""
+
+    def __init__(self, setup, bound, out_dtype):
+        self.setup, self.bound, self.out_dtype = setup, bound, out_dtype
+
+    def __call__(self, tokens, g, state: dict, state_indices):
+        setup = self.setup
+        first = tokens[0]
+        B, T, H, _ = first.shape
+        o = torch.empty((B, T, H, setup.dv), device=first.device, dtype=self.out_dtype)
+        values = list(tokens)
+        if g is not None:
+            values.append(g)
+        values += [state[name] for name, _ in setup.states]
+        values += [state_indices if state_indices is not None else o, o]
+        if setup.shared:
+            values.append(_counters(state[setup.states[0][0]]))
+        self.bound.launch(values)
+        return o
+
+
+_COUNTERS: dict = {}   # (device, state storage address, rows x heads) -> int32 counters
 
 
 def _counters(first_state: torch.Tensor) -> torch.Tensor:
     """The shared split's per-(state row, head) counters of value blocks done, int32
-    zeros, one buffer per state (keyed by its first tensor and dropped with it: steps
-    on different states, even on different streams, never share a counter). Every
-    step leaves them at zero (the last block resets its own)."""
-    key = id(first_state)
+    zeros kept per state storage (its first tensor's address: steps on different states,
+    even on different streams, never share one; a state's storage may go and come back,
+    its counters stay -- N * H ints per address the caching allocator ever gave a state).
+    Every step leaves them at zero (the last block of each (row, head) subtracts the
+    blocks' count). Under CUDA-graph capture each captured step gets its own buffer,
+    zeroed by the graph (its memset is captured; the graph's pool keeps it)."""
+    n, h = first_state.shape[:2]
+    if first_state.is_cuda and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n * h, dtype=torch.int32, device=first_state.device)
+    key = (first_state.device, first_state.data_ptr(), n * h)
     hit = _COUNTERS.get(key)
-    if hit is None or hit[0]() is not first_state:
-        n, h = first_state.shape[:2]
-        counters = torch.zeros(n * h, dtype=torch.int32, device=first_state.device)
-        hit = _COUNTERS[key] = (weakref.ref(first_state), counters)
-        weakref.finalize(first_state, _COUNTERS.pop, key, None)
-    return hit[1]
+    if hit is None:
+        hit = _COUNTERS[key] = torch.zeros(n * h, dtype=torch.int32, device=first_state.device)
+    return hit
+
+
+def counters_of(first_state: torch.Tensor):
+    """The counters a step on this state uses outside graph capture (None before its first split step)."""
+    return _COUNTERS.get((first_state.device, first_state.data_ptr(), first_state.shape[0] * first_state.shape[1]))
 
 
 def _piece(args: dict, tokens, g, o, a: int, n: int) -> dict:
@@ -252,17 +289,19 @@ class _Setup:
         sizes = dict(plan.sizes)
         self.dv = dv = sizes[plan.value_dim]
         self.states = [(s["name"], s["axes"]) for s in ctx["states"]]
+        self.inputs = [x["name"] for x in ctx["inputs"]]
         static, rows = {}, 0
         for pd in ctx["packed"]:   # the plan's, and those the value-free states update on
             idx, mult = _tables(sizes[pd["base"]], pd["power"], device)
-            rows = packed_rows or min(PACKED_ROWS, block_size(pd["size"]))
-            if pd["name"] not in plan.packed_names():
+            if pd["name"] in plan.packed_names():
+                block = rows = packed_rows or min(PACKED_ROWS, block_size(pd["size"]))
+            else:
                 # only the last block's update of value-free states walks it (vectors of
-                # packed rows): all at once, not a chain of dependent round trips (HLA2's S
+                # packed rows): in few blocks, not a chain of dependent round trips (HLA2's S
                 # in 33 blocks of 64 rows: a step of 64.5 µs, run 105; at once 41.9, run 106)
-                rows = block_size(pd["size"])
+                block = min(launch.STEP_FREE_ROWS, block_size(pd["size"]))
             static.update({f"pk_{pd['name']}_idx": idx, f"pk_{pd['name']}_mult": mult,
-                           f"D_{pd['name']}": pd["size"], f"B_{pd['name']}": rows})
+                           f"D_{pd['name']}": pd["size"], f"B_{pd['name']}": block})
         for d, n in sizes.items():
             static[f"D_{d}"], static[f"B_{d}"] = n, block_size(n)
         static.update(H=H, INDEXED=indexed, ACC=tl.float64 if dtype == torch.float64 else tl.float32)
@@ -283,7 +322,7 @@ class _Setup:
             static["SHARED"] = self.shared
             static["cnt_ptr"] = None   # a pointer only when SHARED (the call's _counters)
         self.grid = (B * H * -(-dv // width),)
-        warps = num_warps or _warps(plan, width, rows, [name for name, _ in plan.states])
+        warps = num_warps or _warps(plan, width, rows, [name for name, _ in plan.states], self.shared)
         self.static = {**static, "num_warps": warps}
         self.kernel = module.step_kernel
         # kernels with packed dims sum outputs in a [T, value block] register tile:
@@ -291,6 +330,12 @@ class _Setup:
         span = T if ctx["direct"] else launch.STEP_MAX_TOKENS
         self.pieces = [(a, min(span, T - a), max(2, 1 << (min(span, T - a) - 1).bit_length()))
                        for a in range(0, T, span)]
+
+    def tensor_names(self, gated: bool) -> list[str]:
+        """The kernel's tensor parameters, in the order BoundStep passes them."""
+        names = [f"in_{name}_ptr" for name in self.inputs] + (["g_ptr"] if gated else [])
+        names += [f"st_{name}_ptr" for name, _ in self.states] + ["rows_ptr", "o_ptr"]
+        return names + (["cnt_ptr"] if self.shared else [])
 
 
 def _tensor_args(states, tokens, g, state, state_indices, o) -> dict:
@@ -316,7 +361,7 @@ def _tensor_args(states, tokens, g, state, state_indices, o) -> dict:
     return args
 
 
-def _warps(plan: StepPlan, width: int, rows: int, names) -> int:
+def _warps(plan: StepPlan, width: int, rows: int, names, shared: bool = False) -> int:
     """Warps for the fp32 elements of the states ``names`` one program holds at a
     time (its whole states at this value block, or one block of ``rows`` packed
     rows; the rule is ``launch.step_warps``)."""
@@ -332,7 +377,7 @@ def _warps(plan: StepPlan, width: int, rows: int, names) -> int:
             blocks[plan.row_dim(name)] = blocks.get(plan.row_dim(name), 0) + n
         else:
             whole += n
-    return launch.step_warps(max([whole, *blocks.values()]))
+    return launch.step_warps(max([whole, *blocks.values()]), shared)
 
 
 _TABLES: dict = {}

@@ -159,3 +159,28 @@ def test_decode_step_replays_from_a_cuda_graph(spec, gated):
         assert torch.equal(replayed[t], eager[t]), f"graph replay differs from eager at token {t}"
     for n in init:
         assert torch.equal(state[n], eager_state[n]), f"state[{n}] after replays differs from eager"
+
+
+@pytest.mark.parametrize("spec,gated", [c for c in cases() if c.values[0].id in ("linear", "hla2")])
+def test_bound_decode_calls_equal_validated_ones(spec, gated):
+    """op.step in the usual form (tokens positionally, state= by keyword) launches a
+    bound kernel once a call of the same signature has run; it must equal the validated
+    path (backend= given) bitwise, token after token, on sliced (unaligned) inputs too,
+    and a call of another signature (dtype, alignment, shape) must not take it."""
+    op = op_with_step(spec)
+    toks, g, init = problem(spec, gated, GRAPH_STEPS, seed=43)
+    with torch.no_grad():
+        bound_state, checked_state = clone(init), clone(init)
+        for t in range(GRAPH_STEPS):   # slices of one buffer: their alignment varies with t
+            xs, gs = piece(toks, g, t, t + 1)
+            o_bound, returned = op.step(*xs, g=gs, state=bound_state)
+            o_checked, _ = op.step(*xs, g=gs, state=checked_state, backend="triton")
+            assert returned is bound_state and torch.equal(o_bound, o_checked), t
+        for n in init:
+            assert torch.equal(bound_state[n], checked_state[n]), n
+        assert op._bound_steps, "no decode call was bound"
+        # another dtype: a new signature, validated and bound apart (not the bf16 launch)
+        xs, gs = piece(toks, g, 0, 1)
+        o_half, _ = op.step(*(x.half() for x in xs), g=gs, state=clone(init))
+        o_ref, _ = op.step(*(x.half() for x in xs), g=gs, state=clone(init), backend="triton")
+        assert o_half.dtype == torch.float16 and torch.equal(o_half, o_ref)
