@@ -384,9 +384,16 @@ _TABLES: dict = {}
 
 
 def _tables(n: int, p: int, device):
-    """Slots [p, D] int32 and multiplicities [D] fp32 of a packed dim, made once per device."""
+    """Slots [p, D] int32 and multiplicities [D] fp32 of a packed dim, made once per device
+    (copied to a GPU from pinned memory, asynchronously: a first step does not sync either)."""
     key = (n, p, str(device))
     if key not in _TABLES:
-        _TABLES[key] = (combos(n, p).t().contiguous().to(device=device, dtype=torch.int32),
-                        multiplicity(n, p).to(device=device, dtype=torch.float32))
+        _TABLES[key] = (_to_device(combos(n, p).t().contiguous().to(torch.int32), device),
+                        _to_device(multiplicity(n, p).to(torch.float32), device))
     return _TABLES[key]
+
+
+def _to_device(x: torch.Tensor, device) -> torch.Tensor:
+    if torch.device(device).type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)

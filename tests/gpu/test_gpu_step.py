@@ -7,7 +7,7 @@ serial update as one generated kernel, state updated in place; DESIGN sections 5
   state=None starts from zeros;
 * one decode step captured in a CUDA graph and replayed token after token equals the
   eager steps bitwise (the step must not sync with the host or allocate state); the
-  eager steps after the first, gated included, never sync (torch's sync debug mode
+  eager steps, the first included, gated or not, never sync (torch's sync debug mode
   set to "error").
 
 Every spec, gated and not, bf16, B = 2, H = 3. These tests skip, saying why, only while
@@ -125,9 +125,9 @@ def test_decode_step_replays_from_a_cuda_graph(spec, gated):
             xs, gs = piece(toks, g, t, t + 1)
             xs = [x.contiguous() for x in xs]
             gs = None if gs is None else gs.contiguous()
-            # eager too, after the first step (it compiles and copies power's slot tables
-            # to the device): a sync would stall a decode loop's launch queue
-            with no_host_sync() if t else contextlib.nullcontext():
+            # eager too, the first step included (it compiles and copies packed dims' slot
+            # tables to the device): a sync would stall a decode loop's launch queue
+            with no_host_sync():
                 eager.append(op.step(*xs, g=gs, state=eager_state)[0])
 
         # static inputs and a state that the graph updates in place
