@@ -72,6 +72,24 @@ def test_a_variant_compiles_once_then_launches_directly(cuda_free):
     assert values[0] is x and values[1:] == (128, 16, True)   # parameter order, default filled in
 
 
+def test_a_bound_variant_launches_with_new_tensors_only(cuda_free):
+    """direct.bind (decode's bound launches): after call has compiled a variant, the
+    bound launch passes every parameter in order with the new tensors in their slots,
+    keeps none of the first call's tensors, and a variant never compiled is not bound."""
+    kernel = FakeKernel()
+    x, y = torch.zeros(64), torch.ones(64)
+    args = {"x_ptr": x, "n": 64, "BLOCK": 16, "num_warps": 4}
+    assert direct.bind(kernel, (3,), args, ["x_ptr"]) is None
+    direct.call(kernel, (3,), args)
+    bound = direct.bind(kernel, (3,), args, ["x_ptr"])
+    assert bound is not None and all(v is not x for v in bound.values)
+    bound.launch([y])
+    compiled = kernel.compiles[0][2]
+    (grid, stream, values), = compiled.runs
+    assert grid == (3, 1, 1) and stream == 1234
+    assert values[0] is y and values[1:] == (64, 16, True)
+
+
 @pytest.mark.parametrize("change", [
     {"BLOCK": 32},                       # a constexpr value
     {"n": 1},                            # ints equal to 1 are specialised

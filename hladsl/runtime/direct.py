@@ -99,26 +99,32 @@ def call(kernel, grid, args: dict, key_args: dict | None = None) -> None:
 
 def cached(kernel, grid, args: dict) -> bool:
     """Launch ``kernel`` directly if this variant compiled before; False if not."""
-    table = _param_table(kernel) if ENABLED else None
-    if table is None:
-        return False
-    hit = _COMPILED.get(_key(kernel, table, args))
+    hit, table = _compiled(kernel, args)
     if hit is None:
         return False
     _run(hit, grid, table, args)
     return True
 
 
+def _compiled(kernel, args: dict):
+    """(the compiled variant of ``args`` or None, the kernel's parameter table or None
+    where launches are not direct)."""
+    table = _param_table(kernel) if ENABLED else None
+    return (None if table is None else _COMPILED.get(_key(kernel, table, args))), table
+
+
 def _run(compiled, grid, table, args: dict) -> None:
-    knobs = _knobs()
     names, _, defaults, _ = table
-    values = [args.get(n, d) for n, d in zip(names, defaults)]
-    device = torch.cuda.current_device()
-    stream = torch._C._cuda_getCurrentRawStream(device)
-    hooks = knobs.runtime
+    _launch(compiled, (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1),
+            [args.get(n, d) for n, d in zip(names, defaults)])
+
+
+def _launch(compiled, grid: tuple, values: list) -> None:
+    """The binary on the current stream, Triton's launch hooks included."""
+    hooks = _knobs().runtime
+    stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
     meta = compiled.launch_metadata(grid, stream, *values) if hooks.launch_enter_hook else None
-    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                 stream, compiled.function, compiled.packed_metadata, meta,
+    compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, meta,
                  hooks.launch_enter_hook, hooks.launch_exit_hook, *values)
 
 
@@ -137,26 +143,17 @@ class Bound:
         values = self.values.copy()
         for slot, x in zip(self.slots, tensors):
             values[slot] = x
-        hooks = _knobs().runtime
-        stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
-        c = self.compiled
-        meta = c.launch_metadata(self.grid, stream, *values) if hooks.launch_enter_hook else None
-        c.run(*self.grid, stream, c.function, c.packed_metadata, meta,
-              hooks.launch_enter_hook, hooks.launch_exit_hook, *values)
+        _launch(self.compiled, self.grid, values)
 
 
 def bind(kernel, grid, args: dict, tensors: list[str]) -> Bound | None:
     """The variant ``call`` launched for ``args``, bound (None where launches are not
     direct or it has not compiled): later calls pass the values of ``tensors`` only (the
     template keeps none of this call's tensors alive)."""
-    table = _param_table(kernel) if ENABLED else None
-    if table is None:
-        return None
-    compiled = _COMPILED.get(_key(kernel, table, args))
+    compiled, table = _compiled(kernel, args)
     if compiled is None:
         return None
     names, _, defaults, _ = table
     slots = [names.index(n) for n in tensors]
     values = [None if i in slots else args.get(n, d) for i, (n, d) in enumerate(zip(names, defaults))]
     return Bound(compiled, grid, values, slots)
-
