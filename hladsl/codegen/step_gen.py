@@ -502,12 +502,9 @@ def kernel_context(plan: StepPlan, gated: bool) -> dict:
     # the shared split's last block updates the value-free states alone: on packed rows
     # where they are symmetric (no gather of the other half; the same storage)
     free_plan = step_plan(alg, dict(plan.sizes), only=free) if free else None
-    packed = {}
-    for pd in (*plan.packed, *(free_plan.packed if free_plan else ())):
-        entry = {"name": pd.name, "base": pd.base, "power": pd.power, "size": pd.size}
-        if packed.setdefault(pd.name, entry) != entry:
-            raise ValueError(f"packed dim {pd.name} names two groups: {packed[pd.name]}, {entry}")
-    packed = list(packed.values())
+    # one entry a name: packed_dim_name gives one (base, power) the same name in both plans
+    packed = list({pd.name: {"name": pd.name, "base": pd.base, "power": pd.power, "size": pd.size}
+                   for pd in (*plan.packed, *(free_plan.packed if free_plan else ()))}.values())
     return {
         "name": alg.name,
         "sizes": [[d, n] for d, n in plan.sizes],
@@ -524,7 +521,7 @@ def kernel_context(plan: StepPlan, gated: bool) -> dict:
         "shared": shared,
         "free": free,
         "free_states": [{"name": n, **_layout(free_plan, n)} for n in free],
-        "free_regions": _regions(free_plan, gated, only=set(free), outputs=False) if free else [],
+        "free_regions": _regions(free_plan, gated) if free else [],
         "equations": serial_text(alg),
     }
 
@@ -546,20 +543,19 @@ def _check_phases(plan: StepPlan) -> None:
                              f"{t.source} reads {sorted(_reads([t]))}")
 
 
-def _regions(plan: StepPlan, gated: bool, only: set[str] | None = None,
-             outputs: bool = True) -> list[dict]:
-    """The token-loop bodies: whole states first, then one per packed dim. With
-    ``only``, the updates of those states alone; with ``outputs`` False, no
-    output code (the shared split's last block updating the value-free states)."""
+def _regions(plan: StepPlan, gated: bool) -> list[dict]:
+    """The token-loop bodies of ``plan``'s states and outputs: whole states first,
+    then one per packed dim (a plan of some states alone, ``step_plan(only=...)``,
+    gives their updates without output code: the shared split's last block)."""
     alg = plan.algebra
     equations = {s.name: line for s, line in zip(alg.streaming, serial_text(alg))}
-    names_of = [s.name for s in alg.streaming if only is None or s.name in only]
+    names_of = [name for name, _ in plan.states]
     groups = [("", [n for n in names_of if not plan.row_dim(n)])]
     groups += [(pd.name, [n for n in names_of if plan.row_dim(n) == pd.name]) for pd in plan.packed]
     regions, temps = [], 0
     for rd, names in groups:
         outs = {key: tuple(t for t in terms if {plan.row_dim(n) for n in _reads([t])} <= {rd}
-                           and (rd == "" or _reads([t]))) if outputs else ()
+                           and (rd == "" or _reads([t])))
                 for key, terms in (("num", plan.output), ("den", plan.normalizer))}
         if not names and not any(outs.values()):
             continue
@@ -568,7 +564,6 @@ def _regions(plan: StepPlan, gated: bool, only: set[str] | None = None,
             region.block.lines.append("")
             region.block.note(equations[name])
             region.terms(dict(plan.states)[name], f"nx_{name}", "st")
-        updates_end = len(region.block.lines)
         for key, terms in outs.items():
             if terms:
                 region.block.lines.append("")
@@ -577,12 +572,10 @@ def _regions(plan: StepPlan, gated: bool, only: set[str] | None = None,
                     if n else t.source for n, t in enumerate(terms)))
                 region.terms(terms, key, "nx")
         temps = region.block._temps
-        lines = region.block.lines
-        regions.append({"row_dim": rd, "states": names, "updates": "\n".join(lines[:updates_end]),
-                        "output_code": "\n".join(lines[updates_end:]),
+        regions.append({"row_dim": rd, "states": names, "code": region.block.text(),
                         "inputs": [{"name": x, "dim": d} for x, d in region.inputs.items()],
                         "rhos": sorted(region.rhos), "num": bool(outs["num"]),
-                        "den": bool(outs["den"]), "outputs": outputs,
+                        "den": bool(outs["den"]), "outputs": bool(plan.output),
                         "weighted": region.weighted})
     return regions
 

@@ -189,11 +189,9 @@ class Op:
         if backend is None or backend == "triton":   # the interpreter check on CPU included
             backend = "triton" if self.use_triton(first, backend) else "torch"
         remember = None
-        if signature is not None and backend == "triton" and first.is_cuda:
+        if signature is not None and backend == "triton":   # bound where launches are direct (GPU)
             def remember(bound):
-                if len(self._bound_steps) >= BOUND_STEPS_KEPT:
-                    self._bound_steps.clear()
-                self._bound_steps[signature] = bound
+                launch.remembered(self._bound_steps, signature, lambda: bound)
         o = run_checked_step(self.algebra, dims, next(iter(state.values())).dtype, tokens, g, state,
                              state_indices, backend,
                              scales={n: self.query_scale(tokens[n], scale) for n in self.queries},
@@ -409,9 +407,6 @@ class Op:
                 x = x * self.query_scale(x, scale)
             out[name] = x
         return out
-
-
-BOUND_STEPS_KEPT = 64   # an op's bound decode launches (signatures) before it starts over
 
 
 def _tensor_signature(x) -> tuple:
