@@ -26,7 +26,8 @@ import triton
 import triton.testing
 
 import hladsl
-from hladsl.codegen.step_gen import shared_splittable, splittable, step_plan
+from hladsl.codegen.step_plan import bridge_split, shared_splittable, splittable, step_plan
+from hladsl.runtime import launch as launch_rules
 from hladsl.runtime.step import run_step
 
 SPECS = [("linear", {}), ("hla2", {}), ("ahla", {}), ("hla3", {}), ("hla3_masked", {}),
@@ -67,11 +68,20 @@ def copy_ms(nbytes: int) -> float:
 
 
 def variants(plan, sweep: bool):
+    """Launch overrides to time (the first: the default). Where the bridged split
+    applies, the shared split (bridged=False) and whole value blocks are timed too."""
+    bridged = bridge_split(plan) is not None
+    out = [{}]
+    if bridged:
+        out += [{"bridged": False}, {"block_v": 64}, {"free_warps": 4}, {"free_warps": 16}]
     if not sweep:
-        return [{}]
-    out = [{}] + [{"num_warps": w} for w in (2, 4, 8, 16)]
+        return out
+    out += [{"num_warps": w} for w in (2, 4, 8, 16)]
     if splittable(plan) or shared_splittable(plan):
         out += [{"block_v": bv, "num_warps": w} for bv in (16, 32, 64) for w in (4, 8, 16)]
+    if bridged:
+        out += [{"bridged": False, "block_v": bv, "num_warps": w} for bv in (32, 64) for w in (4, 8)]
+        out += [{"free_warps": 8}, {"block_v": 64, "num_warps": 4}]
     if plan.packed:
         out += [{"packed_rows": r, "num_warps": w} for r in (16, 32, 128) for w in (4, 8)]
     return out
@@ -92,8 +102,9 @@ def bench_spec(name, params, B, H, d, dv, sweep):
     results = []
     for launch in variants(plan, sweep):
         try:
-            ms = graph_ms(lambda launch=launch: run_step(op.algebra, toks, g, state,
-                                                         backend="triton", **launch))
+            with split_rule(launch):
+                ms = graph_ms(lambda launch=launch: run_step(op.algebra, toks, g, state, backend="triton",
+                                                             **overrides(launch)))
         except Exception as exc:       # a variant that does not compile or fit
             results.append(dict(launch=launch, error=str(exc)[:200]))
             continue
@@ -108,9 +119,31 @@ def bench_spec(name, params, B, H, d, dv, sweep):
         row["ratio"] = row["copy_ms"] / row["step_ms"]
     if row["best_ms"]:
         row["best_ratio"] = row["copy_ms"] / row["best_ms"]
-    row["eager_ms"] = triton.testing.do_bench(
-        lambda: run_step(op.algebra, toks, g, state, backend="triton", **best["launch"]))
+    with split_rule(best["launch"]):
+        row["eager_ms"] = triton.testing.do_bench(
+            lambda: run_step(op.algebra, toks, g, state, backend="triton", **overrides(best["launch"])))
     return row
+
+
+class split_rule:
+    """launch.STEP_BRIDGED and STEP_FREE_WARPS as a variant's "bridged" and
+    "free_warps" say, for its calls."""
+
+    def __init__(self, launch: dict):
+        self.values = (launch.get("bridged", launch_rules.STEP_BRIDGED),
+                       launch.get("free_warps", launch_rules.STEP_FREE_WARPS))
+
+    def __enter__(self):   # launch.switch: plans made under other rules are forgotten
+        self.before = (launch_rules.switch("STEP_BRIDGED", self.values[0]),
+                       launch_rules.switch("STEP_FREE_WARPS", self.values[1]))
+
+    def __exit__(self, *exc):
+        launch_rules.switch("STEP_BRIDGED", self.before[0])
+        launch_rules.switch("STEP_FREE_WARPS", self.before[1])
+
+
+def overrides(launch: dict) -> dict:
+    return {k: v for k, v in launch.items() if k not in ("bridged", "free_warps")}
 
 
 def bench_fla(B, H, d, dv):
@@ -154,8 +187,9 @@ def latency_b1(name, H, d, dv, sweep=False):
         row["variants"] = []
         for launch in variants(plan, True):
             try:
-                us = 1e3 * graph_ms(lambda launch=launch: run_step(
-                    op.algebra, toks, g, state, backend="triton", **launch), steps=1)
+                with split_rule(launch):
+                    us = 1e3 * graph_ms(lambda launch=launch: run_step(
+                        op.algebra, toks, g, state, backend="triton", **overrides(launch)), steps=1)
             except Exception as exc:
                 row["variants"].append(dict(launch=launch, error=str(exc)[:200]))
                 continue
@@ -174,7 +208,7 @@ def compile_only(B, H, d, T=1, warps=None, block_v=None) -> list[dict]:
     from hladsl.codegen.step_gen import PACKED_ROWS, step_kernel
     from hladsl.codegen.triton_gen import block_size
     from hladsl.runtime import launch
-    from hladsl.runtime.step import _warps
+    from hladsl.runtime.step import _elements, _warps
     rows = []
     for name, params in SPECS:
         alg = hladsl.load(name, **params).algebra
@@ -195,9 +229,21 @@ def compile_only(B, H, d, T=1, warps=None, block_v=None) -> list[dict]:
             consts["SHARED"] = width < block_size(d)
         if T == 1:
             consts["T"] = 1
+        label = name + "".join(f" {k}={v}" for k, v in params.items())
+        if ctx["bridges"] and launch.STEP_BRIDGED:
+            width = block_v or launch.step_value_block(d, ctx["split"], ctx["shared"], bridged=True)
+            consts.update({f"B_{plan.value_dim}": width, "BR_W": ctx["bridge_width"]})
+            free_warps = launch.step_free_warps(_elements(plan, block_size(d), PACKED_ROWS,
+                                                          ctx["free_names"])[0])
+            nw = warps or _warps(plan, width, PACKED_ROWS, ctx["value_names"])
+            row = dict(spec=label, block_v=width, warps=nw, free_warps=free_warps,
+                       resources=_resources(module.value_kernel, consts, nw),
+                       free_resources=_resources(module.free_kernel, consts, free_warps))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            continue
         everything = [n for n, _ in plan.states]
         nw = warps or _warps(plan, width, PACKED_ROWS, everything, ctx["shared"] and width < block_size(d))
-        label = name + "".join(f" {k}={v}" for k, v in params.items())
         row = dict(spec=label, block_v=width, warps=nw,
                    resources=_resources(module.step_kernel, consts, nw))
         rows.append(row)

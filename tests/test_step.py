@@ -2,6 +2,7 @@
 pieces of 1, 3 and 5 tokens equals op(...) on the whole sequence (float64,
 torch backend), in place; the generated Triton kernel under the interpreter
 (float32) against the same float64 reference; pooled states (state_indices)."""
+import contextlib
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported anywhere
@@ -10,11 +11,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import hladsl  # noqa: E402
-from hladsl.codegen.step_gen import (  # noqa: E402
+from hladsl.codegen.step_gen import step_source  # noqa: E402
+from hladsl.codegen.step_plan import (  # noqa: E402
+    bridge_split,
     shared_splittable,
     splittable,
     step_plan,
-    step_source,
     value_free,
 )
 from hladsl.runtime import step as step_module  # noqa: E402
@@ -74,7 +76,27 @@ def test_step_matches_op(spec, params, gated, normalize):
             assert _rel(final[name], x) < 1e-10, (size, name)
 
 
-def _triton_check(spec, params, gated, normalize, pieces=(2, 3), d=5, dv=6, block_v=None):
+def _triton_check(spec, params, gated, normalize, pieces=(2, 3), d=5, dv=6, block_v=None,
+                  bridged=True):
+    """``bridged``: where value-free states and value blocks meet, the bridged split
+    (launch.STEP_BRIDGED) or the shared split."""
+    with _rule("STEP_BRIDGED", bridged):
+        _triton_run(spec, params, gated, normalize, pieces, d, dv, block_v, bridged)
+
+
+@contextlib.contextmanager
+def _rule(name, value):
+    """Launch rule constant ``name`` set to ``value`` (launch.switch: the launch plans
+    made under the old value are forgotten), then back."""
+    from hladsl.runtime import launch
+    old = launch.switch(name, value)
+    try:
+        yield
+    finally:
+        launch.switch(name, old)
+
+
+def _triton_run(spec, params, gated, normalize, pieces, d, dv, block_v, bridged):
     op = hladsl.load(spec, normalize=normalize, **params)
     q, k, v, g, init = _problem(op, gated, normalize, B=2, T=sum(pieces), H=2, d=d, dv=dv)
     ref, final = op(q, k, v, g=g, initial_state=init, output_final_state=True)
@@ -96,7 +118,7 @@ def _triton_check(spec, params, gated, normalize, pieces=(2, 3), d=5, dv=6, bloc
     # a shared split (value blocks, value-free states) leaves its counters at zero
     counters = step_module.counters_of(state[op.algebra.streaming[0].name])
     plan = step_plan(op.algebra, {"d": d, "dv": dv})
-    if block_v is not None and shared_splittable(plan) and block_v < dv:
+    if block_v is not None and shared_splittable(plan) and block_v < dv and not bridged:
         assert counters is not None and not counters.any()
 
 
@@ -127,32 +149,84 @@ def test_triton_step_long_input_in_launches(monkeypatch, dv, block_v):
     _triton_check("power", {"p": 2}, True, True, pieces=(5,), d=4, dv=dv, block_v=block_v)
 
 
-@pytest.mark.parametrize("normalize", [False, True], ids=["plain", "normalized"])
-@pytest.mark.parametrize("gated", [False, True], ids=["ungated", "gated"])
-@pytest.mark.parametrize("spec,params", SPECS, ids=IDS)
-def test_triton_step_value_blocks_every_spec(spec, params, gated, normalize):
+def _split_cases():
+    """Every spec, gated and not, normalised and not; where some states lack dv, under
+    both splits of value-free states (the bridged split falls back to the shared one
+    where it does not apply, so "bridged" covers that too)."""
+    for (spec, params), name in zip(SPECS, IDS):
+        for normalize in (False, True):
+            plan = step_plan(hladsl.load(spec, normalize=normalize, **params).algebra, {"d": 4, "dv": 20})
+            for gated in (False, True):
+                for split in ("bridged", "shared") if value_free(plan) else ("bridged",):
+                    yield pytest.param(spec, params, gated, normalize, split,
+                                       id=f"{name}-{'gated' if gated else 'ungated'}-"
+                                          f"{'normalized' if normalize else 'plain'}-{split}")
+
+
+@pytest.mark.parametrize("spec,params,gated,normalize,split", list(_split_cases()))
+def test_triton_step_value_blocks_every_spec(spec, params, gated, normalize, split):
     """dv = 20 in blocks of 16 (two blocks, the second one ragged), multi-token
     pieces. Specs whose states all hold dv split their states; the others (hla2's
-    S, hla3's SK/SQ, every normalizer state) run the shared split: every block
-    reads the old value-free states, the last block writes them. Under the
-    interpreter the programs run one after another, so a first block that wrote S
-    in place would feed the next block the new S and fail here."""
+    S, hla3's SK/SQ, every normalizer state) run the bridged split (free_kernel
+    updates them and writes the bridges, value_kernel's blocks read those) or, where
+    it does not apply (power's z, on packed rows) or is switched off, the shared
+    split: every block reads the old value-free states, the last block writes them.
+    Under the interpreter the programs run one after another, so a first block that
+    wrote S in place would feed the next block the new S and fail here."""
     op = hladsl.load(spec, normalize=normalize, **params)
     plan = step_plan(op.algebra, {"d": 4, "dv": 20})
     assert splittable(plan) or shared_splittable(plan)
     assert shared_splittable(plan) == bool(value_free(plan))
-    _triton_check(spec, params, gated, normalize, pieces=(1, 3), d=4, dv=20, block_v=16)
+    _triton_check(spec, params, gated, normalize, pieces=(1, 3), d=4, dv=20, block_v=16,
+                  bridged=split == "bridged")
 
 
-def test_shared_split_is_the_default_for_value_free_states(monkeypatch):
-    """The launch rule splits hla2 (S has no dv) into value blocks in one launch
+def test_bridged_split_is_the_default_for_value_free_states(monkeypatch):
+    """The launch rule runs hla2 (S has no dv) as free_kernel, one program per (row,
+    head), then value_kernel over value blocks, which holds C and G only; both read and
+    write one scratch of bridges, allocated with o (one allocation a step)."""
+    from hladsl.codegen.step_gen import step_kernel
+    from hladsl.runtime import launch
+    monkeypatch.setattr(launch, "STEP_BRIDGED_BLOCK", 16)
+    launch.switch("STEP_BRIDGED", True)   # forgets the launch plans made before
+    assert launch.step_value_block(20, False, True, bridged=True) == 16
+    assert launch.step_value_block(20, True, False) == 32       # linear: whole
+    assert launch.step_value_block(20, False, False) == 32
+    op = hladsl.load("hla2")
+    module, ctx = step_kernel(op.algebra, {"d": 4, "dv": 20}, True)
+    assert ctx["free_names"] == ["S"] and ctx["value_names"] == ["C", "G"]
+    assert ctx["bridges"] == [{"name": "br0", "dims": ["d"]}] and ctx["bridge_width"] == 4
+    calls = []
+
+    def spy(kernel, name):
+        class Spy:
+            arg_names = kernel.arg_names
+
+            def __getitem__(self, grid):
+                def run(**kwargs):
+                    calls.append((name, grid, kwargs["br_ptr"], kwargs.get("o_ptr"),
+                                  sorted(k for k in kwargs if k.startswith("st_"))))
+                    return kernel[grid](**kwargs)
+                return run
+        return Spy()
+    for name in ("free_kernel", "value_kernel"):
+        monkeypatch.setattr(module, name, spy(getattr(module, name), name))
+    _triton_check("hla2", {}, True, False, pieces=(2,), d=4, dv=20)
+    (free, grid_f, br_f, _, st_f), (value, grid_v, br_v, o, st_v) = calls
+    assert (free, value) == ("free_kernel", "value_kernel")
+    assert grid_f == (2 * 2,) and grid_v == (2 * 2 * 2,)
+    assert st_f == ["st_S_ptr"] and st_v == ["st_C_ptr", "st_G_ptr"]
+    assert br_f is br_v and br_f.shape == (2 * 2 * 2 * 4,) and br_f.dtype == torch.float32
+    assert o.untyped_storage().data_ptr() == br_f.untyped_storage().data_ptr()
+
+
+def test_shared_split_when_not_bridged(monkeypatch):
+    """With launch.STEP_BRIDGED off, hla2 runs the shared split in one launch
     (SHARED, with this state's counters), which it leaves at zero."""
     from hladsl.codegen.step_gen import step_kernel
     from hladsl.runtime import launch
     monkeypatch.setattr(launch, "STEP_SHARED_BLOCK", 16)
     assert launch.step_value_block(20, False, True) == 16
-    assert launch.step_value_block(20, True, False) == 32       # linear: whole
-    assert launch.step_value_block(20, False, False) == 32
     op = hladsl.load("hla2")
     module, ctx = step_kernel(op.algebra, {"d": 4, "dv": 20}, True)
     assert ctx["shared"] and ctx["free"] == ["S"] and not hasattr(module, "state_kernel")
@@ -168,9 +242,43 @@ def test_shared_split_is_the_default_for_value_free_states(monkeypatch):
                 return kernel[grid](**kwargs)
             return run
     monkeypatch.setattr(module, "step_kernel", Spy())
-    _triton_check("hla2", {}, True, False, pieces=(2,), d=4, dv=20)
+    _triton_check("hla2", {}, True, False, pieces=(2,), d=4, dv=20, bridged=False)
     (grid, shared, counters), = calls
     assert grid == (2 * 2 * 2,) and shared and counters.shape == (2 * 2,) and not counters.any()
+
+
+@pytest.mark.parametrize("spec,normalize,bridges", [
+    ("hla2", False, ["q S_t"]), ("hla2", True, ["q S_t", "den"]),
+    ("hla3", False, ["k SQ_t-1", "q SK_t-1", "SK_t-1 k SQ_t-1", "q SK_t SQ_t"]),
+    ("hla3_masked", False, ["k q q S_t-1", "q S_t-1"]), ("linear", True, ["den"]),
+    ("linear", False, None), ("power", True, None)],
+    ids=["hla2", "hla2_normalized", "hla3", "hla3_masked", "linear_normalized", "linear", "power"])
+def test_bridge_split_cuts_value_terms_at_value_free_subtrees(spec, normalize, bridges):
+    """The bridges are the value-free contractions that read a state (one each, however
+    many terms read it: HLA3's kᵀSQ_{t-1} feeds G1 and G3), never grown by an outer
+    product with a token (k[a] (kᵀSQ)[b] stays in the value blocks); the value plan reads no
+    value-free state; no split without value-free states (linear) or where one is on
+    packed rows (power's z)."""
+    alg = hladsl.load(spec, normalize=normalize, **({"p": 2} if spec == "power" else {})).algebra
+    plan = step_plan(alg, {"d": 4, "dv": 6})
+    split = bridge_split(plan)
+    if bridges is None:
+        assert split is None
+        return
+    got = []
+    for b in split.bridges:
+        if not b.dims:
+            got.append("den")
+            assert b.terms == plan.normalizer
+            continue
+        (t,) = b.terms
+        time = "_t-1" if b.prefix == "st" else "_t"
+        got.append(" ".join(o.name + (time if o.kind.value == "carry" else "") for o in t.operands))
+    assert got == bridges
+    free = set(value_free(plan))
+    assert [n for n, _ in split.free.states] == list(value_free(plan))
+    reads = {o.name for _, ts in split.value.states for t in ts + split.value.output for o in t.operands}
+    assert not reads & free and {n for n, _ in split.value.states} == {n for n, _ in plan.states} - free
 
 
 @pytest.mark.parametrize("spec,normalize,rows", [
@@ -200,7 +308,8 @@ def test_shared_split_counters_stay_zero_when_state_rows_repeat():
     q, k, v = (torch.rand(B, 1, H, n, generator=gen) for n in (d, d, dv))
     pool = {name: torch.zeros((4, H) + shape) for name, shape in op.state_shapes(d, dv).items()}
     rows = torch.tensor([2, 2, 0])
-    run_step(op.algebra, {"q": q, "k": k, "v": v}, None, pool, rows, backend="triton", block_v=16)
+    with _rule("STEP_BRIDGED", False):
+        run_step(op.algebra, {"q": q, "k": k, "v": v}, None, pool, rows, backend="triton", block_v=16)
     counters = step_module.counters_of(pool["S"])
     assert counters is not None and counters.shape == (4 * H,) and not counters.any()
 

@@ -1,348 +1,42 @@
-"""The decode step: the derived serial update
-X_t = X_{t-1} ⊕ token_t (``ir.combine.serial``) as a plan of contractions, and
-that plan as one generated Triton kernel.
+"""The decode step as generated Triton kernels (template
+``templates/step_kernel.py.jinja``), from its plan (``codegen.step_plan``).
 
-``step_plan`` rewrites every monomial of every serial update, of the output and
-of the normalizer into a ``StepTerm``: operands (``ir.operands.Operand``; here a
-TOKEN is the token vector x[i] of the current step, CARRY a state -- the previous
-one in an update, the current one in an output -- and POWER the packed symmetric
-power spow(x)[α]) with a contraction plan from ``ir.contract.plan``, so rank-1
-factors are applied as matvecs (k (kᵀ C), never (k kᵀ) C).
-
-Symmetric states. A state whose one symmetric group is only ever filled by p
-copies of one token vector (produced), contracted with p copies of one token
-vector (consumed, weighted by the multiplicity m(α)) or carried over into a state
-of the same packed dim (passed) is held on its packed rows, as it is stored
-(power attention's U: C(d+p-1, p) rows, never d^p): a "row state". Any other
-symmetric state (HLA2's S, read as S C) is held whole and read/written packed.
-
-The kernel (``step_source``, template ``templates/step_kernel.py.jinja``): one
-program per (batch row, head[, block of the value dim]). Phase 1 holds every
-whole state in fp32 registers and walks the T tokens; each packed dim then gets
-a loop over blocks of its rows, each block walking the T tokens again (a row
-state's update reads only the same rows, the token and ρ_t). Outputs of row
-states are summed over the blocks in a [T, value block] accumulator.
+``step_kernel``: one program per (batch row, head[, block of the value dim]).
+Phase 1 holds every whole state in fp32 registers and walks the T tokens; each
+packed dim then gets a loop over blocks of its rows, each block walking the T
+tokens again (a row state's update reads only the same rows, the token and ρ_t).
+Outputs of row states are summed over the blocks in a [T, value block] accumulator.
 
 Shared split (``shared_splittable``): where some states lack the value dim (HLA2's
 S, every normalizer state), programs may still own blocks of it: every block reads
 those value-free states' old values and forms the new ones in registers for its
 outputs, without writing them; the last block of a (row, head) to finish --
 counted by an atomic per (state row, head) -- then updates them in place from
-their old values, which no block has written (one launch;
-``runtime.launch.step_value_block`` picks the block). That update is planned on
-its own (``step_plan(..., only=...)``): without the outputs, a symmetric state
+their old values, which no block has written (one launch). That update is planned
+on its own (``step_plan(..., only=...)``): without the outputs, a symmetric state
 the outputs read whole (HLA2's S) is a row state, updated along its contiguous
 packed rows. Run 106 (H100): hla2 0.55 -> 0.72 of copy bandwidth, hla3_masked
 0.54 -> 0.70, hla3 0.41 -> 0.53.
+
+Bridged split (``step_plan.bridge_split``): ``free_kernel``, one program per (row,
+head), updates the value-free states in place and writes every token's bridges to
+a scratch row [B, T, H, BR_W] fp32; ``value_kernel``, over value blocks, holds only
+the states with the value dim and reads the bridges (DERIVED operands) back.
 """
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, replace
-from functools import lru_cache
-from math import comb
-
 from hladsl.codegen import templates
+from hladsl.codegen.step_plan import (BRIDGED_KINDS, StepPlan, bridge_split, serial_text,
+                                      shared_splittable, splittable, step_plan, value_free)
+from hladsl.codegen.steps import Block, Tile
 from hladsl.codegen.templates import render_template
-
-from hladsl.codegen.steps import Block, Tile, comment
 from hladsl.codegen.triton_gen import _ident
 from hladsl.ir.algebra import Algebra
-from hladsl.ir.combine import serial
-from hladsl.ir.contract import Plan, plan
 from hladsl.ir.operands import Kind, Operand, exhaustive
-from hladsl.ir.symmetric import PackedDim, drop_repeated_slots, packed_dim_name
 from hladsl.version import __version__
 
 TEMPLATE = "step_kernel.py.jinja"
-STEP_KINDS = (Kind.TOKEN, Kind.POWER, Kind.CARRY)
 PACKED_ROWS = 64     # default rows of a packed dim per block
-
-
-@dataclass(frozen=True)
-class StepTerm:
-    coef: float
-    rho: int                        # power of ρ_t = exp(g_t)
-    operands: tuple[Operand, ...]
-    output: tuple[str, ...]         # result indices, in the held layout of the target
-    plan: Plan
-    source: str                     # the serial monomial, for comments
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    algebra: Algebra
-    sizes: tuple[tuple[str, int], ...]
-    packed: tuple[PackedDim, ...]                            # packed dims of row states
-    layouts: tuple[tuple[str, tuple[str, ...]], ...]         # state -> dims as held
-    states: tuple[tuple[str, tuple[StepTerm, ...]], ...]     # streaming state -> its update
-    output: tuple[StepTerm, ...]
-    normalizer: tuple[StepTerm, ...]
-    value_dim: str                                            # the output's dim
-
-    def dims_of(self, name: str) -> tuple[str, ...]:
-        return dict(self.layouts)[name]
-
-    def row_dim(self, name: str) -> str:
-        """The packed dim a row state is held on, '' for a whole state."""
-        return next((d for d in self.dims_of(name) if d in self.packed_names()), "")
-
-    def packed_names(self) -> set[str]:
-        return {pd.name for pd in self.packed}
-
-    def size(self, dim: str) -> int:
-        return (dict(self.sizes) | {pd.name: pd.size for pd in self.packed})[dim]
-
-    def index_dims(self, t: StepTerm) -> dict[str, str]:
-        out = {}
-        for o in t.operands:
-            out.update(_INDEX_DIMS[o.kind](self, o))
-        return out
-
-
-def _token_dims(p: StepPlan, o: Operand):
-    return {o.indices[0]: p.algebra.inputs[o.name]}
-
-
-def _power_dims(p: StepPlan, o: Operand):
-    return {o.indices[0]: o.packed}
-
-
-def _carry_dims(p: StepPlan, o: Operand):
-    return dict(zip(o.indices, p.dims_of(o.name)))
-
-
-_INDEX_DIMS = exhaustive({Kind.TOKEN: _token_dims, Kind.POWER: _power_dims, Kind.CARRY: _carry_dims},
-                         "the step plan (index dims)", STEP_KINDS)
-
-
-# -- the plan ------------------------------------------------------------------------------
-
-def step_plan(alg: Algebra, sizes, only=None) -> StepPlan:
-    """The serial update of ``alg`` at dim ``sizes`` ({dim: n} or its items). With
-    ``only`` (state names), the updates of those states alone, no output: a
-    symmetric state that the outputs read whole may then be a row state (HLA2's S,
-    updated alone, is produced by k k and passed: it updates along its packed rows)."""
-    return _step_plan(alg, tuple(sorted(dict(sizes).items())),
-                      None if only is None else frozenset(only))
-
-
-@lru_cache(maxsize=64)
-def _step_plan(alg: Algebra, sizes, only) -> StepPlan:
-    if len(alg.output.free) != 1:
-        raise ValueError(f"the step needs an output with one free index, {alg.name} has "
-                         f"{alg.output.free}")
-    groups = {s.name: s.symmetric for s in alg.streaming}
-    updates = {s.name: serial(alg, s) for s in alg.streaming if only is None or s.name in only}
-    outputs = [alg.output] + ([alg.normalizer] if alg.normalizer is not None else [])
-    polys = list(updates.items()) + ([(None, poly) for poly in outputs] if only is None else [])
-    for _, poly in polys:
-        for m in poly.terms:
-            for f in m.factors:
-                if f.kind not in ("input", "state"):
-                    raise ValueError(f"the step plan does not handle {f.kind} factors ({f})")
-    rows = _row_states(alg, polys, groups)
-    packed = _packed_dims(alg, rows, dict(sizes))
-    layouts = {}
-    for s in alg.streaming:
-        held = list(s.dims)
-        if s.name in rows:
-            (g,) = s.symmetric
-            held[g[0]] = packed[(s.dims[g[0]], len(g))].name
-            held = list(drop_repeated_slots(held, s.symmetric))
-        layouts[s.name] = tuple(held)
-    shell = StepPlan(alg, sizes, tuple(packed.values()), tuple(layouts.items()), (), (), (),
-                     _value_dim(alg))
-
-    def terms(produces, poly):
-        out = []
-        for m in poly.terms:
-            ops, free = _rewrite(m, poly.free, produces, rows, groups, alg, packed)
-            t = StepTerm(float(m.coef), dict(m.rho).get("t", 0), ops, free, None, m.text())
-            index_sizes = {i: shell.size(d) for i, d in shell.index_dims(t).items()}
-            out.append(replace(t, plan=plan(tuple(o.indices for o in ops), free,
-                                             tuple(sorted(index_sizes.items())))))
-        return tuple(out)
-
-    return replace(shell, states=tuple((name, terms(name, p)) for name, p in updates.items()),
-                   output=terms(None, alg.output) if only is None else (),
-                   normalizer=terms(None, alg.normalizer) if alg.normalizer is not None and only is None
-                   else ())
-
-
-def _row_states(alg, polys, groups) -> set[str]:
-    """States with one symmetric group whose every use is produce, consume or
-    pass: a greatest fixpoint (a row state may only pass into a row state)."""
-    rows = {name for name, g in groups.items() if len(g) == 1}
-    while True:
-        failed = set()
-        for produces, poly in polys:
-            for m in poly.terms:
-                r = _rewrite(m, poly.free, produces, rows, groups, alg)
-                if isinstance(r, set):
-                    failed |= r
-        if not failed:
-            return rows
-        rows -= failed
-
-
-def _packed_dims(alg, rows, sizes) -> dict[tuple[str, int], PackedDim]:
-    """(base dim, p) -> its packed dim, for the groups of the row states."""
-    packed, taken = {}, set(alg.dims)
-    for s in alg.streaming:
-        if s.name in rows:
-            (g,) = s.symmetric
-            base, p = s.dims[g[0]], len(g)
-            if (base, p) not in packed:
-                packed[(base, p)] = PackedDim(packed_dim_name(base, p, taken), base, p,
-                                              comb(sizes[base] + p - 1, p))
-                taken.add(packed[(base, p)].name)
-    return packed
-
-
-def _value_dim(alg) -> str:
-    """The dim of the output's free index."""
-    (o_index,) = alg.output.free
-    for m in alg.output.terms:
-        for f in m.factors:
-            if o_index in f.indices:
-                return (alg.inputs[f.name] if f.kind == "input"
-                        else alg.summary(f.name).dims[f.indices.index(o_index)])
-    raise ValueError(f"{alg.name}'s output index {o_index} is not read from any factor")
-
-
-def _operand(f) -> Operand:
-    if f.kind == "input":
-        return Operand(Kind.TOKEN, f.name, f.indices)
-    return Operand(Kind.CARRY, f.name, f.indices)
-
-
-def _rewrite(m, free, produces, rows, groups, alg, packed=None):
-    """(operands, result indices) of monomial ``m`` with the row states in
-    ``rows`` on their packed rows, or the set of row states whose use here is
-    neither produce, consume nor pass. Without ``packed`` only checks."""
-    ops = [_operand(f) for f in m.factors]
-    uses = Counter(i for o in ops for i in o.indices)
-    out = tuple(free)
-    powers: dict[int, tuple] = {}     # first token operand -> (α, weighted, p); others dropped
-    dropped: set[int] = set()
-    carries: dict[int, tuple[str, ...]] = {}
-    failed: set[str] = set()
-    target = groups[produces][0] if produces in rows else None
-    target_slots = [out[s] for s in target] if target else []
-    alpha = target_slots[0] if target else None
-    fed = False
-    for k, o in enumerate(ops):
-        if o.kind is not Kind.CARRY or o.name not in rows:
-            continue
-        (g,) = groups[o.name]
-        slots = [o.indices[s] for s in g]
-        idx = list(o.indices)
-        if (target and set(slots) == set(target_slots) and len(set(slots)) == len(slots)
-                and all(uses[i] == 1 for i in slots) and _same_kind(o.name, produces, alg, groups)):
-            fed = True                               # pass: rows into the same rows
-            idx[g[0]] = alpha
-        else:
-            found = _token_group(ops, slots, uses, out, consumed=True)
-            if found is None:
-                failed.add(o.name)
-                continue
-            powers[found[0]] = (slots[0], True, len(g))
-            dropped.update(found[1:])
-        carries[k] = drop_repeated_slots(idx, (g,))
-    if target and not fed:
-        found = _token_group(ops, target_slots, uses, out, consumed=False)
-        if found is None:
-            failed.add(produces)
-        else:
-            powers[found[0]] = (alpha, False, len(target))
-            dropped.update(found[1:])
-    if failed:
-        return failed
-    if packed is None:
-        return None
-    new = []
-    for k, o in enumerate(ops):
-        if k in dropped:
-            continue
-        if k in powers:
-            a, weighted, p = powers[k]
-            pd = packed[(alg.inputs[o.name], p)]
-            new.append(Operand(Kind.POWER, o.name, (a,), packed=pd.name, power=p, weighted=weighted))
-        elif k in carries:
-            new.append(replace(o, indices=tuple(carries[k])))
-        else:
-            new.append(o)
-    if target:
-        out = drop_repeated_slots(out, (target,))
-    return tuple(new), out
-
-
-def _same_kind(a, b, alg, groups) -> bool:
-    """Both row states' groups run over the same dim with the same p."""
-    sa, sb = alg.summary(a), alg.summary(b)
-    return (sa.dims[groups[a][0][0]], len(groups[a][0])) == (sb.dims[groups[b][0][0]], len(groups[b][0]))
-
-
-def _token_group(ops, slots, uses, free, consumed: bool):
-    """The p token operands of one input carrying ``slots`` one each (each index
-    used by its token and, when consumed, by the state; never kept), or None."""
-    if len(set(slots)) != len(slots):
-        return None
-    if consumed and any(i in free for i in slots):
-        return None
-    found = []
-    for i in slots:
-        owners = [k for k, o in enumerate(ops) if o.kind is Kind.TOKEN and o.indices == (i,)]
-        if len(owners) != 1 or uses[i] != (2 if consumed else 1):
-            return None
-        found.append(owners[0])
-    if len({ops[k].name for k in found}) != 1:
-        return None
-    return found
-
-
-def splittable(p: StepPlan) -> bool:
-    """Can programs own blocks of the value dim, each needing only its own block?
-    Yes when every state holds it exactly once and every term keeps it free. A
-    state without it would have to be recomputed by every block, and the block
-    that writes it back in place could overwrite it before another block has read
-    it (``shared_splittable`` is the way around that)."""
-    return not value_free(p) and _value_blocks_own(p)
-
-
-def value_free(p: StepPlan) -> tuple[str, ...]:
-    """The states that do not hold the value dim (HLA2's S, every normalizer state)."""
-    return tuple(name for name, _ in p.states if p.value_dim not in p.dims_of(name))
-
-
-def shared_splittable(p: StepPlan) -> bool:
-    """Can programs own blocks of the value dim while sharing the value-free
-    states? Yes when some states lack the value dim, the others hold it once and
-    every term keeps it free: a block then forms the value-free states' new values
-    from their old ones without another block's data (no value-free state's update
-    reads a state with the value dim: its result lacks the dim, so such a read
-    would sum over it), and the last block to finish writes them."""
-    return bool(value_free(p)) and _value_blocks_own(p)
-
-
-def _value_blocks_own(p: StepPlan) -> bool:
-    """Every state holding the value dim holds it once, every term keeps it free."""
-    dv = p.value_dim
-    if any(list(p.dims_of(name)).count(dv) > 1 for name, _ in p.states):
-        return False
-    terms = [t for _, ts in p.states for t in ts] + list(p.output) + list(p.normalizer)
-    return all({i for i, d in p.index_dims(t).items() if d == dv} <= set(t.output) for t in terms)
-
-
-def serial_text(alg: Algebra) -> list[str]:
-    """The serial equations as ``hladsl compile --emit serial`` prints them."""
-    lines = [f"{x.name}_t[{','.join(x.indices)}] = {serial(alg, x).text()}".replace("@prev", "_{t-1}")
-             for x in alg.streaming]
-    lines.append(f"{alg.output_name}_t = {alg.output.text()}   (states at t, inclusive)")
-    if alg.normalizer is not None:
-        lines.append(f"den_t = {alg.normalizer.text()};  o_t = num_t / (den_t + eps)")
-    return [comment(line) for line in lines]
 
 
 # -- the kernel -----------------------------------------------------------------------------
@@ -368,6 +62,12 @@ class _Region:
 
     def _carry(self, o, prefix):
         return Tile(f"{prefix}_{o.name}", o.indices)
+
+    def _bridge(self, o, prefix):
+        """A bridge of this token, as free_kernel wrote it."""
+        off, mask = bridge_layout(self.plan, o.name)
+        expr = f"tl.load({_BRIDGE_ROW} + {off}" + (f", mask={mask}, other=0.0)" if mask else ")")
+        return Tile(self.block.define(expr, f"{o.text()} from free_kernel"), o.indices)
 
     def _power(self, o, prefix):
         """spow(x)[α] on this block's rows: p gathered loads of x's feature row."""
@@ -439,8 +139,9 @@ def _presum(block: Block, t: Tile, other: Tile, out) -> Tile:
     return t if keep == t.indices else block.reduce(t, keep)
 
 
-_TILE = exhaustive({Kind.TOKEN: _Region._token, Kind.POWER: _Region._power, Kind.CARRY: _Region._carry},
-                   "the Triton step lowering (operand tiles)", STEP_KINDS)
+_TILE = exhaustive({Kind.TOKEN: _Region._token, Kind.POWER: _Region._power, Kind.CARRY: _Region._carry,
+                    Kind.DERIVED: _Region._bridge}, "the Triton step lowering (operand tiles)",
+                   BRIDGED_KINDS)
 
 
 def _slot(k: int, r: int) -> str:
@@ -478,8 +179,49 @@ def _layout(plan: StepPlan, name: str) -> dict:
                 terms.append(f"{o} * str_{name}_{axis}")
             axis += 1
     axes = len(s.dims) - sum(len(g) - 1 for g in s.symmetric)     # storage axes after [N, H]
+    # a [n, n] symmetric state held whole loads its upper triangle (row i's j >= i are
+    # contiguous packed positions: coalesced) and adds the transpose in registers; the
+    # whole tile gathered from min/max positions took hla2's free_kernel 36 µs, this 10
+    # (S alone, B = 64, H = 16, d = 64, H100, run 114; a copy of its bytes: 4.4). It is
+    # stored as it is loaded: i <= j
+    tri = ""
+    if r == 2 and not plan.row_dim(name) and s.symmetric == ((0, 1),):
+        # row i's packed positions as a linear function of j (no min/max, whose
+        # offsets the compiler cannot see are contiguous: 39 µs -> 11 there, run 116)
+        tri = f"{offs[0]} == {offs[1]}"
+        terms = [f"_upper({offs[0]}, {offs[1]}, D_{held[0]}) * str_{name}_0"]
     return {"off": " + ".join(terms), "ld": " & ".join(valid), "st": " & ".join(valid + keep),
-            "axes": axes, "dims": list(held), "index": ",".join(s.indices)}
+            "tri": tri, "axes": axes, "dims": list(held), "index": ",".join(s.indices)}
+
+
+# a token's row of bridges in the scratch [B, T, H, BR_W]
+_BRIDGE_ROW = "br_ptr + ((b * T + t) * H + h) * BR_W"
+
+
+def bridge_layout(plan: StepPlan, name: str) -> tuple[str, str]:
+    """(offset in a token's row of bridges, mask or '') of bridge ``name`` (a vector
+    over one dim or a scalar: ``bridge_split``), the bridges one after another."""
+    start = []
+    for other, dims in plan.derived:
+        if other == name:
+            break
+        start.append(f"D_{dims[0]}" if dims else "1")
+    dims = dict(plan.derived)[name]
+    parts = ["(" + " + ".join(start) + ")"] if start else []
+    parts += [f"offs_{d}" for d in dims]
+    return " + ".join(parts) or "0", " & ".join(f"(offs_{d} < D_{d})" for d in dims)
+
+
+def bridge_width(plan: StepPlan) -> int:
+    """fp32 elements of a token's row of bridges."""
+    sizes = dict(plan.sizes)
+    total = 0
+    for _, dims in plan.derived:
+        n = 1
+        for d in dims:
+            n *= sizes[d]
+        total += n
+    return total
 
 
 def _reads(terms) -> set[str]:
@@ -523,7 +265,22 @@ def kernel_context(plan: StepPlan, gated: bool) -> dict:
         "free_states": [{"name": n, **_layout(free_plan, n)} for n in free],
         "free_regions": _regions(free_plan, gated) if free else [],
         "equations": serial_text(alg),
+        **_bridged_context(plan, gated),
     }
+
+
+def _bridged_context(plan: StepPlan, gated: bool) -> dict:
+    """The bridged split's kernels (free_kernel, value_kernel), where it applies."""
+    split = bridge_split(plan)
+    if split is None:
+        return {"bridges": [], "bridge_width": 0, "free_names": [], "value_names": [],
+                "bridge_free_regions": [], "bridge_value_regions": []}
+    return {"bridges": [{"name": b.name, "dims": list(b.dims)} for b in split.bridges],
+            "bridge_width": bridge_width(split.free),
+            "free_names": [n for n, _ in split.free.states],
+            "value_names": [n for n, _ in split.value.states],
+            "bridge_free_regions": _regions(split.free, gated, split.bridges),
+            "bridge_value_regions": _regions(split.value, gated)}
 
 
 def _check_phases(plan: StepPlan) -> None:
@@ -543,10 +300,12 @@ def _check_phases(plan: StepPlan) -> None:
                              f"{t.source} reads {sorted(_reads([t]))}")
 
 
-def _regions(plan: StepPlan, gated: bool) -> list[dict]:
+def _regions(plan: StepPlan, gated: bool, bridges=()) -> list[dict]:
     """The token-loop bodies of ``plan``'s states and outputs: whole states first,
     then one per packed dim (a plan of some states alone, ``step_plan(only=...)``,
-    gives their updates without output code: the shared split's last block)."""
+    gives their updates without output code: the shared split's last block).
+    ``bridges`` (free_kernel's, over whole states): each computed after the updates
+    and stored to this token's row of bridges."""
     alg = plan.algebra
     equations = {s.name: line for s, line in zip(alg.streaming, serial_text(alg))}
     names_of = [name for name, _ in plan.states]
@@ -557,13 +316,22 @@ def _regions(plan: StepPlan, gated: bool) -> list[dict]:
         outs = {key: tuple(t for t in terms if {plan.row_dim(n) for n in _reads([t])} <= {rd}
                            and (rd == "" or _reads([t])))
                 for key, terms in (("num", plan.output), ("den", plan.normalizer))}
-        if not names and not any(outs.values()):
+        if not names and not any(outs.values()) and not (bridges and rd == ""):
             continue
         region = _Region(plan, gated, temps, rd)
         for name in names:
             region.block.lines.append("")
             region.block.note(equations[name])
             region.terms(dict(plan.states)[name], f"nx_{name}", "st")
+        for br in bridges if rd == "" else ():
+            region.block.lines.append("")
+            region.block.note(f"{br.name}[{','.join(br.dims)}] = " + " + ".join(t.source for t in br.terms)
+                              + ("   (the normalizer)" if not br.dims and plan.algebra.normalizer else "")
+                              + f"   (states {'before' if br.prefix == 'st' else 'after'} the token)")
+            region.terms(br.terms, br.name, br.prefix)
+            off, mask = bridge_layout(plan, br.name)
+            region.block.lines.append(f"tl.store({_BRIDGE_ROW} + {off}, {br.name}"
+                                      + (f", mask={mask})" if mask else ")"))
         for key, terms in outs.items():
             if terms:
                 region.block.lines.append("")

@@ -769,29 +769,46 @@ def step_warps(elements: int, shared: bool = False) -> int:
     return warps
 
 
-STEP_SHARED_BLOCK = 32   # the value block of steps with value-free states (None: whole)
-STEP_FREE_ROWS = 4096    # packed rows a block of the last block's value-free update (run 106)
+# Specs with value-free states (HLA2's S, HLA3's SK and SQ, normalizer states): the bridged
+# split where it applies (step_plan.bridge_split), else the shared split (one launch).
+# Run 117 (H100, B = 64, H = 16, d = dv = 64, one gated token, graph of 16): bridged
+# hla2 40.1 µs vs shared 42.5, hla3 92.5 vs 116.7, hla3_masked 39.2 vs 40.3.
+STEP_BRIDGED = True
+STEP_BRIDGED_BLOCK = 32  # value_kernel's value block (None: whole; run 117: hla3 53.9 µs vs 73.9 whole)
+STEP_SHARED_BLOCK = 32   # the shared split's value block (None: whole)
+STEP_FREE_ROWS = 4096    # packed rows a block of the shared split's last-block update (run 106)
+STEP_FREE_WARPS = None   # free_kernel's warps (None: step_free_warps' rule)
 
 
-def step_value_block(size: int, splittable: bool, shared: bool) -> int:
+def step_free_warps(elements: int) -> int:
+    """Warps of the bridged split's free_kernel, which holds the value-free states whole
+    (``elements`` fp32) with their new values: 8 for one [64, 64] tile, else 4. Run 117
+    (H100, B = 64, H = 16, d = 64, the kernel alone): HLA2's S (4096) 14.6 µs at 4 warps,
+    11.1 at 8, 12.1 at 16 (123 registers a thread at 8: two programs an SM); HLA3's SK
+    and SQ (8192) 26.1 at 4, 30.0 at 8, 34.6 at 16 (202 registers at 8: one program an
+    SM; 255 and a small spill at 4, two); vectors (normalizers alone) need no more than 4."""
+    return STEP_FREE_WARPS or (8 if 4096 <= elements < 8192 else 4)
+
+
+def step_value_block(size: int, splittable: bool, shared: bool, bridged: bool = False) -> int:
     """The decode step's block of the value dim (padded ``size`` when unsplit).
     Specs whose states all hold the value dim (linear, ahla, power) run whole:
     one program per (row, head) reaches 0.85-1.14 of copy bandwidth on the H100
     at d = dv = 64 (run 27; in run 27's sweep 16-wide blocks were slower than whole
     for every spec that splits: linear 0.75 vs 0.94, ahla 0.84 vs 1.31, power p = 2
-    0.67 vs 1.08). Specs with value-free states (hla2's S, hla3's SK and SQ, every
-    normalizer state) run the shared split in blocks of STEP_SHARED_BLOCK: one
-    program holding every state (up to 24576 fp32 at d = dv = 64: one or two
-    programs an SM) reached only 0.40-0.55; in blocks of 32 (a 32-wide fp32 row is
-    one 128-byte line) the value states shrink to [d, 32] tiles, so more programs
-    fit an SM and keep more loads in flight, and the blocks of one (row, head) run
-    side by side and share the value-free states' reads in L2; the last block of a
-    (row, head) updates those (``codegen.step_gen``). Run 106 (H100, B = 64, H = 16,
-    d = dv = 64, graph of 16 steps): hla2 41.9 µs vs 54.1 whole (0.71 vs 0.55 of copy
-    bandwidth), hla3_masked 43.2 vs 55.4, hla3 108.1 vs 141.7; 16-wide blocks were
+    0.67 vs 1.08). Specs with value-free states hold more: one program holding every
+    state (up to 24576 fp32 at d = dv = 64: one or two programs an SM) reached only
+    0.40-0.55. The bridged split's value_kernel (``bridged``) holds only the states
+    with the value dim, in blocks of STEP_BRIDGED_BLOCK (a 32-wide fp32 row is one
+    128-byte line; run 117, hla3's P and G1..G3: 53.9 µs at 32, 73.9 whole). The shared
+    split (``shared``, where the bridged one does not apply) runs blocks of
+    STEP_SHARED_BLOCK that also read the value-free states: run 106, hla2 41.9 µs vs
+    54.1 whole, hla3_masked 43.2 vs 55.4, hla3 108.1 vs 141.7; 16-wide blocks were
     slower (58.6, 56.4, 166.8), as was the former phase split (a second launch
     re-reading and re-gathering the value-free states; run 33: hla2 0.43)."""
     width = block_size(size)
+    if bridged:
+        return min(width, STEP_BRIDGED_BLOCK or width)
     if shared and not splittable and STEP_SHARED_BLOCK:
         return min(width, STEP_SHARED_BLOCK)
     return width

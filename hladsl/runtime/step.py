@@ -2,14 +2,16 @@
 X_t = X_{t-1} ⊕ token_t to T >= 1 tokens, updating the caller's state tensors
 in place, and returns the outputs.
 
-Both backends run the same plan (``codegen.step_gen.step_plan``): row states
+Both backends run the same plan (``codegen.step_plan.step_plan``): row states
 (power attention's U) stay on their packed rows, other symmetric states are
 held whole. "torch" evaluates each term with batched einsums over (batch, head),
-looping over the T tokens; "triton" launches the one generated kernel
-(``codegen.step_gen``), which allocates nothing but o and never syncs with the
-host, so a decode step can be captured in a CUDA graph. Where some states lack
-the value dim (HLA2's S) and the launch rule splits the value dim
-(``launch.step_value_block``), the last value block of each (row, head) writes
+looping over the T tokens; "triton" launches the generated kernels
+(``codegen.step_gen``), which never sync with the host, so a decode step can be
+captured in a CUDA graph. Where some states lack the value dim (HLA2's S), the
+bridged split runs free_kernel (those states, and the bridges: the value-free
+contractions the other terms read) then value_kernel (the other states over value
+blocks); its scratch of bridges is allocated with o, one allocation a step. Where
+it does not apply, the shared split's last value block of each (row, head) writes
 them, counted in a small int32 buffer of zeros kept per state storage (``_counters``:
 made at the first step on that state, left at zero by every step).
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from hladsl.codegen.step_gen import StepPlan, step_plan
+from hladsl.codegen.step_plan import StepPlan, step_plan
 from hladsl.ir.algebra import Algebra
 from hladsl.ir.contract import Plan
 from hladsl.ir.evaluate import letters_for
@@ -194,46 +196,49 @@ def _run_triton(plan, tokens, g, state, state_indices, dtype, block_v, num_warps
     key = (id(plan), B, T, H, dtype, g is not None, state_indices is not None, block_v, num_warps,
            packed_rows, first.device)
     setup = launch.remembered(_SETUPS, key, lambda: _Setup(plan, *key[1:]))
-    o = torch.empty((B, T, H, setup.dv), device=first.device, dtype=out_dtype)
-    args = dict(setup.static)
-    args.update(_tensor_args(setup.states, tokens, g, state, state_indices, o))
-    for name, scale in scales.items():
-        args[f"scl_{name}"] = scale
+    o, scratch = setup.outputs(first.device, out_dtype, dtype)
+    tensors = _tensor_args(setup.states, tokens, g, state, state_indices, o)
     if setup.shared:
-        args["cnt_ptr"] = _counters(state[setup.states[0][0]])
+        tensors["cnt_ptr"] = _counters(state[setup.states[0][0]])
+    if scratch is not None:
+        tensors["br_ptr"] = scratch
+    for name, scale in scales.items():
+        tensors[f"scl_{name}"] = scale
     for a, n, t_block in setup.pieces:
-        piece = args if n == T else _piece(args, tokens, g, o, a, n)
-        piece["T"], piece["T_BLOCK"] = n, t_block
-        direct.call(setup.kernel, setup.grid, piece)
+        piece = tensors if n == T else _piece(tensors, tokens, g, o, a, n)
+        for kernel in setup.kernels:
+            direct.call(kernel.kernel, kernel.grid, kernel.args(piece, n, t_block))
     if on_bound is not None and len(setup.pieces) == 1:
-        bound = direct.bind(setup.kernel, setup.grid, args, setup.tensor_names(g is not None))
-        if bound is not None:
+        bound = [direct.bind(k.kernel, k.grid, k.args(tensors, T, setup.pieces[0][2]), k.tensors)
+                 for k in setup.kernels]
+        if None not in bound:
             on_bound(BoundStep(setup, bound, out_dtype))
     return o
 
 
 class BoundStep:
-    """A decode step's launch for one signature of its tensors (shapes, strides, dtypes,
+    """A decode step's launches for one signature of its tensors (shapes, strides, dtypes,
     devices, alignment: what the launch setup and Triton's specialisation depend on),
-    kept by ``Op.step``: a call allocates o, looks up its state's counters where the
-    step is split, and launches the bound kernel -- no validation, plan or key."""
+    kept by ``Op.step``: a call allocates o (and the bridges' scratch with it), looks up
+    its state's counters where the step is split so, and launches the bound kernels -- no
+    validation, plan or key."""
 
-    def __init__(self, setup, bound, out_dtype):
+    def __init__(self, setup, bound: list, out_dtype):
         self.setup, self.bound, self.out_dtype = setup, bound, out_dtype
 
     def __call__(self, tokens, g, state: dict, state_indices):
         setup = self.setup
         first = tokens[0]
-        B, T, H, _ = first.shape
-        o = torch.empty((B, T, H, setup.dv), device=first.device, dtype=self.out_dtype)
-        values = list(tokens)
-        if g is not None:
-            values.append(g)
-        values += [state[name] for name, _ in setup.states]
-        values += [state_indices if state_indices is not None else o, o]
+        o, scratch = setup.outputs(first.device, self.out_dtype, state[setup.states[0][0]].dtype)
+        values = {f"in_{name}_ptr": x for name, x in zip(setup.inputs, tokens)}
+        values["g_ptr"] = g
+        values.update({f"st_{name}_ptr": state[name] for name, _ in setup.states})
+        values["rows_ptr"] = state_indices if state_indices is not None else o
+        values["o_ptr"], values["br_ptr"] = o, scratch
         if setup.shared:
-            values.append(_counters(state[setup.states[0][0]]))
-        self.bound.launch(values)
+            values["cnt_ptr"] = _counters(state[setup.states[0][0]])
+        for kernel, bound in zip(setup.kernels, self.bound):
+            bound.launch([values[n] for n in kernel.tensors])
         return o
 
 
@@ -264,7 +269,8 @@ def counters_of(first_state: torch.Tensor):
 
 
 def _piece(args: dict, tokens, g, o, a: int, n: int) -> dict:
-    """The arguments of the launch over tokens a .. a + n - 1."""
+    """The arguments of the launches over tokens a .. a + n - 1 (the bridges' scratch,
+    sized for one piece, is reused by each)."""
     piece = dict(args, o_ptr=o[:, a:a + n])
     for name, x in tokens.items():
         piece[f"in_{name}_ptr"] = x[:, a:a + n]
@@ -273,10 +279,32 @@ def _piece(args: dict, tokens, g, o, a: int, n: int) -> dict:
     return piece
 
 
+class _Kernel:
+    """One launch of a step: the kernel, its grid, its fixed arguments and the names of
+    the call's values it takes (``params``: the template's parameters; ``tensors``: the
+    ones a bound launch passes, in order)."""
+
+    def __init__(self, kernel, grid, static: dict, params: set[str], tensors: list[str],
+                 blocked: bool):
+        self.kernel, self.grid, self.static = kernel, grid, static
+        self.params, self.tensors, self.blocked = params, tensors, blocked
+
+    def args(self, values: dict, T: int, t_block: int) -> dict:
+        """Its arguments for the launch over T tokens (``t_block``: T padded, for the
+        [T, value block] accumulators of kernels with packed dims)."""
+        out = dict(self.static)
+        out.update({k: v for k, v in values.items() if k in self.params})
+        out["T"] = T
+        if self.blocked:
+            out["T_BLOCK"] = t_block
+        return out
+
+
 class _Setup:
     """What a step launch needs besides the tensors, made once per (plan, shape, dtype,
-    flags, overrides): the kernel and its constexpr/size arguments, the value-dim
-    block and grid, warps, and the token pieces of one launch each."""
+    flags, overrides): the kernels (step_kernel, or the bridged split's free_kernel then
+    value_kernel) with their constexpr/size arguments, value-dim blocks, grids and
+    warps, and the token pieces of one launch each."""
 
     def __init__(self, plan, B, T, H, dtype, gated, indexed, block_v, num_warps, packed_rows,
                  device):
@@ -287,6 +315,7 @@ class _Setup:
         module, ctx = step_kernel(plan.algebra, plan.sizes, gated)
         self.plan = plan   # keeps id(plan) in the setup's key from being reused
         sizes = dict(plan.sizes)
+        self.B, self.H = B, H
         self.dv = dv = sizes[plan.value_dim]
         self.states = [(s["name"], s["axes"]) for s in ctx["states"]]
         self.inputs = [x["name"] for x in ctx["inputs"]]
@@ -305,15 +334,44 @@ class _Setup:
         for d, n in sizes.items():
             static[f"D_{d}"], static[f"B_{d}"] = n, block_size(n)
         static.update(H=H, INDEXED=indexed, ACC=tl.float64 if dtype == torch.float64 else tl.float32)
-        if ctx["normalize"]:
-            static["eps"] = float(plan.algebra.eps)
         full = block_size(dv)
+        bridged = bool(ctx["bridges"]) and launch.STEP_BRIDGED
         if block_v is None:
-            width = launch.step_value_block(dv, ctx["split"], ctx["shared"])
-        elif not (ctx["split"] or ctx["shared"]) and block_v < full:
+            width = launch.step_value_block(dv, ctx["split"], ctx["shared"], bridged)
+        elif not (ctx["split"] or ctx["shared"] or bridged) and block_v < full:
             raise ValueError(f"{plan.algebra.name}'s step cannot split {plan.value_dim} (block_v)")
         else:
             width = min(block_size(block_v), full)
+        blocks = -(-dv // width)
+        # kernels with packed dims sum outputs in a [T, value block] register tile, and
+        # the bridged split's scratch holds one piece: longer inputs run as consecutive
+        # launches of launch.STEP_MAX_TOKENS (the state carries over)
+        span = T if ctx["direct"] and not bridged else launch.STEP_MAX_TOKENS
+        self.pieces = [(a, min(span, T - a), max(2, 1 << (min(span, T - a) - 1).bit_length()))
+                       for a in range(0, T, span)]
+        names = [name for name, _ in plan.states]
+        axes = dict(self.states)
+        common = ["in_" + x + "_ptr" for x in self.inputs] + (["g_ptr"] if gated else [])
+        eps = {"eps": float(plan.algebra.eps)} if ctx["normalize"] else {}
+        self.shared = False
+        self.scratch = 0
+        if bridged:
+            # free_kernel (one program per (row, head)) then value_kernel (value blocks)
+            self.scratch = B * min(span, T) * H * ctx["bridge_width"]
+            static["BR_W"] = ctx["bridge_width"]
+            free, value = ctx["free_names"], ctx["value_names"]
+            warps_free = launch.step_free_warps(_elements(plan, full, rows, free)[0])
+            warps_value = num_warps or _warps(plan, width, rows, value)
+            self.kernels = [
+                _Kernel(module.free_kernel, (B * H,), {**static, "num_warps": warps_free},
+                        _params(self.inputs, axes, free, gated, outputs=False),
+                        common + [f"st_{n}_ptr" for n in free] + ["rows_ptr", "br_ptr"], False),
+                _Kernel(module.value_kernel, (B * H * blocks,),
+                        {**static, **eps, f"B_{plan.value_dim}": width, "num_warps": warps_value},
+                        _params(self.inputs, axes, value, gated, outputs=True),
+                        common + [f"st_{n}_ptr" for n in value] + ["rows_ptr", "br_ptr", "o_ptr"],
+                        True)]
+            return
         static[f"B_{plan.value_dim}"] = width
         # shared split: more than one value block while some states lack the value dim
         # (every block forms them, the last one of a (row, head) writes them)
@@ -321,21 +379,39 @@ class _Setup:
         if ctx["shared"]:
             static["SHARED"] = self.shared
             static["cnt_ptr"] = None   # a pointer only when SHARED (the call's _counters)
-        self.grid = (B * H * -(-dv // width),)
-        warps = num_warps or _warps(plan, width, rows, [name for name, _ in plan.states], self.shared)
-        self.static = {**static, "num_warps": warps}
-        self.kernel = module.step_kernel
-        # kernels with packed dims sum outputs in a [T, value block] register tile:
-        # longer inputs run as consecutive launches of launch.STEP_MAX_TOKENS (the state carries over)
-        span = T if ctx["direct"] else launch.STEP_MAX_TOKENS
-        self.pieces = [(a, min(span, T - a), max(2, 1 << (min(span, T - a) - 1).bit_length()))
-                       for a in range(0, T, span)]
+        warps = num_warps or _warps(plan, width, rows, names, self.shared)
+        self.kernels = [_Kernel(
+            module.step_kernel, (B * H * blocks,), {**static, **eps, "num_warps": warps},
+            _params(self.inputs, axes, names, gated, outputs=True) | {"cnt_ptr"},
+            common + [f"st_{n}_ptr" for n in names] + ["rows_ptr", "o_ptr"]
+            + (["cnt_ptr"] if self.shared else []), True)]
 
-    def tensor_names(self, gated: bool) -> list[str]:
-        """The kernel's tensor parameters, in the order BoundStep passes them."""
-        names = [f"in_{name}_ptr" for name in self.inputs] + (["g_ptr"] if gated else [])
-        names += [f"st_{name}_ptr" for name, _ in self.states] + ["rows_ptr", "o_ptr"]
-        return names + (["cnt_ptr"] if self.shared else [])
+    def outputs(self, device, out_dtype, state_dtype):
+        """o [B, T, H, dv] and the bridges' scratch (None when not bridged): one
+        allocation, o at its start (a step allocates nothing else)."""
+        B, H = self.B, self.H
+        T = self.pieces[-1][0] + self.pieces[-1][1]
+        if not self.scratch:
+            return torch.empty((B, T, H, self.dv), device=device, dtype=out_dtype), None
+        size = B * T * H * self.dv * out_dtype.itemsize
+        start = -(-size // 16) * 16
+        buf = torch.empty(start + self.scratch * state_dtype.itemsize, device=device, dtype=torch.uint8)
+        o = buf[:size].view(out_dtype).view(B, T, H, self.dv)
+        return o, buf[start:].view(state_dtype)
+
+
+def _params(inputs, axes: dict, states, gated: bool, outputs: bool) -> set[str]:
+    """The names of a step kernel's per-call parameters (the template's kernel_params)."""
+    names = {"T", "rows_ptr", "br_ptr"}
+    for x in inputs:
+        names |= {f"in_{x}_ptr", f"str_{x}_b", f"str_{x}_t", f"str_{x}_h", f"str_{x}_f", f"scl_{x}"}
+    if gated:
+        names |= {"g_ptr", "str_g_b", "str_g_t", "str_g_h"}
+    for s in states:
+        names |= {f"st_{s}_ptr", f"str_{s}_n", f"str_{s}_h"} | {f"str_{s}_{a}" for a in range(axes[s])}
+    if outputs:
+        names |= {"o_ptr", "str_o_b", "str_o_t", "str_o_h"}
+    return names
 
 
 def _tensor_args(states, tokens, g, state, state_indices, o) -> dict:
@@ -365,6 +441,13 @@ def _warps(plan: StepPlan, width: int, rows: int, names, shared: bool = False) -
     """Warps for the fp32 elements of the states ``names`` one program holds at a
     time (its whole states at this value block, or one block of ``rows`` packed
     rows; the rule is ``launch.step_warps``)."""
+    whole, blocks = _elements(plan, width, rows, names)
+    return launch.step_warps(max([whole, *blocks.values()]), shared)
+
+
+def _elements(plan: StepPlan, width: int, rows: int, names):
+    """(fp32 elements of the whole states ``names``, {packed dim: elements of one block
+    of its row states}) at value block ``width``."""
     from hladsl.codegen.triton_gen import block_size
     sizes = dict(plan.sizes)
     whole, blocks = 0, {}
@@ -377,7 +460,7 @@ def _warps(plan: StepPlan, width: int, rows: int, names, shared: bool = False) -
             blocks[plan.row_dim(name)] = blocks.get(plan.row_dim(name), 0) + n
         else:
             whole += n
-    return launch.step_warps(max([whole, *blocks.values()]), shared)
+    return whole, blocks
 
 
 _TABLES: dict = {}

@@ -8,7 +8,8 @@ serial update as one generated kernel, state updated in place; DESIGN sections 5
 * one decode step captured in a CUDA graph and replayed token after token equals the
   eager steps bitwise (the step must not sync with the host or allocate state); the
   eager steps, the first included, gated or not, never sync (torch's sync debug mode
-  set to "error").
+  set to "error");
+* the bridged and the shared split of value-free states agree (hla2, hla3).
 
 Every spec, gated and not, bf16, B = 2, H = 3. These tests skip, saying why, only while
 the op has no ``step`` attribute (it lands on its own branch).
@@ -184,3 +185,29 @@ def test_bound_decode_calls_equal_validated_ones(spec, gated):
         o_half, _ = op.step(*(x.half() for x in xs), g=gs, state=clone(init))
         o_ref, _ = op.step(*(x.half() for x in xs), g=gs, state=clone(init), backend="triton")
         assert o_half.dtype == torch.float16 and torch.equal(o_half, o_ref)
+
+
+@pytest.mark.parametrize("spec,gated", [c for c in cases() if c.values[0].id in ("hla2", "hla3")
+                                        and c.values[1]])
+def test_shared_split_equals_bridged(spec, gated):
+    """The two ways of splitting value blocks where some states lack the value dim -- the
+    bridged split (free_kernel, then value_kernel reading its bridges; the default) and
+    the shared split (one launch, the last block of a (row, head) updating them), which
+    runs where the bridged one does not apply -- give the same outputs and states from
+    one state, token after token (fp32 states: only the order of fp32 sums differs)."""
+    from hladsl.runtime import launch
+    op = op_with_step(spec)
+    toks, g, init = problem(spec, gated, BLOCK, seed=44)
+    states, outs = {}, {}
+    for bridged in (True, False):
+        old = launch.switch("STEP_BRIDGED", bridged)
+        try:
+            states[bridged] = clone(init)
+            outs[bridged] = decode(op, toks, g, states[bridged], 1).float()
+        finally:
+            launch.switch("STEP_BRIDGED", old)
+    scale = outs[True].abs().max()
+    assert (outs[True] - outs[False]).abs().max() <= 2 ** -7 * scale   # bf16 outputs: two ulps at most
+    for n in init:
+        ref = states[True][n]
+        assert (ref - states[False][n]).abs().max() <= 1e-5 * ref.abs().max(), n
