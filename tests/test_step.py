@@ -84,6 +84,17 @@ def _triton_check(spec, params, gated, normalize, pieces=(2, 3), d=5, dv=6, bloc
         _triton_run(spec, params, gated, normalize, pieces, d, dv, block_v, bridged)
 
 
+@pytest.fixture
+def rules():
+    """rules(name, value): a launch rule constant set for this test (launch.switch,
+    which forgets the plans made under the old value), restored after it."""
+    from hladsl.runtime import launch
+    changed = []
+    yield lambda name, value: changed.append((name, launch.switch(name, value)))
+    for name, old in reversed(changed):
+        launch.switch(name, old)
+
+
 @contextlib.contextmanager
 def _rule(name, value):
     """Launch rule constant ``name`` set to ``value`` (launch.switch: the launch plans
@@ -115,10 +126,12 @@ def _triton_run(spec, params, gated, normalize, pieces, d, dv, block_v, bridged)
     for name, x in state.items():
         assert x.data_ptr() == storage[name], name
         assert _rel(final[name], x) < 1e-5, name
-    # a shared split (value blocks, value-free states) leaves its counters at zero
+    # a shared split (value blocks, value-free states; bridged where the cut does not
+    # apply) leaves its counters at zero
     counters = step_module.counters_of(state[op.algebra.streaming[0].name])
     plan = step_plan(op.algebra, {"d": d, "dv": dv})
-    if block_v is not None and shared_splittable(plan) and block_v < dv and not bridged:
+    shared = shared_splittable(plan) and (not bridged or bridge_split(plan) is None)
+    if block_v is not None and block_v < dv and shared:
         assert counters is not None and not counters.any()
 
 
@@ -139,14 +152,17 @@ def test_triton_step_value_blocks(spec, params):
     _triton_check(spec, params, True, False, pieces=(1, 1), d=4, dv=20, block_v=16)
 
 
-@pytest.mark.parametrize("dv,block_v", [(5, None), (20, 16)], ids=["whole", "shared_split"])
-def test_triton_step_long_input_in_launches(monkeypatch, dv, block_v):
-    """Kernels with packed dims take at most launch.STEP_MAX_TOKENS tokens a launch;
-    longer inputs run as consecutive launches on the updated state (split: power's z
-    a value-free row state, which the last block updates again from its old rows)."""
-    from hladsl.runtime import launch
-    monkeypatch.setattr(launch, "STEP_MAX_TOKENS", 2)
-    _triton_check("power", {"p": 2}, True, True, pieces=(5,), d=4, dv=dv, block_v=block_v)
+@pytest.mark.parametrize("spec,params,dv,block_v", [
+    ("power", {"p": 2}, 5, None), ("power", {"p": 2}, 20, 16), ("hla3", {}, 20, 16),
+    ("hla2", {}, 5, None)], ids=["power_whole", "power_shared_split", "hla3_bridged", "hla2_bridged"])
+def test_triton_step_long_input_in_launches(spec, params, dv, block_v):
+    """Kernels with packed dims take at most launch.STEP_MAX_TOKENS tokens a launch, as
+    does the bridged split (its scratch holds one piece); longer inputs run as consecutive
+    launches on the updated state, the last one shorter (power's z: a value-free row
+    state, which the shared split's last block updates again from its old rows; hla2 and
+    hla3 normalised: the bridges' scratch reused by each piece)."""
+    with _rule("STEP_MAX_TOKENS", 2):
+        _triton_check(spec, params, True, True, pieces=(5,), d=4, dv=dv, block_v=block_v)
 
 
 def _split_cases():
@@ -181,15 +197,14 @@ def test_triton_step_value_blocks_every_spec(spec, params, gated, normalize, spl
                   bridged=split == "bridged")
 
 
-def test_bridged_split_is_the_default_for_value_free_states(monkeypatch):
+def test_bridged_split_is_the_default_for_value_free_states(monkeypatch, rules):
     """The launch rule runs hla2 (S has no dv) as free_kernel, one program per (row,
     head), then value_kernel over value blocks, which holds C and G only; both read and
     write one scratch of bridges, allocated with o (one allocation a step)."""
     from hladsl.codegen.step_gen import step_kernel
     from hladsl.runtime import launch
-    monkeypatch.setattr(launch, "STEP_BRIDGED_BLOCK", 16)
-    launch.switch("STEP_BRIDGED", True)   # forgets the launch plans made before
-    assert launch.step_value_block(20, False, True, bridged=True) == 16
+    rules("STEP_BRIDGED_BLOCK", 16)
+    assert launch.STEP_BRIDGED and launch.step_value_block(20, False, True, bridged=True) == 16
     assert launch.step_value_block(20, True, False) == 32       # linear: whole
     assert launch.step_value_block(20, False, False) == 32
     op = hladsl.load("hla2")
@@ -220,12 +235,12 @@ def test_bridged_split_is_the_default_for_value_free_states(monkeypatch):
     assert o.untyped_storage().data_ptr() == br_f.untyped_storage().data_ptr()
 
 
-def test_shared_split_when_not_bridged(monkeypatch):
+def test_shared_split_when_not_bridged(monkeypatch, rules):
     """With launch.STEP_BRIDGED off, hla2 runs the shared split in one launch
     (SHARED, with this state's counters), which it leaves at zero."""
     from hladsl.codegen.step_gen import step_kernel
     from hladsl.runtime import launch
-    monkeypatch.setattr(launch, "STEP_SHARED_BLOCK", 16)
+    rules("STEP_SHARED_BLOCK", 16)
     assert launch.step_value_block(20, False, True) == 16
     op = hladsl.load("hla2")
     module, ctx = step_kernel(op.algebra, {"d": 4, "dv": 20}, True)
@@ -364,15 +379,21 @@ def test_triton_step_float64_strided_tokens(spec, params, block_v):
         assert _rel(final[name], x) < 1e-10, name
 
 
-@pytest.mark.parametrize("backend,dv", [("torch", 5), ("triton", 5), ("triton", 20)],
-                         ids=["torch", "triton", "triton_shared_split"])
+@pytest.mark.parametrize("backend,dv,bridged", [("torch", 5, True), ("triton", 5, True),
+                                                ("triton", 20, True), ("triton", 20, False)],
+                         ids=["torch", "triton", "triton_value_blocks", "triton_shared_split"])
 @pytest.mark.parametrize("spec,params", [("hla2", {}), ("power", {"p": 2})], ids=["hla2", "power"])
-def test_state_indices_pool(spec, params, backend, dv, monkeypatch):
+def test_state_indices_pool(spec, params, backend, dv, bridged):
     """A shuffled pool of state slots: row b reads and writes slot idx[b]; the same
-    rows as separate calls, the other slots untouched. At dv = 20 the default
-    launch is the shared split (two value blocks, counters per pool slot)."""
-    from hladsl.runtime import launch
-    monkeypatch.setattr(launch, "STEP_SHARED_BLOCK", 16)
+    rows as separate calls, the other slots untouched. At dv = 20 the value dim is
+    split in blocks of 16: hla2 by the bridged split (free_kernel indexes the pool, the
+    scratch the batch), or the shared one (counters per pool slot); power's z is on
+    packed rows, so it takes the shared split either way."""
+    with _rule("STEP_SHARED_BLOCK", 16), _rule("STEP_BRIDGED_BLOCK", 16), _rule("STEP_BRIDGED", bridged):
+        _pool_check(spec, params, backend, dv)
+
+
+def _pool_check(spec, params, backend, dv):
     op = hladsl.load(spec, normalize=True, **params)
     dtype = torch.float64 if backend == "torch" else torch.float32
     gen = torch.Generator().manual_seed(1)

@@ -20,7 +20,7 @@ packed rows. Run 106 (H100): hla2 0.55 -> 0.72 of copy bandwidth, hla3_masked
 
 Bridged split (``step_plan.bridge_split``): ``free_kernel``, one program per (row,
 head), updates the value-free states in place and writes every token's bridges to
-a scratch row [B, T, H, BR_W] fp32; ``value_kernel``, over value blocks, holds only
+a scratch row [B, T, H, BR_W] (the state dtype); ``value_kernel``, over value blocks, holds only
 the states with the value dim and reads the bridges (DERIVED operands) back.
 """
 from __future__ import annotations
@@ -213,7 +213,7 @@ def bridge_layout(plan: StepPlan, name: str) -> tuple[str, str]:
 
 
 def bridge_width(plan: StepPlan) -> int:
-    """fp32 elements of a token's row of bridges."""
+    """Elements of a token's row of bridges (in the state dtype)."""
     sizes = dict(plan.sizes)
     total = 0
     for _, dims in plan.derived:
@@ -274,11 +274,12 @@ def _bridged_context(plan: StepPlan, gated: bool) -> dict:
     split = bridge_split(plan)
     if split is None:
         return {"bridges": [], "bridge_width": 0, "free_names": [], "value_names": [],
-                "bridge_free_regions": [], "bridge_value_regions": []}
+                "value_packed": [], "bridge_free_regions": [], "bridge_value_regions": []}
     return {"bridges": [{"name": b.name, "dims": list(b.dims)} for b in split.bridges],
             "bridge_width": bridge_width(split.free),
             "free_names": [n for n, _ in split.free.states],
             "value_names": [n for n, _ in split.value.states],
+            "value_packed": [pd.name for pd in split.value.packed],   # free_kernel walks none
             "bridge_free_regions": _regions(split.free, gated, split.bridges),
             "bridge_value_regions": _regions(split.value, gated)}
 

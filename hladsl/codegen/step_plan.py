@@ -414,11 +414,11 @@ def _cut(p: StepPlan, t: StepTerm, free: set[str], prefix: str, found: dict) -> 
             return False
         if node < n:
             return True
-        # a product with token factors that grows the tile (k[a] (kᵀSQ)[b]) is left
-        # to the value blocks: the bridge is its smaller side that reads the state
+        # a product that grows the tile (k[a] (kᵀSQ)[b], an outer product of two
+        # state reads) is left to the value blocks: the bridges are its sides that read
+        # a state
         s = steps[node - n]
-        stateful = [c for c in (s.left, s.right) if reads_state(c)]
-        return len(stateful) == 2 or size(node) <= size(stateful[0])
+        return size(node) <= max(size(c) for c in (s.left, s.right) if reads_state(c))
 
     def bridge(node) -> Operand:
         sub = _subterm(t, node, leaves(node), indices(node))
@@ -481,5 +481,5 @@ def _canonical(t: StepTerm) -> tuple:
 
     def c(idx):
         return tuple(names.setdefault(i, len(names)) for i in idx)
-    ops = tuple((o.kind, o.name, o.packed, o.power, o.weighted, c(o.indices)) for o in t.operands)
+    ops = tuple(replace(o, indices=c(o.indices)) for o in t.operands)
     return ops, tuple((s.left, s.right, c(s.indices)) for s in t.plan.steps), c(t.output), t.plan.result

@@ -41,10 +41,11 @@ Rules:
 * autotuning (optional, ``runtime.autotune``): the candidates a tuned launch times
   (``tune_candidates``: warps, stages, and the state-pass / reverse-pass value-dim
   block where ``split_blocks`` allows splitting); the schedule is tuned by the runners.
-* decode step: warps from the fp32 state elements a program holds (``step_warps``);
-  the value-dim block, and with it whether value blocks share the value-free states (``step_value_block``);
-  inputs of more than ``STEP_MAX_TOKENS`` tokens run as consecutive launches when the
-  kernel sums outputs in a [T, value block] register tile.
+* decode step: warps from the fp32 state elements a program holds (``step_warps``,
+  ``step_free_warps``); the bridged split or the shared one where some states lack the value
+  dim (``STEP_BRIDGED``), the value-dim block (``step_value_block``); inputs of more than
+  ``STEP_MAX_TOKENS`` tokens run as consecutive launches when the kernel sums outputs in a
+  [T, value block] register tile or the bridged split's scratch holds one piece of them.
 """
 from __future__ import annotations
 

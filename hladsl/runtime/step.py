@@ -41,7 +41,8 @@ def run_step(algebra: Algebra, tokens: dict, g, state: dict, state_indices=None,
     the factor its tokens are multiplied by (the query scale), applied as they are read.
     Returns o [B, T, H, dv] in ``out_dtype`` (default the state dtype; the kernel
     writes it so: no cast after). block_v / num_warps / packed_rows override the
-    Triton launch (value-dim block, warps, rows per packed block)."""
+    Triton launch (value-dim block, warps, rows per packed block; under the bridged
+    split they are value_kernel's, free_kernel's warps follow launch.step_free_warps)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     sizes, dtype = _check(algebra, tokens, g, state, state_indices)
@@ -280,18 +281,20 @@ def _piece(args: dict, tokens, g, o, a: int, n: int) -> dict:
 
 
 class _Kernel:
-    """One launch of a step: the kernel, its grid, its fixed arguments and the names of
-    the call's values it takes (``params``: the template's parameters; ``tensors``: the
-    ones a bound launch passes, in order)."""
+    """One launch of a step: the kernel, its grid, its fixed arguments (those of the
+    setup's that are its parameters, and launch options) and the call's tensors a bound
+    launch passes, in order."""
 
-    def __init__(self, kernel, grid, static: dict, params: set[str], tensors: list[str],
-                 blocked: bool):
-        self.kernel, self.grid, self.static = kernel, grid, static
-        self.params, self.tensors, self.blocked = params, tensors, blocked
+    OPTIONS = ("num_warps", "num_stages")
+
+    def __init__(self, kernel, grid, static: dict, tensors: list[str]):
+        self.kernel, self.grid, self.tensors = kernel, grid, tensors
+        self.params = set(kernel.arg_names)
+        self.static = {k: v for k, v in static.items() if k in self.params or k in self.OPTIONS}
+        self.blocked = "T_BLOCK" in self.params   # kernels with a [T, value block] accumulator
 
     def args(self, values: dict, T: int, t_block: int) -> dict:
-        """Its arguments for the launch over T tokens (``t_block``: T padded, for the
-        [T, value block] accumulators of kernels with packed dims)."""
+        """Its arguments for the launch over T tokens (``t_block``: T padded to a power of two)."""
         out = dict(self.static)
         out.update({k: v for k, v in values.items() if k in self.params})
         out["T"] = T
@@ -338,7 +341,7 @@ class _Setup:
         bridged = bool(ctx["bridges"]) and launch.STEP_BRIDGED
         if block_v is None:
             width = launch.step_value_block(dv, ctx["split"], ctx["shared"], bridged)
-        elif not (ctx["split"] or ctx["shared"] or bridged) and block_v < full:
+        elif not (ctx["split"] or ctx["shared"]) and block_v < full:
             raise ValueError(f"{plan.algebra.name}'s step cannot split {plan.value_dim} (block_v)")
         else:
             width = min(block_size(block_v), full)
@@ -350,7 +353,6 @@ class _Setup:
         self.pieces = [(a, min(span, T - a), max(2, 1 << (min(span, T - a) - 1).bit_length()))
                        for a in range(0, T, span)]
         names = [name for name, _ in plan.states]
-        axes = dict(self.states)
         common = ["in_" + x + "_ptr" for x in self.inputs] + (["g_ptr"] if gated else [])
         eps = {"eps": float(plan.algebra.eps)} if ctx["normalize"] else {}
         self.shared = False
@@ -364,13 +366,10 @@ class _Setup:
             warps_value = num_warps or _warps(plan, width, rows, value)
             self.kernels = [
                 _Kernel(module.free_kernel, (B * H,), {**static, "num_warps": warps_free},
-                        _params(self.inputs, axes, free, gated, outputs=False),
-                        common + [f"st_{n}_ptr" for n in free] + ["rows_ptr", "br_ptr"], False),
+                        common + [f"st_{n}_ptr" for n in free] + ["rows_ptr", "br_ptr"]),
                 _Kernel(module.value_kernel, (B * H * blocks,),
                         {**static, **eps, f"B_{plan.value_dim}": width, "num_warps": warps_value},
-                        _params(self.inputs, axes, value, gated, outputs=True),
-                        common + [f"st_{n}_ptr" for n in value] + ["rows_ptr", "br_ptr", "o_ptr"],
-                        True)]
+                        common + [f"st_{n}_ptr" for n in value] + ["rows_ptr", "br_ptr", "o_ptr"])]
             return
         static[f"B_{plan.value_dim}"] = width
         # shared split: more than one value block while some states lack the value dim
@@ -382,9 +381,8 @@ class _Setup:
         warps = num_warps or _warps(plan, width, rows, names, self.shared)
         self.kernels = [_Kernel(
             module.step_kernel, (B * H * blocks,), {**static, **eps, "num_warps": warps},
-            _params(self.inputs, axes, names, gated, outputs=True) | {"cnt_ptr"},
             common + [f"st_{n}_ptr" for n in names] + ["rows_ptr", "o_ptr"]
-            + (["cnt_ptr"] if self.shared else []), True)]
+            + (["cnt_ptr"] if self.shared else []))]
 
     def outputs(self, device, out_dtype, state_dtype):
         """o [B, T, H, dv] and the bridges' scratch (None when not bridged): one
@@ -398,20 +396,6 @@ class _Setup:
         buf = torch.empty(start + self.scratch * state_dtype.itemsize, device=device, dtype=torch.uint8)
         o = buf[:size].view(out_dtype).view(B, T, H, self.dv)
         return o, buf[start:].view(state_dtype)
-
-
-def _params(inputs, axes: dict, states, gated: bool, outputs: bool) -> set[str]:
-    """The names of a step kernel's per-call parameters (the template's kernel_params)."""
-    names = {"T", "rows_ptr", "br_ptr"}
-    for x in inputs:
-        names |= {f"in_{x}_ptr", f"str_{x}_b", f"str_{x}_t", f"str_{x}_h", f"str_{x}_f", f"scl_{x}"}
-    if gated:
-        names |= {"g_ptr", "str_g_b", "str_g_t", "str_g_h"}
-    for s in states:
-        names |= {f"st_{s}_ptr", f"str_{s}_n", f"str_{s}_h"} | {f"str_{s}_{a}" for a in range(axes[s])}
-    if outputs:
-        names |= {"o_ptr", "str_o_b", "str_o_t", "str_o_h"}
-    return names
 
 
 def _tensor_args(states, tokens, g, state, state_indices, o) -> dict:
