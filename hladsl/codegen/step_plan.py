@@ -356,8 +356,9 @@ class BridgeSplit:
 def bridge_split(p: StepPlan) -> BridgeSplit | None:
     """``p`` cut at its bridges, or None where it does not apply: no value-free
     state, a value-free state or a bridge on packed rows, a bridge of more than one
-    dim, or value blocks that would not own their block (``_value_blocks_own``). Equal bridges of different
-    terms (HLA3's kᵀSQ_{t-1} in G1's and G3's updates) are one."""
+    dim, or value blocks that would not own their block (``_value_blocks_own``).
+    Equal bridges of different terms (HLA3's kᵀSQ_{t-1} in G1's and G3's updates)
+    are one."""
     free = set(value_free(p))
     if not free or not _value_blocks_own(p) or any(p.row_dim(n) for n in free):
         return None
@@ -371,8 +372,8 @@ def bridge_split(p: StepPlan) -> BridgeSplit | None:
         normalizer = (StepTerm(1.0, 0, (Operand(Kind.DERIVED, den.name, ()),), (), Plan((), 0, 0),
                                f"den_t = {den.name}"),)
     bridges = tuple(found.values())
-    # a bridge is a vector or a scalar a token (a tile of more dims, the state itself,
-    # would be written and read back per token: no split is cheaper)
+    # a bridge is a vector or a scalar per token (a tile of more dims, a state itself,
+    # would be written and read back every token: no split is cheaper)
     if any(len(b.dims) > 1 or set(b.dims) & p.packed_names() for b in bridges):
         return None
     derived = tuple((b.name, b.dims) for b in bridges)
