@@ -125,21 +125,11 @@ def bench_spec(name, params, B, H, d, dv, sweep):
     return row
 
 
-class split_rule:
+def split_rule(launch: dict):
     """launch.STEP_BRIDGED and STEP_FREE_WARPS as a variant's "bridged" and
     "free_warps" say, for its calls."""
-
-    def __init__(self, launch: dict):
-        self.values = (launch.get("bridged", launch_rules.STEP_BRIDGED),
-                       launch.get("free_warps", launch_rules.STEP_FREE_WARPS))
-
-    def __enter__(self):   # launch.switch: plans made under other rules are forgotten
-        self.before = (launch_rules.switch("STEP_BRIDGED", self.values[0]),
-                       launch_rules.switch("STEP_FREE_WARPS", self.values[1]))
-
-    def __exit__(self, *exc):
-        launch_rules.switch("STEP_BRIDGED", self.before[0])
-        launch_rules.switch("STEP_FREE_WARPS", self.before[1])
+    return launch_rules.switched(STEP_BRIDGED=launch.get("bridged", launch_rules.STEP_BRIDGED),
+                                 STEP_FREE_WARPS=launch.get("free_warps", launch_rules.STEP_FREE_WARPS))
 
 
 def overrides(launch: dict) -> dict:

@@ -99,11 +99,10 @@ def test_launch_switch_checks_its_value_and_forgets_plans():
     from hladsl.runtime import launch
     cache = launch.plan_cache()
     cache["shape"] = object()
-    old = launch.switch("REVERSE_IN_PLACE", False)
-    try:
+    old = launch.REVERSE_IN_PLACE
+    with launch.switched(REVERSE_IN_PLACE=False):
         assert launch.REVERSE_IN_PLACE is False and not cache
-    finally:
-        launch.switch("REVERSE_IN_PLACE", old)
+    assert launch.REVERSE_IN_PLACE is old
     for bad in (("REVERSE_IN_PLACE", 3), ("TENSOR_CORE_DTYPES", True), ("reverse_in_place", True)):
         try:
             launch.switch(*bad)

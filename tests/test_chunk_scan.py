@@ -406,11 +406,8 @@ def grouped_scans():
     """The two-level scan (launch.scan_groups) at the interpreter's shapes: groups of two
     chunks, taken however many programs the walkers are (the CPU counts one SM), in the
     forward too (by default only the backward groups)."""
-    knobs = {"SCAN_GROUP": 2, "SCAN_GROUP_FILL": 1000, "SCAN_GROUP_FORWARD": True}
-    old = {name: launch.switch(name, value) for name, value in knobs.items()}
-    yield
-    for name, value in old.items():
-        launch.switch(name, value)
+    with launch.switched(SCAN_GROUP=2, SCAN_GROUP_FILL=1000, SCAN_GROUP_FORWARD=True):
+        yield
 
 
 # (spec, params, gated, initial state, dv): hla2's G grows by S's delta times the carried C

@@ -19,6 +19,7 @@ from hladsl.codegen.step_plan import (  # noqa: E402
     step_plan,
     value_free,
 )
+from hladsl.runtime import launch  # noqa: E402
 from hladsl.runtime import step as step_module  # noqa: E402
 from hladsl.runtime.step import run_step  # noqa: E402
 
@@ -80,31 +81,16 @@ def _triton_check(spec, params, gated, normalize, pieces=(2, 3), d=5, dv=6, bloc
                   bridged=True):
     """``bridged``: where value-free states and value blocks meet, the bridged split
     (launch.STEP_BRIDGED) or the shared split."""
-    with _rule("STEP_BRIDGED", bridged):
+    with launch.switched(STEP_BRIDGED=bridged):
         _triton_run(spec, params, gated, normalize, pieces, d, dv, block_v, bridged)
 
 
 @pytest.fixture
 def rules():
-    """rules(name, value): a launch rule constant set for this test (launch.switch,
+    """rules(name, value): a launch rule constant set for this test (launch.switched,
     which forgets the plans made under the old value), restored after it."""
-    from hladsl.runtime import launch
-    changed = []
-    yield lambda name, value: changed.append((name, launch.switch(name, value)))
-    for name, old in reversed(changed):
-        launch.switch(name, old)
-
-
-@contextlib.contextmanager
-def _rule(name, value):
-    """Launch rule constant ``name`` set to ``value`` (launch.switch: the launch plans
-    made under the old value are forgotten), then back."""
-    from hladsl.runtime import launch
-    old = launch.switch(name, value)
-    try:
-        yield
-    finally:
-        launch.switch(name, old)
+    with contextlib.ExitStack() as stack:
+        yield lambda name, value: stack.enter_context(launch.switched(**{name: value}))
 
 
 def _triton_run(spec, params, gated, normalize, pieces, d, dv, block_v, bridged):
@@ -161,7 +147,7 @@ def test_triton_step_long_input_in_launches(spec, params, dv, block_v):
     launches on the updated state, the last one shorter (power's z: a value-free row
     state, which the shared split's last block updates again from its old rows; hla2 and
     hla3 normalised: the bridges' scratch reused by each piece)."""
-    with _rule("STEP_MAX_TOKENS", 2):
+    with launch.switched(STEP_MAX_TOKENS=2):
         _triton_check(spec, params, True, True, pieces=(5,), d=4, dv=dv, block_v=block_v)
 
 
@@ -202,7 +188,6 @@ def test_bridged_split_is_the_default_for_value_free_states(monkeypatch, rules):
     head), then value_kernel over value blocks, which holds C and G only; both read and
     write one scratch of bridges, allocated with o (one allocation a step)."""
     from hladsl.codegen.step_gen import step_kernel
-    from hladsl.runtime import launch
     rules("STEP_BRIDGED_BLOCK", 16)
     assert launch.STEP_BRIDGED and launch.step_value_block(20, False, True, bridged=True) == 16
     assert launch.step_value_block(20, True, False) == 32       # linear: whole
@@ -239,7 +224,6 @@ def test_shared_split_when_not_bridged(monkeypatch, rules):
     """With launch.STEP_BRIDGED off, hla2 runs the shared split in one launch
     (SHARED, with this state's counters), which it leaves at zero."""
     from hladsl.codegen.step_gen import step_kernel
-    from hladsl.runtime import launch
     rules("STEP_SHARED_BLOCK", 16)
     assert launch.step_value_block(20, False, True) == 16
     op = hladsl.load("hla2")
@@ -323,7 +307,7 @@ def test_shared_split_counters_stay_zero_when_state_rows_repeat():
     q, k, v = (torch.rand(B, 1, H, n, generator=gen) for n in (d, d, dv))
     pool = {name: torch.zeros((4, H) + shape) for name, shape in op.state_shapes(d, dv).items()}
     rows = torch.tensor([2, 2, 0])
-    with _rule("STEP_BRIDGED", False):
+    with launch.switched(STEP_BRIDGED=False):
         run_step(op.algebra, {"q": q, "k": k, "v": v}, None, pool, rows, backend="triton", block_v=16)
     counters = step_module.counters_of(pool["S"])
     assert counters is not None and counters.shape == (4 * H,) and not counters.any()
@@ -389,7 +373,7 @@ def test_state_indices_pool(spec, params, backend, dv, bridged):
     split in blocks of 16: hla2 by the bridged split (free_kernel indexes the pool, the
     scratch the batch), or the shared one (counters per pool slot); power's z is on
     packed rows, so it takes the shared split either way."""
-    with _rule("STEP_SHARED_BLOCK", 16), _rule("STEP_BRIDGED_BLOCK", 16), _rule("STEP_BRIDGED", bridged):
+    with launch.switched(STEP_SHARED_BLOCK=16, STEP_BRIDGED_BLOCK=16, STEP_BRIDGED=bridged):
         _pool_check(spec, params, backend, dv)
 
 
@@ -540,3 +524,43 @@ def test_decode_call_signature():
     others = [((q.double(), k, v), {"state": state}), ((buffer[..., 1:], k, v), {"state": state}),
               ((q, k, v), {"state": state, "scale": 0.5}), ((q, k, v), {"state": state, "g": q[..., 0]})]
     assert len({key, *(_step_signature(op, a, kw) for a, kw in others)}) == 1 + len(others)
+
+
+@pytest.mark.parametrize("spec,gated,dv", [("linear", True, 6), ("hla2", True, 20), ("hla3", False, 20),
+                                           ("power", True, 6)], ids=["linear", "hla2", "hla3", "power"])
+def test_bound_decode_fills_each_kernels_tensors(spec, gated, dv, monkeypatch):
+    """Op.step's bound path (BoundStep: no validation, each kernel's pointer parameters
+    filled by name from the call) equals the validated path token after token, for one
+    launch and for the bridged split's two (hla2 and hla3 at dv = 20: value blocks of 16).
+    Direct launches need a GPU; here ``bind`` re-launches through the interpreter with
+    the call's tensors in the bound slots -- the names and values are BoundStep's."""
+    from hladsl.runtime import direct
+    launched = []
+
+    def fake_bind(kernel, grid, args, tensors):
+        class Bound:
+            def launch(self, values):
+                launched.append(kernel)
+                kernel[grid](**{**args, **dict(zip(tensors, values))})
+        return Bound()
+    monkeypatch.setattr(direct, "bind", fake_bind)
+    op = hladsl.load(spec, backend="triton", **({"p": 2} if spec == "power" else {}))
+    gen = torch.Generator().manual_seed(5)
+    B, T, H, d = 2, 4, 2, 4
+    q, k, v = (torch.randn(B, T, H, n, generator=gen) * 0.5 for n in (d, d, dv))
+    g = -torch.rand(B, T, H, generator=gen) * 0.3 if gated else None
+    zeros = {name: torch.zeros((B, H) + shape) for name, shape in op.state_shapes(d, dv).items()}
+    bound_state = {n: x.clone() for n, x in zeros.items()}
+    checked_state = {n: x.clone() for n, x in zeros.items()}
+    with launch.switched(STEP_BRIDGED_BLOCK=16):
+        for t in range(T):   # contiguous copies: one signature for every token
+            xs = [x[:, t:t + 1].contiguous() for x in (q, k, v)]
+            gt = None if g is None else g[:, t:t + 1].contiguous()
+            kw = {} if gt is None else {"g": gt}
+            o_bound, _ = op.step(*xs, state=bound_state, **kw)
+            o_checked, _ = op.step(*xs, state=checked_state, backend="triton", **kw)
+            assert torch.equal(o_bound, o_checked), t
+    kernels = 2 if spec in ("hla2", "hla3") else 1
+    assert len(launched) == (T - 1) * kernels     # every call after the first was bound
+    for name in zeros:
+        assert torch.equal(bound_state[name], checked_state[name]), name

@@ -49,6 +49,7 @@ Rules:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from collections.abc import Callable
@@ -456,6 +457,20 @@ def switch(name: str, value):
     for cache in _PLAN_CACHES:
         cache.clear()
     return old
+
+
+@contextlib.contextmanager
+def switched(**rules):
+    """Each rule constant ``switch``-ed to its value for the block, then back (A/B
+    timings, tests); plans made under either value are forgotten at each switch."""
+    old = {}
+    try:
+        for name, value in rules.items():
+            old[name] = switch(name, value)
+        yield
+    finally:
+        for name, value in reversed(old.items()):
+            switch(name, value)
 
 
 def remembered(cache: dict, key, build: Callable[[], object], cacheable: bool = True):

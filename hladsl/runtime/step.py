@@ -282,15 +282,16 @@ def _piece(args: dict, tokens, g, o, a: int, n: int) -> dict:
 
 class _Kernel:
     """One launch of a step: the kernel, its grid, its fixed arguments (those of the
-    setup's that are its parameters, and launch options) and the call's tensors a bound
-    launch passes, in order."""
+    setup's that are its parameters, and launch options) and ``tensors``, the pointer
+    parameters each call fills (the template's ``*_ptr`` not fixed here), in order."""
 
     OPTIONS = ("num_warps", "num_stages")
 
-    def __init__(self, kernel, grid, static: dict, tensors: list[str]):
-        self.kernel, self.grid, self.tensors = kernel, grid, tensors
+    def __init__(self, kernel, grid, static: dict):
+        self.kernel, self.grid = kernel, grid
         self.params = set(kernel.arg_names)
         self.static = {k: v for k, v in static.items() if k in self.params or k in self.OPTIONS}
+        self.tensors = [n for n in kernel.arg_names if n.endswith("_ptr") and n not in self.static]
         self.blocked = "T_BLOCK" in self.params   # kernels with a [T, value block] accumulator
 
     def args(self, values: dict, T: int, t_block: int) -> dict:
@@ -353,7 +354,6 @@ class _Setup:
         self.pieces = [(a, min(span, T - a), max(2, 1 << (min(span, T - a) - 1).bit_length()))
                        for a in range(0, T, span)]
         names = [name for name, _ in plan.states]
-        common = ["in_" + x + "_ptr" for x in self.inputs] + (["g_ptr"] if gated else [])
         eps = {"eps": float(plan.algebra.eps)} if ctx["normalize"] else {}
         self.shared = False
         self.scratch = 0
@@ -365,11 +365,9 @@ class _Setup:
             warps_free = launch.step_free_warps(_elements(plan, full, rows, free)[0])
             warps_value = num_warps or _warps(plan, width, rows, value)
             self.kernels = [
-                _Kernel(module.free_kernel, (B * H,), {**static, "num_warps": warps_free},
-                        common + [f"st_{n}_ptr" for n in free] + ["rows_ptr", "br_ptr"]),
+                _Kernel(module.free_kernel, (B * H,), {**static, "num_warps": warps_free}),
                 _Kernel(module.value_kernel, (B * H * blocks,),
-                        {**static, **eps, f"B_{plan.value_dim}": width, "num_warps": warps_value},
-                        common + [f"st_{n}_ptr" for n in value] + ["rows_ptr", "br_ptr", "o_ptr"])]
+                        {**static, **eps, f"B_{plan.value_dim}": width, "num_warps": warps_value})]
             return
         static[f"B_{plan.value_dim}"] = width
         # shared split: more than one value block while some states lack the value dim
@@ -377,12 +375,10 @@ class _Setup:
         self.shared = ctx["shared"] and width < full
         if ctx["shared"]:
             static["SHARED"] = self.shared
-            static["cnt_ptr"] = None   # a pointer only when SHARED (the call's _counters)
+            if not self.shared:
+                static["cnt_ptr"] = None   # a pointer only when SHARED (the call's _counters)
         warps = num_warps or _warps(plan, width, rows, names, self.shared)
-        self.kernels = [_Kernel(
-            module.step_kernel, (B * H * blocks,), {**static, **eps, "num_warps": warps},
-            common + [f"st_{n}_ptr" for n in names] + ["rows_ptr", "o_ptr"]
-            + (["cnt_ptr"] if self.shared else []))]
+        self.kernels = [_Kernel(module.step_kernel, (B * H * blocks,), {**static, **eps, "num_warps": warps})]
 
     def outputs(self, device, out_dtype, state_dtype):
         """o [B, T, H, dv] and the bridges' scratch (None when not bridged): one

@@ -200,12 +200,9 @@ def test_shared_split_equals_bridged(spec, gated):
     toks, g, init = problem(spec, gated, BLOCK, seed=44)
     states, outs = {}, {}
     for bridged in (True, False):
-        old = launch.switch("STEP_BRIDGED", bridged)
-        try:
+        with launch.switched(STEP_BRIDGED=bridged):
             states[bridged] = clone(init)
             outs[bridged] = decode(op, toks, g, states[bridged], 1).float()
-        finally:
-            launch.switch("STEP_BRIDGED", old)
     scale = outs[True].abs().max()
     assert (outs[True] - outs[False]).abs().max() <= 2 ** -7 * scale   # bf16 outputs: two ulps at most
     for n in init:
