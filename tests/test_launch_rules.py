@@ -95,31 +95,6 @@ def test_auto_takes_chunk_scans_with_aux_summaries_at_the_long_chunk():
     assert not launch.use_chunk_scan("auto", scan, long, walk_chained=False)   # the walk splits (linear)
 
 
-def test_only_tensor_core_chains_keep_a_walking_pass_whole(gpu_of_132_sms):
-    """A chain is a bf16 / fp16 matmul (DOT, SDOT) reading a matmul result: the Hopper
-    miscompile launch.state_block avoids. fp32 matmuls reading one are not: HLA3's state
-    pass (ir.precision rule 3: every product fp32) splits its value dim; HLA2's does not."""
-    import hladsl
-    from hladsl.codegen.steps import Block
-    from hladsl.codegen.triton_gen import kernel_context
-    from hladsl.ir.pipeline import chunk_program
-    for dtype, chained in (("tl.float32", False), ("DOT", True), ("SDOT", True)):
-        block = Block()
-        first = block.define("_dot(a, b, DOT, PREC)")
-        block.define(f"_dot({first}, c, {dtype}, PREC)")
-        assert block.chained is chained, dtype
-    walks = {}
-    for name in ("hla3", "hla2"):
-        alg = hladsl.compile_spec(name)
-        ctx = kernel_context(chunk_program(alg, 64, tuple(sorted((x, 64) for x in alg.dims)), True))
-        walks[name] = ctx["state_chained_dots"]
-        assert ctx["splits"] == ["dv"]
-    assert walks == {"hla3": False, "hla2": True}
-    bf16 = torch.empty(1, dtype=torch.bfloat16)     # B = 2, H = 16: 32 walkers on 132 SMs
-    assert launch.state_block(64, 32, gpu_of_132_sms, launch.narrow_ok(bf16, walks["hla3"])) == 16
-    assert launch.state_block(64, 32, gpu_of_132_sms, launch.narrow_ok(bf16, walks["hla2"])) == 64
-
-
 def _without_fitting_kernels(monkeypatch, op):
     """op on CPU tensors as if on a GPU where no generated kernel fits (every chunk and
     fallback raising OutOfResources, as hla2's reverse pass at d = 128 does on the H100)."""

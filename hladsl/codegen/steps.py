@@ -28,8 +28,6 @@ from dataclasses import dataclass
 
 _TEMP = re.compile(r"\bt\d+\b")
 _STATE = re.compile(r"\b(st|dr|nx|ct_end|ct_dr)_\w+")   # states and their gradients stay fp32
-# a matmul whose operands may go to the tensor cores in bf16 / fp16 (``_matmul``'s DOT, SDOT)
-_TENSOR_CORE_DOT = re.compile(r"\bS?DOT, PREC\)")
 
 
 def comment(text: str) -> str:
@@ -62,9 +60,7 @@ class Block:
         self._known: dict[str, tuple[str, str]] = {}   # expression -> (temp, section) (CSE)
         self._from_dot: set[str] = set()     # temps computed from a matmul result
         self._stateful: set[str] = set()     # temps that read a carried state or derived carry
-        # a tensor-core matmul (DOT / SDOT) reads (a function of) a matmul result: the chains
-        # Hopper miscompiles on narrow bf16 tiles (runtime.launch.state_block); fp32 ones do not
-        self.chained = False
+        self.chained = False                 # a matmul reads (a function of) a matmul result
         self.exact = False                   # matmuls reading carried states stay fp32 (ir.precision)
         # and matmuls reading d num / d den too (ir.precision.quotient_cancelling)
         self.exact_cotangents = False
@@ -111,7 +107,7 @@ class Block:
         if self.reads_output_cotangent(expr):
             self._from_output_cotangent.add(var)
         reads_dot = any(t in self._from_dot for t in _TEMP.findall(expr))
-        self.chained |= reads_dot and bool(_TENSOR_CORE_DOT.search(expr))
+        self.chained |= reads_dot and "_dot(" in expr
         if reads_dot or "_dot(" in expr:
             self._from_dot.add(var)
         return var

@@ -201,12 +201,10 @@ def state_block(size: int, programs: int, device, narrow_ok: bool) -> int:
     """Value-dim block of a state-pass program: halve the padded dim (not below
     16, tl.dot's minimum) while that leaves fewer programs than two per SM.
     Without ``narrow_ok`` the full width is kept: Triton 3.6's Hopper wgmma (seen on the H100)
-    lowering miscompiles some chains of dots (a bf16/fp16 matmul reading a matmul result)
-    on narrow tiles -- hla3's state pass, while its products were bf16, gave NaN or an
-    illegal address at widths 16 and 32 (cf. triton-lang/triton issues 6124, 10486, 11366)
-    -- while fp32 (tf32x3) chains and dots without such reads split correctly (what
-    ``codegen.steps.Block.chained`` counts: since ir.precision's rule 3 made every HLA3
-    state-pass product fp32, its walk splits)."""
+    lowering miscompiles some chains of dots (a matmul reading a matmul result)
+    on narrow bf16/fp16 tiles -- hla3's state pass at widths 16 and 32 gives NaN
+    or an illegal address (cf. triton-lang/triton issues 6124, 10486, 11366) --
+    while fp32 (tf32x3) and dot chains without such reads split correctly."""
     width = block_size(size)
     if not narrow_ok:
         return width
