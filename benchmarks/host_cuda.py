@@ -3,7 +3,8 @@
 For each case and shape: wall µs per call over a loop with one sync at the end (at small
 shapes the GPU idles: this is the host cost), do_bench's median, the µs spent inside
 kernel launches (timed around every launch: Triton's ``kernel[grid](...)`` or
-``runtime.direct``'s launch of the compiled kernel), and fla's
+``runtime.direct``'s launch of the compiled kernel; a bound forward call, ``runtime.binding``,
+launches through ``direct.Bound`` and is not counted), and fla's
 ``chunk_simple_gla`` / ``fused_recurrent_simple_gla`` beside them when installed. With
 ``--profile`` a cProfile of one case's fwd+bwd (sorted by own time). With ``--ab`` every
 hladsl row runs twice, launching through ``kernel[grid]`` (direct off) and directly.
@@ -140,7 +141,12 @@ def main():
     ap.add_argument("--step", action="store_true")
     ap.add_argument("--no-table", action="store_true", help="skip the fwd / fwd+bwd table")
     ap.add_argument("--ab", action="store_true", help="each hladsl row with direct launches off, then on")
+    ap.add_argument("--no-bound", action="store_true",
+                    help="forward calls validate every time (launch.BOUND_CALLS off: no bound calls)")
     a = ap.parse_args()
+    if a.no_bound:
+        from hladsl.runtime import launch
+        launch.switch("BOUND_CALLS", False)
     settings = (False, True) if a.ab else (direct.ENABLED,)
     shapes = [(1, 64, 1, 64), (2, 4096, 16, 64)]
     if a.profile:

@@ -161,7 +161,7 @@ def test_no_autotuning_on_cpu_or_under_the_interpreter(monkeypatch):
         raise AssertionError("a tuner was made on CPU")
     monkeypatch.setattr(autotune, "tuner_for", no_tuner)
     op = hladsl.load("linear", backend="triton", chunk_size=16)
-    op.autotune = True
+    monkeypatch.setattr(op, "autotune", True)    # the op is shared (hladsl.load caches it)
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 20, 2, 16, generator=gen) for _ in range(3))
     o, _ = op(q, k, v, scale=1.0)

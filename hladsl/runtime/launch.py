@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import torch
 from hladsl.codegen.triton_gen import block_size
-from hladsl.runtime import autotune, direct, progress
+from hladsl.runtime import autotune, binding, direct, progress
 
 # triton is imported inside the rules that need it: the torch path never imports it
 # (and the Triton interpreter must be chosen before triton is first imported)
@@ -386,22 +386,36 @@ def _fallback_key(kernel, args: dict) -> tuple:
 def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None = None) -> None:
     """``kernel[grid](**args)``; where ``may_fall_back`` (the caller fixed no stages),
     with the FALLBACKS on OutOfResources, or tuned under an autotuning session
-    (``tiling``: the value-dim blocks the tuner may choose, from ``split_blocks``)."""
+    (``tiling``: the value-dim blocks the tuner may choose, from ``split_blocks``). A
+    recorded call (``binding``) notes each launch that went through."""
+    try:
+        if _launch_variant(kernel, grid, args, may_fall_back, tiling):
+            binding.launched(kernel, grid, args)
+        else:
+            binding.unbindable()
+    except BaseException:
+        binding.unbindable()
+        raise
+
+
+def _launch_variant(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None) -> bool:
+    """``launch``'s body; False where the launch was not the variant ``direct`` keys by
+    ``args`` (a dry run, a tuned launch)."""
     if progress.dry_run():
         progress.record(kernel, args)
-        return
+        return False
     if may_fall_back and autotune.current() is not None and _tuned(kernel, grid, args, tiling):
-        return
+        return False
     if direct.cached(kernel, grid, args):   # compiled before: no binding, key or bookkeeping
-        return
+        return True
     if not may_fall_back:
         progress.first_launch(kernel, args, lambda: direct.call(kernel, grid, args))
-        return
+        return True
     key = _fallback_key(kernel, args)
     start = _WORKING.get(key)
     if start is not None:   # this variant launched before: no progress bookkeeping per call
         direct.call(kernel, grid, {**args, **FALLBACKS[start]} if start else args, key_args=args)
-        return
+        return True
     from triton.runtime.errors import OutOfResources
     for n in range(len(FALLBACKS)):
         options = {**args, **FALLBACKS[n]}
@@ -413,8 +427,12 @@ def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None 
                 raise
             continue
         _WORKING[key] = n
-        return
+        return True
 
+
+# A forward call with nothing to differentiate, like an earlier one in all but its tensors'
+# data, replays that call's launches (runtime.binding, op._BoundForward).
+BOUND_CALLS = True
 
 PLANS_KEPT = 256   # launch plans kept per cache before it starts over (shape classes in use)
 _PLAN_CACHES: list[dict] = []   # every runner's plan cache (``switch`` forgets them all)

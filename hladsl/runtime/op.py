@@ -12,6 +12,7 @@ or the generated Triton kernels, and a differentiable finish (unpad, cast).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import warnings
@@ -20,7 +21,7 @@ import torch
 
 from hladsl.errors import SpecError
 from hladsl.ir.pipeline import Compilation, program_for
-from hladsl.runtime import autotune, chunk_torch, launch
+from hladsl.runtime import autotune, binding, chunk_torch, launch
 from hladsl.runtime.custom_op import EagerCall, TransformableCall, fresh_outputs, op_name, register
 from hladsl.runtime.packing import pack, packed_shape, unpack
 from hladsl.runtime.validate import check_inputs, check_state, check_step_state, value_checks
@@ -72,6 +73,7 @@ class Op:
         self.chunk_size = chunk_size      # None: the launch rules choose (launch.chunk_for)
         self._long_chunks = launch.plan_cache()   # shape class -> launch.takes_long_chunk
         self._bound_steps = launch.plan_cache()   # decode call signature -> runtime.step.BoundStep
+        self._bound_calls = launch.plan_cache()   # forward call signature -> _BoundForward or _UNBOUND
         self.schedule = "auto"            # Triton: "two_pass", "fused", "scan" or "auto" (runtime.launch)
         self.autotune = False             # time launch configs per shape class (runtime.autotune)
         self.inputs = tuple(alg.inputs)   # declaration order
@@ -100,6 +102,11 @@ class Op:
         shard of the sequences, joined with the other ranks' by the derived combine
         (``runtime.context_parallel``; ``cp_strategy`` "auto", "gather" or "relay");
         ``output_final_state="broadcast"`` returns the final state on every rank."""
+        signature = _call_signature(self, args, kwargs)
+        if signature is not None:
+            bound = self._bound_calls.get(signature)
+            if bound is not None and bound is not _UNBOUND:   # like an earlier call but its data
+                return bound(args, kwargs)
         tokens, opts = self.bind(args, kwargs, CALL_OPTIONS)
         g, scale, initial_state, output_final_state, cu_seqlens, cp_group, cp_strategy = opts.values()
         if cp_group is not None:   # one sequence sharded over the group's ranks
@@ -123,9 +130,16 @@ class Op:
                                                  self.schedule, g, *token_list, *init)
         elif not (torch.is_grad_enabled() and any(
                 x is not None and x.requires_grad for x in (*token_list, g, *init))):
-            # nothing to differentiate: no autograd node (its apply costs ~10 µs a call)
-            o, finals = fresh_outputs(*self.forward_impl(token_list, g, scale, init, cu_seqlens,
-                                                          self.schedule), token_list + init)
+            # nothing to differentiate: no autograd node (its apply costs ~10 µs a call); the
+            # first call of a signature is recorded, to be replayed bound (_BoundForward)
+            record = signature is not None and signature not in self._bound_calls
+            with binding.recording(_call_tensors(self, args, kwargs)) if record else \
+                    contextlib.nullcontext() as rec:
+                o, finals = fresh_outputs(*self.forward_impl(token_list, g, scale, init, cu_seqlens,
+                                                              self.schedule), token_list + init)
+            if record:
+                launch.remembered(self._bound_calls, signature,
+                                  lambda: _BoundForward.make(self, rec, o, kwargs) or _UNBOUND)
         else:   # the same forward_impl / backward_impl, without the custom op's dispatch
             o, *finals = EagerCall.apply(self, len(token_list), scale, cu_seqlens, self.schedule, g,
                                          *token_list, *init)
@@ -234,6 +248,8 @@ class Op:
             o_tiles, finals = forward_triton(prep.program, prep.tiles, prep.lam, prep.init,
                                              self.algebra.eps, schedule=schedule, out_dtype=prep.dtype,
                                              seq_chunks=prep.seq_chunks, scales=prep.load_scales)
+            if binding.active():
+                binding.returned(o_tiles, finals, prep)
             return prep.finish(o_tiles, finals)
         return self._on_kernels("forward", tokens, g, run,
                                 lambda: self._run_torch(tokens, g, scale, init, cu_seqlens), schedule, cu_seqlens)
@@ -437,6 +453,111 @@ def _step_signature(op: Op, args: tuple, kwargs: dict):
 _BOUND_KEYWORDS = frozenset({"g", "scale", "state", "state_indices"})
 
 
+def _call_signature(op: Op, args: tuple, kwargs: dict):
+    """The key of a forward call in the usual form -- the token inputs positionally, g,
+    scale, initial_state and output_final_state by keyword -- with nothing to
+    differentiate, under which a bound call (``_BoundForward``) serves it; None for any
+    other form, while torch.compile or torch.func traces, while autotuning, and with
+    HLADSL_CHECK_VALUES=1 (a bound call checks no values): those validate."""
+    if (len(args) != len(op.inputs) or not kwargs.keys() <= _CALL_KEYWORDS or not launch.BOUND_CALLS
+            or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or autotune.requested(op.autotune) or os.environ.get("HLADSL_CHECK_VALUES") == "1"):
+        return None
+    try:
+        tensors = _call_tensors(op, args, kwargs)
+        if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+            return None
+        init = kwargs.get("initial_state")
+        final = kwargs.get("output_final_state", False)
+        if not isinstance(final, bool):
+            return None
+        return (op.backend, op.schedule, kwargs.get("scale"), final, init is None,
+                kwargs.get("g") is None, torch.cuda.current_device() if tensors[0].is_cuda else None,
+                *map(_tensor_signature, tensors))
+    except (AttributeError, KeyError, TypeError):   # not tensors / not the op's state: validate
+        return None
+
+
+_CALL_KEYWORDS = frozenset({"g", "scale", "initial_state", "output_final_state"})
+
+
+def _call_tensors(op: Op, args: tuple, kwargs: dict) -> list:
+    """The tensors of a call in the usual form: tokens, g, the initial state's in state order."""
+    init = kwargs.get("initial_state")
+    g = kwargs.get("g")
+    return [*args, *([] if g is None else [g]),
+            *([] if init is None else [init[n] for n in op.state_names])]
+
+
+class _Unbound:
+    """A signature whose recorded call could not be bound: it validates every time."""
+
+
+_UNBOUND = _Unbound()
+
+
+class _BoundForward:
+    """A forward call replayed as its recorded launches (``runtime.binding``): fresh output
+    buffers, the in-chunk cumulative gates, the kernels; o is the output kernel's buffer
+    and the final states are put in storage layout as the validated call does."""
+
+    def __init__(self, op: Op, call, o_buffer: int, finals: dict, prep, final_state: bool):
+        self.op, self.call, self.o_buffer, self.finals = op, call, o_buffer, finals
+        self.program, self.dims, self.compute = prep.program, prep.dims, prep.compute
+        self.tiling = (prep.shape[0], prep.n_chunks, prep.chunk, prep.shape[2])
+        self.final_state = final_state
+
+    @classmethod
+    def make(cls, op: Op, rec, o, kwargs: dict):
+        """From a recorded call that returned ``o``, or None where it cannot be replayed: no
+        kernels ran, its tokens were padded or laid out per sequence, o is not the output
+        kernel's buffer as it is, or a tensor has no role (``binding.bind``)."""
+        if rec.returned is None:
+            return None
+        o_tiles, finals, prep = rec.returned
+        if prep.pad or prep.index is not None:
+            return None
+        o_buffer = o_tiles.data_ptr()
+        raw = {n: x.data_ptr() for n, x in finals.items()}
+        base = rec.fresh.get(o_buffer)
+        if base is None or base.shape != o.shape or base.stride() != o.stride() or \
+                o.data_ptr() != o_buffer or not set(raw.values()) <= rec.fresh.keys():
+            return None
+        call = binding.bind(rec)
+        if call is None or o_buffer not in call.fresh or not set(raw.values()) <= call.fresh.keys():
+            return None
+        return cls(op, call, o_buffer, raw, prep, kwargs.get("output_final_state", False))
+
+    def __call__(self, args: tuple, kwargs: dict):
+        g = kwargs.get("g")
+        derive = {}
+        if g is not None:
+            derive["lam"] = lambda: chunk_gates(g.to(self.compute), *self.tiling).to(torch.float32).contiguous()
+        buffers = self.call.run(_call_tensors(self.op, args, kwargs), derive)
+        if not self.final_state:
+            return buffers[self.o_buffer], None
+        finals = storage_states(self.op.algebra, self.program, self.dims, self.compute,
+                                {n: buffers[p] for n, p in self.finals.items()})
+        return buffers[self.o_buffer], dict(zip(self.op.state_names, finals))
+
+
+def chunk_gates(gates, B: int, n_chunks: int, chunk: int, H: int):
+    """[B, nC*C, H] log gates -> [B, H, nC, C] in-chunk cumulative sums (Λ)."""
+    return tile(gates.unsqueeze(-1), B, n_chunks, chunk, H)[..., 0].cumsum(-1)
+
+
+def tile(x, B: int, n_chunks: int, chunk: int, H: int):
+    """[B, nC*C, H, dim] -> [B, H, nC, C, dim], a view."""
+    return x.reshape(B, n_chunks, chunk, H, -1).permute(0, 3, 1, 2, 4)
+
+
+def storage_states(alg, program, dims: dict, compute, finals: dict) -> list:
+    """The kernels' final states (the program's layout) in storage layout and ``compute`` dtype."""
+    states = [finals[s.name] if program.is_packed(s.name) else pack(s, finals[s.name], dims)
+              for s in alg.streaming]
+    return [x.to(compute) for x in states]
+
+
 def _compute_dtype(x) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -476,7 +597,9 @@ class _Prepared:
         self.tiles = {name: self._tiled(x) for name, x in tokens.items()}   # views unless padded
         self.lam = None
         if gates is not None:
-            self.lam = self._tiled(gates.unsqueeze(-1))[..., 0].cumsum(-1)
+            if self.pad:
+                gates = torch.nn.functional.pad(gates, (0, 0, 0, self.pad))
+            self.lam = chunk_gates(gates, B, n_chunks, chunk, H)
         rows = B if self.seq_chunks is None else self.seq_chunks.numel() - 1   # one per sequence
         self.rows = (rows, H)
         self.init = None   # no initial state: the kernels start from zeros (HAS_INIT)
@@ -492,7 +615,7 @@ class _Prepared:
         if self.pad:
             x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, self.pad))
         B, _, H = self.shape
-        return x.reshape(B, self.n_chunks, self.chunk, H, -1).permute(0, 3, 1, 2, 4)
+        return tile(x, B, self.n_chunks, self.chunk, H)
 
     def _untiled(self, d):
         """The transpose of _tiled and _varlen_layout: tile gradients [N, H, nC, C, dim] ->
@@ -541,9 +664,7 @@ class _Prepared:
 
     def finish_states(self, finals) -> list:
         """The final states in storage layout, in the compute dtype."""
-        states = [finals[s.name] if self.program.is_packed(s.name)
-                  else pack(s, finals[s.name], self.dims) for s in self.op.algebra.streaming]
-        return [x.to(self.compute) for x in states]
+        return storage_states(self.op.algebra, self.program, self.dims, self.compute, finals)
 
     def finish(self, o_tiles, finals):
         """o [B, T, H, dv] in the inputs' dtype and the final states in storage layout."""

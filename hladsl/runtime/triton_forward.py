@@ -9,7 +9,7 @@ import triton.runtime.errors
 
 from hladsl.codegen.triton_gen import constexprs, kernels
 from hladsl.ir.chunk import ChunkProgram
-from hladsl.runtime import autotune, launch
+from hladsl.runtime import autotune, binding, launch
 from hladsl.runtime.packing import combos, multiplicity
 
 
@@ -24,7 +24,7 @@ def _packed_tables(program: ChunkProgram, device) -> dict:
         if key not in _TABLES:
             idx = combos(sizes[pd.base], pd.power).t().contiguous().to(device=device, dtype=torch.int32)
             mult = multiplicity(sizes[pd.base], pd.power).to(device=device, dtype=torch.float32)
-            _TABLES[key] = (idx, mult)
+            _TABLES[key] = (binding.kept(idx), binding.kept(mult))
         out[f"pk_{pd.name}_idx"], out[f"pk_{pd.name}_mult"] = _TABLES[key]
     return out
 
@@ -61,7 +61,7 @@ def tile_args(name: str, t: torch.Tensor) -> dict:
 def token_layout(n_seq: int, heads: int, n_chunks: int, chunk: int, dim: int, dtype, device):
     """An empty [N, H, nC, C, dim] tile view of a contiguous [N, nC*C, H, dim] tensor: the
     layout of the op's tokens, so kernels write outputs and gradients where they go."""
-    x = torch.empty((n_seq, n_chunks * chunk, heads, dim), dtype=dtype, device=device)
+    x = binding.fresh(torch.empty((n_seq, n_chunks * chunk, heads, dim), dtype=dtype, device=device))
     return x.view(n_seq, n_chunks, chunk, heads, dim).permute(0, 3, 1, 2, 4)
 
 
@@ -107,7 +107,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
         raise ValueError(f"tiles have chunk size {chunk}, the program {program.chunk}")
     device = first.device
     if lam is not None:
-        lam = lam.to(device=device, dtype=torch.float32).contiguous()
+        lam = binding.derived("lam", lam.to(device=device, dtype=torch.float32).contiguous())
     if schedule == "fused" and not ctx["fused"]:
         raise autotune.Unavailable(f"{program.algebra.name} has no fused schedule (packed states)")
     key = (id(program), tuple(first.shape[:4]), first.dtype, device, precision, state_block, num_warps,
@@ -245,7 +245,7 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     first = next(iter(v for k, v in tokens.items() if k.startswith("in_")))
     rows = tuple(first.shape[:3])        # (N, H, nC): a delta per chunk, laid out as the starts
     like = state_args[next(k for k in state_args if k.startswith("init_"))]
-    deltas = {f"deltas_{b['name']}": like.new_empty(rows + tuple(b["shape"]))
+    deltas = {f"deltas_{b['name']}": binding.fresh(like.new_empty(rows + tuple(b["shape"])))
               for b in ctx["chunk_scan"]["buffers"]}
     launch.launch_narrowing(module.delta_kernel, plan, "delta_launch", {**tokens, **deltas, **common},
                             may_fall_back, overrides)
@@ -261,8 +261,8 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     totals, starts = {}, {}   # each group's own delta; each group's start
     for s in ctx["states"]:
         name, init = s["name"], state_args[f"init_{s['name']}"]
-        totals[name] = init.new_empty(rows[:2] + (n_groups,) + tuple(init.shape[2:]))
-        starts[name] = torch.empty_like(totals[name])
+        totals[name] = binding.fresh(init.new_empty(rows[:2] + (n_groups,) + tuple(init.shape[2:])))
+        starts[name] = binding.fresh(torch.empty_like(totals[name]))
     groups = {k: v for k, v in state_args.items() if not k.startswith("final_")}
     groups.update({f"final_{n}": x for n, x in totals.items()}, HAS_INIT=False)
     launch.launch_narrowing(module.scan_kernel, plan, "group_scan_launch",
@@ -295,7 +295,9 @@ def group_lam(lam: torch.Tensor, n_groups: int) -> torch.Tensor:
 def per_chunk_alloc(like: torch.Tensor, seq_chunks):
     """The allocator of per-chunk state buffers: zeros for varlen (an all-empty batch keeps
     one chunk no sequence owns, whose outputs are discarded but must not read garbage)."""
-    return like.new_empty if seq_chunks is None else like.new_zeros
+    if seq_chunks is None:
+        return lambda *shape, **kw: binding.fresh(like.new_empty(*shape, **kw))
+    return like.new_zeros
 
 
 _NO_TABLE: dict = {}
@@ -306,7 +308,7 @@ def walk_args(seq_chunks, n_seq: int, device) -> dict:
     sequences they walk."""
     if seq_chunks is None:
         if device not in _NO_TABLE:
-            _NO_TABLE[device] = torch.zeros(1, dtype=torch.int32, device=device)
+            _NO_TABLE[device] = binding.kept(torch.zeros(1, dtype=torch.int32, device=device))
         return {"seq_chunks": _NO_TABLE[device], "VARLEN": False, "walkers": n_seq}
     if n_seq != 1:
         raise ValueError(f"varlen tiles hold every sequence in one row (N = 1), got N = {n_seq}")
@@ -337,11 +339,11 @@ def _state_buffers(ctx, program, init_states, rows: tuple, device) -> tuple[dict
     for s in ctx["states"]:
         name = s["name"]
         if init_states is None:
-            init = final[name] = torch.empty(rows + tuple(program.state_shape(name)), device=device,
-                                             dtype=torch.float32)
+            init = final[name] = binding.fresh(torch.empty(rows + tuple(program.state_shape(name)),
+                                                           device=device, dtype=torch.float32))
         else:
             init = init_states[name].to(device=device, dtype=torch.float32).contiguous()
-            final[name] = torch.empty_like(init)
+            final[name] = binding.fresh(torch.empty_like(init))
         args[f"init_{name}"], args[f"final_{name}"] = init, final[name]
     return args, final
 

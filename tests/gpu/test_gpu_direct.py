@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 B, T, H, D = 2, 300, 3, 64
 
 
-def _inputs(gen, offset: int):
+def _inputs(gen, offset: int, T: int = T):
     """q, k, v [B, T, H, D] bf16 and log gates; with ``offset`` > 0 views starting
     ``offset`` elements into their storage (pointers not 16-byte aligned)."""
     def draw(*shape):
@@ -58,3 +58,34 @@ def test_direct_launches_equal_jit_launches_bitwise(spec, monkeypatch):
         assert before > 0 and len(direct._COMPILED) == before
         for a, b in zip(want, got):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("spec", [pytest.param(s, marks=group("direct", s)) for s in ("linear", "hla2", "power")])
+def test_bound_forward_calls_equal_validated_calls_bitwise(spec):
+    """A forward call with nothing to differentiate, like an earlier one in all but its
+    data, replays that call's launches (op._BoundForward): gated and not, with an
+    initial state the kernels read as given (linear's S) and without, aligned and
+    misaligned inputs; bitwise equal to the validated call on new data each time, with
+    new output buffers."""
+    from hladsl.runtime import launch
+    op = hladsl.load(spec, **({"p": 2} if spec == "power" else {}))
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    for offset in (0, 1):
+        for gated in (False, True):
+            calls = []
+            for _ in range(3):
+                q, k, v, g = _inputs(gen, offset, T=256)   # whole chunks: no padding
+                kw = {"output_final_state": True, **({"g": g} if gated else {})}
+                if spec == "linear":
+                    kw["initial_state"] = {"S": torch.randn(B, H, D, D, generator=gen, device=DEVICE)}
+                calls.append(((q, k, v), kw))
+            with launch.switched(BOUND_CALLS=False):
+                want = [op(*xs, **kw) for xs, kw in calls]
+            with torch.no_grad():
+                got = [op(*xs, **kw) for xs, kw in calls]
+            assert any(type(b).__name__ == "_BoundForward" for b in op._bound_calls.values())
+            assert got[1][0].data_ptr() != got[2][0].data_ptr()
+            for (o, finals), (o_want, finals_want) in zip(got, want):
+                assert torch.equal(o, o_want)
+                for name in finals_want:
+                    assert torch.equal(finals[name], finals_want[name]), name

@@ -1,0 +1,161 @@
+"""Bound calls: a forward call replayed as its launches, with no per-call Python but
+the tensors'.
+
+A call's launch plan depends on its tensors' shapes, strides, dtypes and alignment
+only, so a call like an earlier one in all but its data can skip the validation, the
+torch preparation, the plan lookups and Triton's argument binding: ``Op.__call__``
+records the first such call (``recording``), and where every tensor the kernels got
+has a known role it keeps a ``BoundCall`` that launches the same compiled variants
+(``direct.Bound``) on the new call's tensors. A tensor's role is one of:
+
+* ``arg``: a tensor the caller passed (matched by address: the kernels read a
+  token tile as a strided view of the caller's tensor, starting where it starts);
+* ``derived``: a tensor the call computes from its arguments, registered with the
+  function that computes it (the in-chunk cumulative log gates);
+* ``fresh``: a buffer the call allocated for the kernels to write (outputs, final
+  states, chunk starts, deltas), allocated again per call from its recorded layout;
+* ``kept``: a table that outlives calls (packed-index tables), kept as is.
+
+Any other tensor -- a copy made by a torch op (padding, a cast, a contiguous copy
+of a strided input) -- leaves the call unbound: it validates every time, as it
+would without this module. So does a launch that raised, a tuned launch or a
+launch the direct path cannot bind (the interpreter).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+
+from hladsl.runtime import direct
+
+
+class Recording:
+    """What one validated call launched, and the roles its tensors may take."""
+
+    def __init__(self, args: list):
+        self.args = {x.data_ptr(): n for n, x in enumerate(args) if _addressable(x)}
+        self.launches: list[tuple] = []        # (kernel, grid, arguments)
+        self.fresh: dict[int, torch.Tensor] = {}   # address -> buffer
+        self.derived: dict[int, tuple[str, torch.Tensor]] = {}   # address -> (name, tensor)
+        # two arguments at one address: which one a kernel read is ambiguous, and a later
+        # call may pass two tensors there
+        self.bindable = len(self.args) == sum(map(_addressable, args))
+        self.returned = None   # (o tiles, final states, the call's preparation): ``returned``
+
+    def role(self, x: torch.Tensor):
+        if not _addressable(x):
+            return None
+        ptr = x.data_ptr()
+        if ptr in self.args:
+            return ("arg", self.args[ptr])
+        if ptr in self.derived:
+            return ("derived", self.derived[ptr][0])
+        if ptr in self.fresh:
+            return ("fresh", ptr)
+        if _KEPT.get(ptr) is x:
+            return ("kept", x)
+        return None
+
+
+_CURRENT: list[Recording] = []
+_KEPT: dict[int, torch.Tensor] = {}   # address -> a table kept for the process (``kept``)
+
+
+def _addressable(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.numel() > 0
+
+
+@contextlib.contextmanager
+def recording(args: list):
+    """Record the launches of the call inside the block; ``args``: the caller's tensors."""
+    rec = Recording(args)
+    _CURRENT.append(rec)
+    try:
+        yield rec
+    finally:
+        _CURRENT.pop()
+
+
+def active() -> bool:
+    return bool(_CURRENT)
+
+
+def fresh(x: torch.Tensor) -> torch.Tensor:
+    """``x`` is a buffer this call allocated (its contents are written before read)."""
+    if _CURRENT:
+        _CURRENT[-1].fresh[x.data_ptr()] = x
+    return x
+
+
+def kept(x: torch.Tensor) -> torch.Tensor:
+    """``x`` is a table the process keeps unchanged (made once, whether or not a call
+    is being recorded: a later recording finds it here)."""
+    _KEPT[x.data_ptr()] = x
+    return x
+
+
+def derived(name: str, x: torch.Tensor) -> torch.Tensor:
+    """``x`` is computed from the call's arguments by the bound call's ``derive[name]``."""
+    if _CURRENT:
+        _CURRENT[-1].derived[x.data_ptr()] = (name, x)
+    return x
+
+
+def launched(kernel, grid, args: dict) -> None:
+    """A launch of ``kernel`` that went through (``args`` as ``direct`` keyed it)."""
+    if _CURRENT:
+        _CURRENT[-1].launches.append((kernel, tuple(grid), args))
+
+
+def returned(o_tiles, finals: dict, prep) -> None:
+    """What the recorded call's kernels returned, before the torch finish."""
+    if _CURRENT:
+        _CURRENT[-1].returned = (o_tiles, finals, prep)
+
+
+def unbindable() -> None:
+    """This call launched something a bound call could not repeat (a tuned or failed launch)."""
+    if _CURRENT:
+        _CURRENT[-1].bindable = False
+
+
+class BoundCall:
+    """The launches of a recorded call, each a ``direct.Bound`` with its tensors' roles;
+    ``run(args, derive)`` allocates the fresh buffers, computes the derived tensors and
+    launches. Returns {address recorded: buffer} for the caller to pick its outputs from."""
+
+    def __init__(self, launches: list, fresh: dict[int, tuple]):
+        self.launches = launches    # (direct.Bound, [role per tensor slot])
+        self.fresh = fresh          # address recorded -> (shape, stride, dtype, device)
+
+    def run(self, args: list, derive: dict[str, Callable[[], torch.Tensor]]) -> dict[int, torch.Tensor]:
+        buffers = {ptr: torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                   for ptr, (shape, stride, dtype, device) in self.fresh.items()}
+        made = {name: fn() for name, fn in derive.items()}
+        for bound, roles in self.launches:
+            bound.launch([args[key] if kind == "arg" else made[key] if kind == "derived"
+                          else buffers[key] if kind == "fresh" else key for kind, key in roles])
+        return buffers
+
+
+def bind(rec: Recording) -> BoundCall | None:
+    """The bound form of a recorded call, or None where some launch or tensor has no
+    role a bound call could fill."""
+    if not rec.bindable or not rec.launches:
+        return None
+    launches, used = [], set()
+    for kernel, grid, args in rec.launches:
+        names = [n for n, v in args.items() if isinstance(v, torch.Tensor)]
+        roles = [rec.role(args[n]) for n in names]
+        if any(r is None for r in roles):
+            return None
+        bound = direct.bind(kernel, grid, args, names)
+        if bound is None:
+            return None
+        used.update(key for kind, key in roles if kind == "fresh")
+        launches.append((bound, roles))
+    fresh = {ptr: (tuple(x.shape), x.stride(), x.dtype, x.device) for ptr, x in rec.fresh.items()
+             if ptr in used}
+    return BoundCall(launches, fresh)

@@ -1,0 +1,98 @@
+"""Bound forward calls (runtime.binding, op._BoundForward): a call like an earlier one in
+all but its data replays that call's launches and equals the validated path bitwise.
+Direct launches need a GPU; here ``direct.bind`` re-launches through the interpreter with
+the call's tensors in the bound slots -- the slots, roles and buffers are binding's."""
+import os
+
+import pytest
+import torch
+
+import hladsl
+from hladsl.runtime import binding, direct, launch
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="generated kernels on CPU need TRITON_INTERPRET=1")
+
+
+@pytest.fixture
+def bound_launches(monkeypatch):
+    launched = []
+
+    def fake_bind(kernel, grid, args, tensors):
+        class Bound:
+            def launch(self, values):
+                launched.append(kernel)
+                kernel[grid](**{**args, **dict(zip(tensors, values))})
+        return Bound()
+    monkeypatch.setattr(direct, "bind", fake_bind)
+    return launched
+
+
+def _calls(op, B, T, H, d, dv, gated, with_init, n, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        q, k, v = (0.5 * torch.randn(B, T, H, m, generator=gen) for m in (d, d, dv))
+        kw = {"output_final_state": True}
+        if gated:
+            kw["g"] = -0.3 * torch.rand(B, T, H, generator=gen)
+        if with_init:
+            kw["initial_state"] = {name: 0.2 * torch.randn((B, H) + shape, generator=gen)
+                                   for name, shape in op.state_shapes(d, dv).items()}
+        out.append(((q, k, v), kw))
+    return out
+
+
+@pytest.mark.parametrize("spec, gated, with_init", [
+    ("linear", False, False), ("linear", True, True), ("hla2", True, False), ("ahla", False, True),
+    ("power", True, False), ("hla3_masked", False, False)])
+def test_a_bound_call_equals_the_validated_call(spec, gated, with_init, bound_launches):
+    op = hladsl.load(spec, backend="triton", chunk_size=16, **({"p": 2} if spec == "power" else {}))
+    calls = _calls(op, 2, 32, 2, 8, 8, gated, with_init, n=3)
+    (q, _, v), kw = calls[0]
+    calls.append(((q, q, v), kw))   # aliased inputs where the recorded call had distinct ones
+    with launch.switched(BOUND_CALLS=False):
+        want = [op(*xs, **kw) for xs, kw in calls]
+    with torch.no_grad():
+        got = [op(*xs, **kw) for xs, kw in calls]
+    third = len(bound_launches) // 3          # the second to fourth calls were bound, alike
+    assert third >= 2 and bound_launches == bound_launches[:third] * 3
+    for (o, finals), (o_want, finals_want) in zip(got, want):
+        assert torch.equal(o, o_want)
+        assert finals.keys() == finals_want.keys()
+        for name in finals:
+            assert torch.equal(finals[name], finals_want[name]), name
+    # a bound call keeps none of the recorded call's tensors, and its outputs are new buffers
+    assert got[1][0].data_ptr() != got[2][0].data_ptr()
+
+
+def test_calls_that_cannot_be_replayed_validate_every_time(bound_launches):
+    """Padded tokens (T not a multiple of the chunk), an initial state the kernels read in
+    another layout (HLA2's packed symmetric S, unpacked for them), gradients, another form
+    of the call, one tensor passed as two inputs: never bound."""
+    op = hladsl.load("hla2", backend="triton", chunk_size=16)
+    with launch.switched(BOUND_CALLS=True):   # (a switch forgets the calls bound before)
+        for T, with_init in ((20, False), (32, True)):
+            for xs, kw in _calls(op, 1, T, 2, 8, 8, True, with_init, n=2):
+                op(*xs, **kw)
+        q, k, v = (torch.randn(1, 32, 2, 8, requires_grad=True) for _ in range(3))
+        for _ in range(2):
+            op(q, k, v)[0].sum().backward()
+            op(q, k, v, None)          # g positionally: not the usual form
+        with torch.no_grad():
+            for _ in range(2):
+                op(q, q, v)            # one tensor as two inputs: which one a kernel read is ambiguous
+    assert bound_launches == []
+    assert not binding.active()
+
+
+def test_a_launch_rule_switch_forgets_bound_calls(bound_launches):
+    op = hladsl.load("linear", backend="triton", chunk_size=16)
+    (xs, kw), = _calls(op, 1, 32, 2, 8, 8, False, False, n=1)
+    with launch.switched(BOUND_CALLS=True):
+        op(*xs, **kw)
+        op(*xs, **kw)
+    assert len(bound_launches) == 2
+    with launch.switched(BOUND_CALLS=True):   # a switch, even to the same value, starts over
+        op(*xs, **kw)
+    assert len(bound_launches) == 2
