@@ -43,12 +43,13 @@ def _calls(op, B, T, H, d, dv, gated, with_init, n, seed=3):
     return out
 
 
-@pytest.mark.parametrize("spec, gated, with_init", [
-    ("linear", False, False), ("linear", True, True), ("hla2", True, False), ("ahla", False, True),
-    ("power", True, False), ("hla3_masked", False, False)])
-def test_a_bound_call_equals_the_validated_call(spec, gated, with_init, bound_launches):
+@pytest.mark.parametrize("spec, gated, with_init, B, H", [
+    ("linear", False, False, 2, 2), ("linear", True, True, 2, 2), ("hla2", True, False, 2, 2),
+    ("ahla", False, True, 2, 2), ("power", True, False, 2, 2), ("hla3_masked", False, False, 2, 2),
+    ("linear", False, False, 1, 1), ("hla2", True, False, 1, 1)])   # size-1 dims: any strides
+def test_a_bound_call_equals_the_validated_call(spec, gated, with_init, B, H, bound_launches):
     op = hladsl.load(spec, backend="triton", chunk_size=16, **({"p": 2} if spec == "power" else {}))
-    calls = _calls(op, 2, 32, 2, 8, 8, gated, with_init, n=3)
+    calls = _calls(op, B, 32, H, 8, 8, gated, with_init, n=3)
     (q, _, v), kw = calls[0]
     calls.append(((q, q, v), kw))   # aliased inputs where the recorded call had distinct ones
     with launch.switched(BOUND_CALLS=False):
@@ -64,6 +65,25 @@ def test_a_bound_call_equals_the_validated_call(spec, gated, with_init, bound_la
             assert torch.equal(finals[name], finals_want[name]), name
     # a bound call keeps none of the recorded call's tensors, and its outputs are new buffers
     assert got[1][0].data_ptr() != got[2][0].data_ptr()
+
+
+def test_a_first_call_counting_its_compiles_is_bound(bound_launches, monkeypatch):
+    """On a GPU a shape class's first call runs a dry run first (runtime.progress counts the
+    variants it will compile): its launches launch nothing and must not leave the recorded
+    call unbound (the interpreter is quiet; here progress is not)."""
+    from hladsl.runtime import progress
+    monkeypatch.setattr(progress, "quiet", lambda: False)
+    monkeypatch.setattr(progress, "_PLANNED", set())
+    op = hladsl.load("linear", backend="triton", chunk_size=16)
+    (xs, kw), = _calls(op, 1, 48, 1, 8, 8, True, False, n=1)
+    with launch.switched(BOUND_CALLS=True):
+        dry = []
+        real_record = progress.record
+        monkeypatch.setattr(progress, "record", lambda kernel, args: (dry.append(kernel), real_record(kernel, args)))
+        want = op(*xs, **kw)
+        got = op(*xs, **kw)
+    assert dry and len(bound_launches) == 2
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1]["S"], want[1]["S"])
 
 
 def test_calls_that_cannot_be_replayed_validate_every_time(bound_launches):

@@ -387,7 +387,11 @@ def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None 
     """``kernel[grid](**args)``; where ``may_fall_back`` (the caller fixed no stages),
     with the FALLBACKS on OutOfResources, or tuned under an autotuning session
     (``tiling``: the value-dim blocks the tuner may choose, from ``split_blocks``). A
-    recorded call (``binding``) notes each launch that went through."""
+    recorded call (``binding``) notes each launch that went through (a dry run, which only
+    counts the variants a first call will compile, launches nothing and is not noted)."""
+    if progress.dry_run():
+        progress.record(kernel, args)
+        return
     try:
         if _launch_variant(kernel, grid, args, may_fall_back, tiling):
             binding.launched(kernel, grid, args)
@@ -400,10 +404,7 @@ def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None 
 
 def _launch_variant(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None) -> bool:
     """``launch``'s body; False where the launch was not the variant ``direct`` keys by
-    ``args`` (a dry run, a tuned launch)."""
-    if progress.dry_run():
-        progress.record(kernel, args)
-        return False
+    ``args`` (a tuned launch)."""
     if may_fall_back and autotune.current() is not None and _tuned(kernel, grid, args, tiling):
         return False
     if direct.cached(kernel, grid, args):   # compiled before: no binding, key or bookkeeping
