@@ -24,3 +24,21 @@ def _single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def interpreter_binds(monkeypatch):
+    """``direct.bind`` as on a GPU, but re-launching through the interpreter with the call's
+    tensors in the bound slots (direct launches need a GPU): the kernels each bound launch
+    ran, in order. For the bound decode and forward paths (``runtime.step``, ``runtime.binding``)."""
+    from hladsl.runtime import direct
+    launched = []
+
+    def bind(kernel, grid, args, tensors):
+        class Bound:
+            def launch(self, values):
+                launched.append(kernel)
+                kernel[grid](**{**args, **dict(zip(tensors, values))})
+        return Bound()
+    monkeypatch.setattr(direct, "bind", bind)
+    return launched

@@ -1,31 +1,18 @@
 """Bound forward calls (runtime.binding, op._BoundForward): a call like an earlier one in
 all but its data replays that call's launches and equals the validated path bitwise.
 Direct launches need a GPU; here ``direct.bind`` re-launches through the interpreter with
-the call's tensors in the bound slots -- the slots, roles and buffers are binding's."""
+the call's tensors in the bound slots (conftest's ``interpreter_binds``) -- the slots, roles
+and buffers are binding's."""
 import os
 
 import pytest
 import torch
 
 import hladsl
-from hladsl.runtime import binding, direct, launch
+from hladsl.runtime import binding, launch
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="generated kernels on CPU need TRITON_INTERPRET=1")
-
-
-@pytest.fixture
-def bound_launches(monkeypatch):
-    launched = []
-
-    def fake_bind(kernel, grid, args, tensors):
-        class Bound:
-            def launch(self, values):
-                launched.append(kernel)
-                kernel[grid](**{**args, **dict(zip(tensors, values))})
-        return Bound()
-    monkeypatch.setattr(direct, "bind", fake_bind)
-    return launched
 
 
 def _calls(op, B, T, H, d, dv, gated, with_init, n, seed=3):
@@ -47,7 +34,7 @@ def _calls(op, B, T, H, d, dv, gated, with_init, n, seed=3):
     ("linear", False, False, 2, 2), ("linear", True, True, 2, 2), ("hla2", True, False, 2, 2),
     ("ahla", False, True, 2, 2), ("power", True, False, 2, 2), ("hla3_masked", False, False, 2, 2),
     ("linear", False, False, 1, 1), ("hla2", True, False, 1, 1)])   # size-1 dims: any strides
-def test_a_bound_call_equals_the_validated_call(spec, gated, with_init, B, H, bound_launches):
+def test_a_bound_call_equals_the_validated_call(spec, gated, with_init, B, H, interpreter_binds):
     op = hladsl.load(spec, backend="triton", chunk_size=16, **({"p": 2} if spec == "power" else {}))
     calls = _calls(op, B, 32, H, 8, 8, gated, with_init, n=3)
     (q, _, v), kw = calls[0]
@@ -56,8 +43,8 @@ def test_a_bound_call_equals_the_validated_call(spec, gated, with_init, B, H, bo
         want = [op(*xs, **kw) for xs, kw in calls]
     with torch.no_grad():
         got = [op(*xs, **kw) for xs, kw in calls]
-    third = len(bound_launches) // 3          # the second to fourth calls were bound, alike
-    assert third >= 2 and bound_launches == bound_launches[:third] * 3
+    third = len(interpreter_binds) // 3          # the second to fourth calls were bound, alike
+    assert third >= 2 and interpreter_binds == interpreter_binds[:third] * 3
     for (o, finals), (o_want, finals_want) in zip(got, want):
         assert torch.equal(o, o_want)
         assert finals.keys() == finals_want.keys()
@@ -67,7 +54,7 @@ def test_a_bound_call_equals_the_validated_call(spec, gated, with_init, B, H, bo
     assert got[1][0].data_ptr() != got[2][0].data_ptr()
 
 
-def test_a_first_call_counting_its_compiles_is_bound(bound_launches, monkeypatch):
+def test_a_first_call_counting_its_compiles_is_bound(interpreter_binds, monkeypatch):
     """On a GPU a shape class's first call runs a dry run first (runtime.progress counts the
     variants it will compile): its launches launch nothing and must not leave the recorded
     call unbound (the interpreter is quiet; here progress is not)."""
@@ -82,11 +69,11 @@ def test_a_first_call_counting_its_compiles_is_bound(bound_launches, monkeypatch
         monkeypatch.setattr(progress, "record", lambda kernel, args: (dry.append(kernel), real_record(kernel, args)))
         want = op(*xs, **kw)
         got = op(*xs, **kw)
-    assert dry and len(bound_launches) == 2
+    assert dry and len(interpreter_binds) == 2
     assert torch.equal(got[0], want[0]) and torch.equal(got[1]["S"], want[1]["S"])
 
 
-def test_calls_that_cannot_be_replayed_validate_every_time(bound_launches):
+def test_calls_that_cannot_be_replayed_validate_every_time(interpreter_binds):
     """Padded tokens (T not a multiple of the chunk), an initial state the kernels read in
     another layout (HLA2's packed symmetric S, unpacked for them), gradients, another form
     of the call, one tensor passed as two inputs: never bound."""
@@ -102,17 +89,17 @@ def test_calls_that_cannot_be_replayed_validate_every_time(bound_launches):
         with torch.no_grad():
             for _ in range(2):
                 op(q, q, v)            # one tensor as two inputs: which one a kernel read is ambiguous
-    assert bound_launches == []
+    assert interpreter_binds == []
     assert not binding.active()
 
 
-def test_a_launch_rule_switch_forgets_bound_calls(bound_launches):
+def test_a_launch_rule_switch_forgets_bound_calls(interpreter_binds):
     op = hladsl.load("linear", backend="triton", chunk_size=16)
     (xs, kw), = _calls(op, 1, 32, 2, 8, 8, False, False, n=1)
     with launch.switched(BOUND_CALLS=True):
         op(*xs, **kw)
         op(*xs, **kw)
-    assert len(bound_launches) == 2
+    assert len(interpreter_binds) == 2
     with launch.switched(BOUND_CALLS=True):   # a switch, even to the same value, starts over
         op(*xs, **kw)
-    assert len(bound_launches) == 2
+    assert len(interpreter_binds) == 2

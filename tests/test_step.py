@@ -528,22 +528,13 @@ def test_decode_call_signature():
 
 @pytest.mark.parametrize("spec,gated,dv", [("linear", True, 6), ("hla2", True, 20), ("hla3", False, 20),
                                            ("power", True, 6)], ids=["linear", "hla2", "hla3", "power"])
-def test_bound_decode_fills_each_kernels_tensors(spec, gated, dv, monkeypatch):
+def test_bound_decode_fills_each_kernels_tensors(spec, gated, dv, interpreter_binds):
     """Op.step's bound path (BoundStep: no validation, each kernel's pointer parameters
     filled by name from the call) equals the validated path token after token, for one
     launch and for the bridged split's two (hla2 and hla3 at dv = 20: value blocks of 16).
     Direct launches need a GPU; here ``bind`` re-launches through the interpreter with
     the call's tensors in the bound slots -- the names and values are BoundStep's."""
-    from hladsl.runtime import direct
-    launched = []
-
-    def fake_bind(kernel, grid, args, tensors):
-        class Bound:
-            def launch(self, values):
-                launched.append(kernel)
-                kernel[grid](**{**args, **dict(zip(tensors, values))})
-        return Bound()
-    monkeypatch.setattr(direct, "bind", fake_bind)
+    launched = interpreter_binds
     op = hladsl.load(spec, backend="triton", **({"p": 2} if spec == "power" else {}))
     gen = torch.Generator().manual_seed(5)
     B, T, H, d = 2, 4, 2, 4
