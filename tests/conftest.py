@@ -26,6 +26,14 @@ def _single_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_launch_plans():
+    """Tests set launch rule constants with monkeypatch on ops shared through hladsl.load's
+    cache: a plan or bound call made under another test's rules must not serve them."""
+    from hladsl.runtime import launch
+    launch.forget_plans()
+
+
 @pytest.fixture
 def interpreter_binds(monkeypatch):
     """``direct.bind`` as on a GPU, but re-launching through the interpreter with the call's

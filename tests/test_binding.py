@@ -103,3 +103,72 @@ def test_a_launch_rule_switch_forgets_bound_calls(interpreter_binds):
     with launch.switched(BOUND_CALLS=True):   # a switch, even to the same value, starts over
         op(*xs, **kw)
     assert len(interpreter_binds) == 2
+
+
+def test_what_a_bound_call_keys_on_besides_shapes(interpreter_binds):
+    """The op's chunk size, the scale's type and an initial state's entries are part of the
+    key: changing the chunk validates (and binds) anew, and a scale of True or an initial
+    state with an extra entry still get validation's errors after the call was bound."""
+    op = hladsl.load("linear", backend="triton", chunk_size=16)
+    calls = _calls(op, 1, 32, 2, 8, 8, False, True, n=2)
+    with launch.switched(BOUND_CALLS=True):
+        for xs, kw in calls:
+            op(*xs, **kw)
+        bound = len(interpreter_binds)
+        assert bound == 2
+        (xs, kw) = calls[0]
+        with pytest.raises(ValueError, match="scale"):
+            op(*xs, **kw, scale=True)
+        op(*xs, **kw, scale=1.0)
+        extra = {**kw["initial_state"], "T": kw["initial_state"]["S"]}
+        with pytest.raises(ValueError, match="initial_state"):
+            op(*xs, **{**kw, "initial_state": extra})
+        try:
+            op.chunk_size = 32
+            got = op(*xs, **kw)
+            assert len(interpreter_binds) == bound      # validated: a new key
+            with launch.switched(BOUND_CALLS=False):
+                want = op(*xs, **kw)
+        finally:
+            op.chunk_size = 16
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1]["S"], want[1]["S"])
+
+
+def test_a_first_call_whose_launch_raised_binds_later(interpreter_binds, monkeypatch):
+    """OutOfResources in a recorded call's launch (the chunk then halved and remembered by
+    the launch layer) spoils that recording only: a later call records again and binds."""
+    from triton.runtime.errors import OutOfResources
+    real = launch._launch_variant
+    raised = []
+
+    def once(kernel, grid, args, may_fall_back, tiling):
+        if not raised:
+            raised.append(kernel)
+            raise OutOfResources(1, 0, "shared memory (test)")
+        return real(kernel, grid, args, may_fall_back, tiling)
+    monkeypatch.setattr(launch, "_launch_variant", once)
+    op = hladsl.load("hla2", backend="triton")           # chunk 32 on CPU at T = 32, then 16
+    calls = _calls(op, 1, 32, 2, 8, 8, True, False, n=3, seed=9)
+    with launch.switched(BOUND_CALLS=True):
+        got = [op(*xs, **kw) for xs, kw in calls]
+    with launch.switched(BOUND_CALLS=False):
+        want = [op(*xs, **kw) for xs, kw in calls]
+    assert raised and interpreter_binds                  # the third call was bound
+    for (o, finals), (o_want, finals_want) in zip(got, want):
+        assert torch.equal(o, o_want)
+        assert all(torch.equal(finals[n], finals_want[n]) for n in finals_want)
+
+
+def test_a_dry_run_registers_nothing():
+    """progress.counted's dry run allocates a call's buffers and drops them: a recording
+    must not hold them (it would double a first call's memory)."""
+    from hladsl.runtime import progress
+    with binding.recording([]) as rec:
+        token = progress._dry.set([])
+        try:
+            binding.fresh(torch.empty(4))
+            binding.derived("lam", torch.empty(4))
+        finally:
+            progress._dry.reset(token)
+        binding.fresh(torch.empty(4))
+    assert len(rec.fresh) == 1 and not rec.derived

@@ -24,11 +24,12 @@ launch the direct path cannot bind (the interpreter).
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Callable
 
 import torch
 
-from hladsl.runtime import direct
+from hladsl.runtime import direct, progress
 
 
 class Recording:
@@ -42,6 +43,7 @@ class Recording:
         # two arguments at one address: which one a kernel read is ambiguous, and a later
         # call may pass two tensors there
         self.bindable = len(self.args) == sum(map(_addressable, args))
+        self.raised = False    # a launch raised (and was retried): the next call may bind
         self.returned = None   # (o tiles, final states, the call's preparation): ``returned``
 
     def role(self, x: torch.Tensor):
@@ -59,8 +61,15 @@ class Recording:
         return None
 
 
-_CURRENT: list[Recording] = []
+_LOCAL = threading.local()            # .stack: this thread's recordings, innermost last
 _KEPT: dict[int, torch.Tensor] = {}   # address -> a table kept for the process (``kept``)
+
+
+def _current() -> Recording | None:
+    """The recording this thread's launches go to; none inside ``progress.counted``'s dry run,
+    whose buffers are dropped when it returns (holding them would double a first call's memory)."""
+    stack = getattr(_LOCAL, "stack", None)
+    return stack[-1] if stack and not progress.dry_run() else None
 
 
 def _addressable(x) -> bool:
@@ -71,21 +80,23 @@ def _addressable(x) -> bool:
 def recording(args: list):
     """Record the launches of the call inside the block; ``args``: the caller's tensors."""
     rec = Recording(args)
-    _CURRENT.append(rec)
+    stack = _LOCAL.__dict__.setdefault("stack", [])
+    stack.append(rec)
     try:
         yield rec
     finally:
-        _CURRENT.pop()
+        stack.remove(rec)
 
 
 def active() -> bool:
-    return bool(_CURRENT)
+    return _current() is not None
 
 
 def fresh(x: torch.Tensor) -> torch.Tensor:
     """``x`` is a buffer this call allocated (its contents are written before read)."""
-    if _CURRENT:
-        _CURRENT[-1].fresh[x.data_ptr()] = x
+    rec = _current()
+    if rec is not None:
+        rec.fresh[x.data_ptr()] = x
     return x
 
 
@@ -98,27 +109,33 @@ def kept(x: torch.Tensor) -> torch.Tensor:
 
 def derived(name: str, x: torch.Tensor) -> torch.Tensor:
     """``x`` is computed from the call's arguments by the bound call's ``derive[name]``."""
-    if _CURRENT:
-        _CURRENT[-1].derived[x.data_ptr()] = (name, x)
+    rec = _current()
+    if rec is not None:
+        rec.derived[x.data_ptr()] = (name, x)
     return x
 
 
 def launched(kernel, grid, args: dict) -> None:
     """A launch of ``kernel`` that went through (``args`` as ``direct`` keyed it)."""
-    if _CURRENT:
-        _CURRENT[-1].launches.append((kernel, tuple(grid), args))
+    rec = _current()
+    if rec is not None:
+        rec.launches.append((kernel, tuple(grid), args))
 
 
 def returned(o_tiles, finals: dict, prep) -> None:
     """What the recorded call's kernels returned, before the torch finish."""
-    if _CURRENT:
-        _CURRENT[-1].returned = (o_tiles, finals, prep)
+    rec = _current()
+    if rec is not None:
+        rec.returned = (o_tiles, finals, prep)
 
 
-def unbindable() -> None:
-    """This call launched something a bound call could not repeat (a tuned or failed launch)."""
-    if _CURRENT:
-        _CURRENT[-1].bindable = False
+def unbindable(raised: bool = False) -> None:
+    """This call launched something a bound call could not repeat: a tuned launch, or one
+    that ``raised`` (the launch layer then remembers what fits, so a later call may bind)."""
+    rec = _current()
+    if rec is not None:
+        rec.bindable = False
+        rec.raised |= raised
 
 
 class BoundCall:

@@ -398,7 +398,7 @@ def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None 
         else:
             binding.unbindable()
     except BaseException:
-        binding.unbindable()
+        binding.unbindable(raised=True)
         raise
 
 
@@ -473,9 +473,14 @@ def switch(name: str, value):
     constant's type (an int for a float, or anything where the constant may be None)."""
     old = check_switch(name, value)
     setattr(sys.modules[__name__], name, value)
+    forget_plans()
+    return old
+
+
+def forget_plans() -> None:
+    """Forget every launch plan and bound call (made under the rules as they were)."""
     for cache in _PLAN_CACHES:
         cache.clear()
-    return old
 
 
 @contextlib.contextmanager

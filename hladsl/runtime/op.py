@@ -21,7 +21,7 @@ import torch
 
 from hladsl.errors import SpecError
 from hladsl.ir.pipeline import Compilation, program_for
-from hladsl.runtime import autotune, binding, chunk_torch, launch
+from hladsl.runtime import autotune, binding, chunk_torch, direct, launch
 from hladsl.runtime.custom_op import EagerCall, TransformableCall, fresh_outputs, op_name, register
 from hladsl.runtime.packing import pack, packed_shape, unpack
 from hladsl.runtime.validate import check_inputs, check_state, check_step_state, value_checks
@@ -74,6 +74,7 @@ class Op:
         self._long_chunks = launch.plan_cache()   # shape class -> launch.takes_long_chunk
         self._bound_steps = launch.plan_cache()   # decode call signature -> runtime.step.BoundStep
         self._bound_calls = launch.plan_cache()   # forward call signature -> _BoundForward or _UNBOUND
+        self._record_tries = launch.plan_cache()  # signature -> recordings a raised launch spoiled
         self.schedule = "auto"            # Triton: "two_pass", "fused", "scan" or "auto" (runtime.launch)
         self.autotune = False             # time launch configs per shape class (runtime.autotune)
         self.inputs = tuple(alg.inputs)   # declaration order
@@ -138,8 +139,7 @@ class Op:
                 o, finals = fresh_outputs(*self.forward_impl(token_list, g, scale, init, cu_seqlens,
                                                               self.schedule), token_list + init)
             if record:
-                launch.remembered(self._bound_calls, signature,
-                                  lambda: _BoundForward.make(self, rec, o, kwargs) or _UNBOUND)
+                self._remember_call(signature, rec, o, kwargs)
         else:   # the same forward_impl / backward_impl, without the custom op's dispatch
             o, *finals = EagerCall.apply(self, len(token_list), scale, cu_seqlens, self.schedule, g,
                                          *token_list, *init)
@@ -248,8 +248,7 @@ class Op:
             o_tiles, finals = forward_triton(prep.program, prep.tiles, prep.lam, prep.init,
                                              self.algebra.eps, schedule=schedule, out_dtype=prep.dtype,
                                              seq_chunks=prep.seq_chunks, scales=prep.load_scales)
-            if binding.active():
-                binding.returned(o_tiles, finals, prep)
+            binding.returned(o_tiles, finals, prep)
             return prep.finish(o_tiles, finals)
         return self._on_kernels("forward", tokens, g, run,
                                 lambda: self._run_torch(tokens, g, scale, init, cu_seqlens), schedule, cu_seqlens)
@@ -362,6 +361,19 @@ class Op:
             self._no_kernel_fits(exc, direction, dims, first)
         return torch_path()
 
+    def _remember_call(self, signature, rec, o, kwargs) -> None:
+        """Keep the bound form of a recorded call, or ``_UNBOUND`` where it has none; a
+        recording that a raised launch spoiled (a chunk halved, a narrower walk, the fused
+        schedule abandoned: each remembered by the launch layer) is tried again on the
+        next call, RECORD_TRIES times in all."""
+        if rec.raised:
+            tries = self._record_tries.get(signature, 0) + 1
+            self._record_tries[signature] = tries
+            if tries < RECORD_TRIES:
+                return
+        launch.remembered(self._bound_calls, signature,
+                          lambda: _BoundForward.make(self, rec, o, kwargs) or _UNBOUND)
+
     # -- internals -----------------------------------------------------------------------
     def _no_kernel_fits(self, exc, what: str, dims: dict, first) -> None:
         """No generated ``what`` kernel fits this GPU (OutOfResources after every chunk size
@@ -441,7 +453,7 @@ def _step_signature(op: Op, args: tuple, kwargs: dict):
         state, g, rows = kwargs["state"], kwargs.get("g"), kwargs.get("state_indices")
         if len(state) != len(op.state_names):
             return None
-        return (op.backend, kwargs.get("scale"), os.environ.get("HLADSL_CHECK_VALUES"),
+        return (op.backend, _scale_key(kwargs.get("scale")), os.environ.get("HLADSL_CHECK_VALUES"),
                 *map(_tensor_signature, args),
                 None if g is None else _tensor_signature(g),
                 None if rows is None else _tensor_signature(rows),
@@ -451,6 +463,7 @@ def _step_signature(op: Op, args: tuple, kwargs: dict):
 
 
 _BOUND_KEYWORDS = frozenset({"g", "scale", "state", "state_indices"})
+RECORD_TRIES = 3   # recordings of a forward signature before it validates for good (``_remember_call``)
 
 
 def _call_signature(op: Op, args: tuple, kwargs: dict):
@@ -458,24 +471,40 @@ def _call_signature(op: Op, args: tuple, kwargs: dict):
     scale, initial_state and output_final_state by keyword -- with nothing to
     differentiate, under which a bound call (``_BoundForward``) serves it; None for any
     other form, while torch.compile or torch.func traces, while autotuning, and with
-    HLADSL_CHECK_VALUES=1 (a bound call checks no values): those validate."""
-    if (len(args) != len(op.inputs) or not kwargs.keys() <= _CALL_KEYWORDS or not launch.BOUND_CALLS
-            or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+    HLADSL_CHECK_VALUES=1 (a bound call checks no values): those validate. The key holds
+    everything else the validated path reads per call: the op's backend, schedule and chunk
+    size, the launch layer's direct switch, the scale by type and value, which options are
+    given, each tensor's ``_tensor_signature``; an initial state must have exactly the op's
+    entries. Launch rule constants are changed through ``launch.switch``, which forgets
+    bound calls."""
+    if (op.backend == "torch" or len(args) != len(op.inputs) or not kwargs.keys() <= _CALL_KEYWORDS
+            or not launch.BOUND_CALLS or torch.compiler.is_compiling()
+            or torch._C._are_functorch_transforms_active()
             or autotune.requested(op.autotune) or os.environ.get("HLADSL_CHECK_VALUES") == "1"):
         return None
     try:
-        tensors = _call_tensors(op, args, kwargs)
-        if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-            return None
         init = kwargs.get("initial_state")
+        if init is not None and (type(init) is not dict or init.keys() != set(op.state_names)):
+            return None
+        tensors = _call_tensors(op, args, kwargs)
+        # plain tensors only: a subclass (a FakeTensor while tracing) may not have an address
+        if any(type(x) is not torch.Tensor for x in tensors) or (
+                torch.is_grad_enabled() and any(x.requires_grad for x in tensors)):
+            return None
         final = kwargs.get("output_final_state", False)
         if not isinstance(final, bool):
             return None
-        return (op.backend, op.schedule, kwargs.get("scale"), final, init is None,
-                kwargs.get("g") is None, torch.cuda.current_device() if tensors[0].is_cuda else None,
+        return (op.backend, op.schedule, op.chunk_size, direct.ENABLED, _scale_key(kwargs.get("scale")),
+                final, init is None, kwargs.get("g") is None,
+                torch.cuda.current_device() if tensors[0].is_cuda else None,
                 *map(_tensor_signature, tensors))
     except (AttributeError, KeyError, TypeError):   # not tensors / not the op's state: validate
         return None
+
+
+def _scale_key(scale):
+    """A scale by type and value: True and numpy floats equal 1.0 but fail validation."""
+    return type(scale), scale
 
 
 _CALL_KEYWORDS = frozenset({"g", "scale", "initial_state", "output_final_state"})
@@ -506,6 +535,8 @@ class _BoundForward:
         self.program, self.dims, self.compute = prep.program, prep.dims, prep.compute
         self.tiling = (prep.shape[0], prep.n_chunks, prep.chunk, prep.shape[2])
         self.final_state = final_state
+        from hladsl.runtime.triton_forward import GATES, kernel_gates
+        self.gates, self.kernel_gates = GATES, kernel_gates
 
     @classmethod
     def make(cls, op: Op, rec, o, kwargs: dict):
@@ -531,8 +562,8 @@ class _BoundForward:
     def __call__(self, args: tuple, kwargs: dict):
         g = kwargs.get("g")
         derive = {}
-        if g is not None:
-            derive["lam"] = lambda: chunk_gates(g.to(self.compute), *self.tiling).to(torch.float32).contiguous()
+        if g is not None:   # as _Prepared (no padding here) and forward_triton make them
+            derive[self.gates] = lambda: self.kernel_gates(chunk_gates(g.to(self.compute), *self.tiling), g.device)
         buffers = self.call.run(_call_tensors(self.op, args, kwargs), derive)
         if not self.final_state:
             return buffers[self.o_buffer], None

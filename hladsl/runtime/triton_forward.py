@@ -50,6 +50,15 @@ def _token_args(inputs, tiles, lam, gated, scales: dict | None = None) -> dict:
     return args
 
 
+GATES = "lam"   # the derived tensor of a bound call (runtime.binding) that kernel_gates makes
+
+
+def kernel_gates(lam: torch.Tensor, device) -> torch.Tensor:
+    """Λ as the kernels read it (fp32, contiguous, on ``device``): a bound call's derived
+    ``GATES``, recomputed per call from g."""
+    return binding.derived(GATES, lam.to(device=device, dtype=torch.float32).contiguous())
+
+
 def tile_args(name: str, t: torch.Tensor) -> dict:
     """``<name>_ptr`` and its strides over (N, H, nC, C): a tile argument the kernels
     read or write in place (feature stride 1)."""
@@ -107,7 +116,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
         raise ValueError(f"tiles have chunk size {chunk}, the program {program.chunk}")
     device = first.device
     if lam is not None:
-        lam = binding.derived("lam", lam.to(device=device, dtype=torch.float32).contiguous())
+        lam = kernel_gates(lam, device)
     if schedule == "fused" and not ctx["fused"]:
         raise autotune.Unavailable(f"{program.algebra.name} has no fused schedule (packed states)")
     key = (id(program), tuple(first.shape[:4]), first.dtype, device, precision, state_block, num_warps,
