@@ -293,3 +293,22 @@ def test_which_scans_can_group(spec, groupable):
     program = chunk_program(hladsl.compile_spec(spec), 64, (("d", 64), ("dv", 64)), True)
     assert kernel_context(program)["chunk_scan"]["groupable"] is groupable
     assert backward_context(program)["reverse_scan"]["groupable"] is groupable
+
+
+def test_a_launch_with_an_argument_the_kernel_lacks_fails_as_on_a_gpu():
+    """Triton raises on a GPU for a keyword argument a kernel has no parameter for; its
+    interpreter ignores it. direct.call (every interpreter launch) raises too, naming the
+    kernel and the arguments, so CPU tests see the launches a GPU would refuse."""
+    import triton
+    import triton.language as tl
+
+    from hladsl.runtime import direct
+
+    @triton.jit
+    def kernel(x_ptr, N: tl.constexpr):
+        tl.store(x_ptr + tl.arange(0, N), tl.zeros((N,), tl.float32))
+    x = torch.ones(4)
+    direct.call(kernel, (1,), {"x_ptr": x, "N": 4, "num_warps": 1})
+    assert x.sum() == 0
+    with pytest.raises(TypeError, match="kernel has no parameter.*STORE_DERIVED"):
+        direct.call(kernel, (1,), {"x_ptr": x, "N": 4, "STORE_DERIVED": False})

@@ -85,6 +85,7 @@ def call(kernel, grid, args: dict, key_args: dict | None = None) -> None:
     launch options to them (``launch``'s fallbacks)."""
     table = _param_table(kernel) if ENABLED else None
     if table is None:
+        check_arguments(kernel, args)
         kernel[grid](**args)
         return
     key = _key(kernel, table, key_args if key_args is not None else args)
@@ -95,6 +96,21 @@ def call(kernel, grid, args: dict, key_args: dict | None = None) -> None:
             _COMPILED[key] = compiled
         return
     _run(hit, grid, table, args)
+
+
+LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion"})
+
+
+def check_arguments(kernel, args: dict) -> None:
+    """A TypeError naming the arguments ``kernel`` has no parameter for. Triton raises on a
+    GPU; its interpreter ignores them, so a CPU test would not see a launch the GPU refuses."""
+    names = getattr(kernel, "arg_names", None)
+    if names is None:
+        return
+    unknown = args.keys() - set(names) - LAUNCH_OPTIONS
+    if unknown:
+        label = getattr(getattr(kernel, "fn", kernel), "__name__", "kernel")
+        raise TypeError(f"{label} has no parameter(s) {', '.join(sorted(unknown))}")
 
 
 def cached(kernel, grid, args: dict) -> bool:
