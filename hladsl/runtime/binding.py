@@ -1,8 +1,9 @@
 """Bound calls: a forward call replayed as its launches, with no per-call Python but
 the tensors'.
 
-A call's launch plan depends on its tensors' shapes, strides, dtypes and alignment
-only, so a call like an earlier one in all but its data can skip the validation, the
+A call's launch plan depends on its tensors' shapes, strides, dtypes and alignment and
+on the op's settings only (``op._call_signature`` keys them), so a call like an earlier
+one in all but its data can skip the validation, the
 torch preparation, the plan lookups and Triton's argument binding: ``Op.__call__``
 records the first such call (``recording``), and where every tensor the kernels got
 has a known role it keeps a ``BoundCall`` that launches the same compiled variants
@@ -18,8 +19,9 @@ has a known role it keeps a ``BoundCall`` that launches the same compiled varian
 
 Any other tensor -- a copy made by a torch op (padding, a cast, a contiguous copy
 of a strided input) -- leaves the call unbound: it validates every time, as it
-would without this module. So does a launch that raised, a tuned launch or a
-launch the direct path cannot bind (the interpreter).
+would without this module. So does a tuned launch or one the direct path cannot bind
+(the interpreter); a recording spoiled by a launch that raised is tried again on a
+later call (``op.RECORD_TRIES``).
 """
 from __future__ import annotations
 
