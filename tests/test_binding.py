@@ -172,3 +172,19 @@ def test_a_dry_run_registers_nothing():
             progress._dry.reset(token)
         binding.fresh(torch.empty(4))
     assert len(rec.fresh) == 1 and not rec.derived
+
+
+def test_bound_keys_hold_the_direct_switch(monkeypatch):
+    """Bound launches are direct: turning direct launches off gives every bound path (the
+    forward's and the decode step's) a new key, so their calls validate and launch through
+    ``kernel[grid]`` as asked."""
+    from hladsl.runtime import direct
+    from hladsl.runtime.op import _call_signature, _step_signature
+    op = hladsl.load("linear", backend="triton", chunk_size=16)
+    (xs, kw), = _calls(op, 1, 32, 2, 8, 8, True, True, n=1)
+    state = kw["initial_state"]
+    with torch.no_grad():
+        keys = [(_call_signature(op, xs, kw), _step_signature(op, xs, {"state": state}))]
+        monkeypatch.setattr(direct, "ENABLED", not direct.ENABLED)
+        keys.append((_call_signature(op, xs, kw), _step_signature(op, xs, {"state": state})))
+    assert None not in keys[0] and keys[0][0] != keys[1][0] and keys[0][1] != keys[1][1]

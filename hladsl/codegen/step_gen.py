@@ -25,6 +25,8 @@ the states with the value dim and reads the bridges (DERIVED operands) back.
 """
 from __future__ import annotations
 
+import math
+
 from hladsl.codegen import templates
 from hladsl.codegen.step_plan import (BRIDGED_KINDS, StepPlan, bridge_split, serial_text,
                                       shared_splittable, splittable, step_plan, value_free)
@@ -215,13 +217,7 @@ def bridge_layout(plan: StepPlan, name: str) -> tuple[str, str]:
 def bridge_width(plan: StepPlan) -> int:
     """Elements of a token's row of bridges (in the state dtype)."""
     sizes = dict(plan.sizes)
-    total = 0
-    for _, dims in plan.derived:
-        n = 1
-        for d in dims:
-            n *= sizes[d]
-        total += n
-    return total
+    return sum(math.prod(sizes[d] for d in dims) for _, dims in plan.derived)
 
 
 def _reads(terms) -> set[str]:

@@ -442,6 +442,15 @@ def _tensor_signature(x) -> tuple:
     return x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15
 
 
+def _bound_key(op: Op, scale, tensors) -> tuple:
+    """What every bound launch (a decode step's, a forward call's) depends on beyond its
+    form: the op's backend, the direct switch (bound launches are direct), the scale by
+    type and value (True and numpy floats equal 1.0 but fail validation), each tensor's
+    ``_tensor_signature`` (None for an absent one)."""
+    return (op.backend, direct.ENABLED, type(scale), scale,
+            *(None if x is None else _tensor_signature(x) for x in tensors))
+
+
 def _step_signature(op: Op, args: tuple, kwargs: dict):
     """The key of a decode call in the usual form -- the token inputs positionally, the
     state (and g, scale, state_indices) by keyword -- under which a bound launch serves
@@ -453,11 +462,8 @@ def _step_signature(op: Op, args: tuple, kwargs: dict):
         state, g, rows = kwargs["state"], kwargs.get("g"), kwargs.get("state_indices")
         if len(state) != len(op.state_names):
             return None
-        return (op.backend, _scale_key(kwargs.get("scale")), os.environ.get("HLADSL_CHECK_VALUES"),
-                *map(_tensor_signature, args),
-                None if g is None else _tensor_signature(g),
-                None if rows is None else _tensor_signature(rows),
-                *(_tensor_signature(state[n]) for n in op.state_names))
+        return (os.environ.get("HLADSL_CHECK_VALUES"),
+                *_bound_key(op, kwargs.get("scale"), (*args, g, rows, *(state[n] for n in op.state_names))))
     except (AttributeError, KeyError, TypeError):   # not tensors / not the op's state: validate
         return None
 
@@ -472,10 +478,9 @@ def _call_signature(op: Op, args: tuple, kwargs: dict):
     differentiate, under which a bound call (``_BoundForward``) serves it; None for any
     other form, while torch.compile or torch.func traces, while autotuning, and with
     HLADSL_CHECK_VALUES=1 (a bound call checks no values): those validate. The key holds
-    everything else the validated path reads per call: the op's backend, schedule and chunk
-    size, the launch layer's direct switch, the scale by type and value, which options are
-    given, each tensor's ``_tensor_signature``; an initial state must have exactly the op's
-    entries. Launch rule constants are changed through ``launch.switch``, which forgets
+    everything else the validated path reads per call: the op's schedule and chunk size,
+    which options are given, the device, ``_bound_key``; an initial state must have exactly
+    the op's entries. Launch rule constants are changed through ``launch.switch``, which forgets
     bound calls."""
     if (op.backend == "torch" or len(args) != len(op.inputs) or not kwargs.keys() <= _CALL_KEYWORDS
             or not launch.BOUND_CALLS or torch.compiler.is_compiling()
@@ -494,17 +499,11 @@ def _call_signature(op: Op, args: tuple, kwargs: dict):
         final = kwargs.get("output_final_state", False)
         if not isinstance(final, bool):
             return None
-        return (op.backend, op.schedule, op.chunk_size, direct.ENABLED, _scale_key(kwargs.get("scale")),
-                final, init is None, kwargs.get("g") is None,
+        return (op.schedule, op.chunk_size, final, init is None, kwargs.get("g") is None,
                 torch.cuda.current_device() if tensors[0].is_cuda else None,
-                *map(_tensor_signature, tensors))
+                *_bound_key(op, kwargs.get("scale"), tensors))
     except (AttributeError, KeyError, TypeError):   # not tensors / not the op's state: validate
         return None
-
-
-def _scale_key(scale):
-    """A scale by type and value: True and numpy floats equal 1.0 but fail validation."""
-    return type(scale), scale
 
 
 _CALL_KEYWORDS = frozenset({"g", "scale", "initial_state", "output_final_state"})
@@ -518,11 +517,7 @@ def _call_tensors(op: Op, args: tuple, kwargs: dict) -> list:
             *([] if init is None else [init[n] for n in op.state_names])]
 
 
-class _Unbound:
-    """A signature whose recorded call could not be bound: it validates every time."""
-
-
-_UNBOUND = _Unbound()
+_UNBOUND = object()   # a signature whose recorded call could not be bound: it validates every time
 
 
 class _BoundForward:
@@ -551,8 +546,7 @@ class _BoundForward:
         o_buffer = o_tiles.data_ptr()
         raw = {n: x.data_ptr() for n, x in finals.items()}
         base = rec.fresh.get(o_buffer)   # contiguous [B, T, H, dv]; o may differ in size-1 dims' strides
-        if base is None or base.shape != o.shape or not o.is_contiguous() or \
-                o.data_ptr() != o_buffer or not set(raw.values()) <= rec.fresh.keys():
+        if base is None or base.shape != o.shape or not o.is_contiguous() or o.data_ptr() != o_buffer:
             return None
         call = binding.bind(rec)
         if call is None or o_buffer not in call.fresh or not set(raw.values()) <= call.fresh.keys():
