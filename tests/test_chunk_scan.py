@@ -446,3 +446,34 @@ def test_scans_with_chunk_summaries_outside_the_states_stay_one_level(launched, 
     finally:
         op.schedule = "auto"
     assert launched.count("scan_kernel") == 2 and launched.count("rscan_kernel") == 1
+
+
+@pytest.mark.parametrize("params", [{}, {"normalize": True}])
+def test_the_scan_stores_the_derived_carries_the_output_reads(params, monkeypatch):
+    """HLA2's output reads C and G only through W0 = S C - G (and m, h through its
+    normaliser's): the one-level scan stores W0 at each chunk start instead of C and G,
+    and the output kernel loads it (triton_gen._derived_starts). The same outputs as the
+    kernels contracting W0 themselves (DERIVED_STARTS off), and the path was taken."""
+    seen = []
+    real = launch.launch
+
+    def spy(kernel, grid, args, *rest):
+        if "DERIVED_STARTS" in args:
+            seen.append(args["DERIVED_STARTS"])
+        return real(kernel, grid, args, *rest)
+    monkeypatch.setattr(launch, "launch", spy)
+    op = hladsl.load("hla2", backend="triton", chunk_size=16, **params)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (0.5 * torch.randn(2, 48, 2, 8, generator=gen).abs() for _ in range(3))
+    g = -0.3 * torch.rand(2, 48, 2, generator=gen)
+    try:
+        op.schedule = "scan"
+        got = op(q, k, v, g=g, output_final_state=True)
+        with launch.switched(DERIVED_STARTS=False):
+            want = op(q, k, v, g=g, output_final_state=True)
+    finally:
+        op.schedule = "auto"
+    assert seen == [True, False]
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
+    for name in want[1]:
+        assert torch.equal(got[1][name], want[1][name]), name

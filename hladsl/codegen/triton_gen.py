@@ -16,6 +16,7 @@ so they cannot collide with each other or with the kernels' own names.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 
@@ -484,6 +485,9 @@ def kernel_context(program: ChunkProgram) -> dict:
     for st in states:
         st["starts_sdot"] = read_only_as_sdot(output_text, f"st_{st['name']}")
     chunk_scan = _chunk_scan(low, program, states, splits)   # fresh kernel regions
+    if chunk_scan:
+        chunk_scan.update(_derived_starts(low, program, states, splits, "\n".join(
+            [num["pre"], num["loop"], num["post"], den["pre"], den["loop"], den["post"]])))
     fused = _fused(low, program, splits, o_dim)   # a fresh kernel region: last
     return {
         "name": alg.name,
@@ -645,6 +649,35 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram, states: list[dict], split
             "delta_defs": _defs(delta_defs), "delta_code": delta_code,
             "delta_chained_dots": delta_chained, "scan_code": scan_code,
             "scan_chained_dots": low.block.chained}
+
+
+def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], splits, output_body: str) -> dict:
+    """Where the output kernel reads some states only through derived carries (HLA2's C and G,
+    only in W0 = S C - G) and the derived carries take no more bytes than those states, the
+    one-level scan computes the derived carries at each chunk start (where it holds the states)
+    and stores them instead (``derived_starts``; the output kernel then loads them, skipping
+    their contraction, and never reads the states in ``derived_only``); empty entries where that does
+    not apply (empty entries). The derived code is lowered afresh, its temps renamed (``dt``) so that they
+    cannot meet the scan's own."""
+    none = {"derived_starts": [], "derived_only": [], "derived_scan_code": ""}
+    read = [st for st in states if st["read"] and not st["tiled"]]
+    only = [st["name"] for st in read if not re.search(rf"\bst_{st['name']}\b", output_body)]
+    if not program.derived or not only or any(st["tiled"] for st in states if st["read"]):
+        return none
+    derived = []
+    for d in program.derived:
+        dims = [low.derived_dims[d.name][i] for i in d.poly.free]
+        off, msk, numel = _layout(dims)
+        derived.append({"name": f"dr_{d.name}", "dims": dims, "off": off, "msk": msk, "numel": numel,
+                        "own": owned_mask(f"dr_{d.name}", dims, splits),
+                        "shape": [dict(program.sizes)[x] for x in dims]})
+    size = dict(program.sizes)
+    numel = lambda dims: math.prod(size[x] for x in dims)   # noqa: E731
+    if sum(numel(d["dims"]) for d in derived) > sum(numel(st["dims"]) for st in read if st["name"] in only):
+        return none
+    low.region()
+    code = re.sub(r"\bt(\d+)\b", r"dt\1", low.derived())
+    return {"derived_starts": derived, "derived_only": only, "derived_scan_code": code}
 
 
 def _state_splits(low: _Lowering, o_dim: str) -> list[str]:

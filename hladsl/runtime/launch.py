@@ -431,6 +431,10 @@ def _launch_variant(kernel, grid, args: dict, may_fall_back: bool, tiling: Tilin
         return True
 
 
+# The forward's one-level scan stores the output's derived carries instead of the states the
+# output reads only through them (triton_gen._derived_starts: HLA2's W0 = S C - G, not C, G).
+DERIVED_STARTS = True
+
 # A forward call with nothing to differentiate, like an earlier one in all but its tensors'
 # data, replays that call's launches (runtime.binding, op._BoundForward).
 BOUND_CALLS = True

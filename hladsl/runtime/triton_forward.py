@@ -139,13 +139,23 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     sdot = {**common, **plan.output_dot, **(output_options or {})}["SDOT"]
     # the final states alone: a one-level scan writes no chunk starts (the walk always does)
     store_chunks = not (states_only and plan.chunk_scan and plan.scan_groups == 1)
+    # the one-level scan may store the output's derived carries instead of the states read only
+    # through them (triton_gen._derived_starts: HLA2's W0 = S C - G instead of C and G)
+    derived = plan.derived_starts and store_chunks and not states_only
+    derived_only = set(ctx["chunk_scan"]["derived_only"]) if derived else set()
     for s in ctx["states"]:
         if s["read"]:
             init = state_args[f"init_{s['name']}"]
             starts = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]),
                                                       dtype=launch.starts_dtype(s["starts_sdot"], sdot)) \
-                if store_chunks else final[s["name"]]   # (never written: STORE_CHUNKS False)
+                if store_chunks and s["name"] not in derived_only else final[s["name"]]   # (never written)
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
+    if ctx["chunk_scan"] and ctx["chunk_scan"]["derived_starts"]:
+        like = next(iter(final.values()))
+        for d in ctx["chunk_scan"]["derived_starts"]:
+            state_args[f"starts_{d['name']}"] = out_args[f"starts_{d['name']}"] = per_chunk_alloc(
+                like, seq_chunks)((n_seq, heads, n_chunks) + tuple(d["shape"])) if derived else like
+        state_args["STORE_DERIVED"] = out_args["DERIVED_STARTS"] = derived
     tokens = {**_token_args(ctx["state_inputs"], tiles, lam, program.gated, scales), **plan.packed}
     run_state_pass(module, ctx, plan, state_args, tokens, lam, num_stages is None, state_options,
                    store_chunks=store_chunks)
@@ -209,6 +219,7 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
     cs = ctx["chunk_scan"]
     plan.chunk_scan = launch.use_chunk_scan(schedule, cs, first, ctx["state_chained_dots"])
     plan.scan_groups = 1
+    plan.derived_starts = False
     if plan.chunk_scan:
         plan.delta_launch = launch.split_blocks((n_chunks, n_seq * heads), ctx["splits"], program, common,
                                                 first, cs["delta_chained_dots"])
@@ -216,6 +227,8 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
                                                cs["scan_chained_dots"], state_block)
         plan.scan_groups = launch.scan_groups(n_chunks, plan.walkers * heads, first.device,
                                               plan.walk["VARLEN"], cs["groupable"], direction)
+        plan.derived_starts = (direction == "forward" and plan.scan_groups == 1 and bool(cs["derived_starts"])
+                               and launch.DERIVED_STARTS)
         if plan.scan_groups > 1:   # the groups' walks (phases 1 and 3); the walk over groups is scan_launch's
             plan.group_scan_launch = launch.split_blocks(plan.walkers * heads * plan.scan_groups, ctx["splits"],
                                                          program, common, first, cs["scan_chained_dots"],
@@ -247,6 +260,11 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     reverse pass reads some and reuses the others' memory. ``store_chunks`` False: a
     one-level scan writes no chunk starts (the final states alone)."""
     walk, common = plan.walk, plan.common
+    cs = ctx["chunk_scan"]
+    if cs and cs["derived_starts"] and "STORE_DERIVED" not in state_args:   # (the backward's recomputation)
+        like = state_args[next(k for k in state_args if k.startswith("init_"))]
+        state_args = {**state_args, "STORE_DERIVED": False,
+                      **{f"starts_{d['name']}": like for d in cs["derived_starts"]}}
     if not plan.chunk_scan:
         launch.launch_narrowing(module.state_pass_kernel, plan, "state_launch",
                                 {**state_args, **tokens, **walk, **common}, may_fall_back, overrides)
@@ -272,6 +290,8 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
         name, init = s["name"], state_args[f"init_{s['name']}"]
         totals[name] = binding.fresh(init.new_empty(rows[:2] + (n_groups,) + tuple(init.shape[2:])))
         starts[name] = binding.fresh(torch.empty_like(totals[name]))
+    if "STORE_DERIVED" in state_args:   # a group's chunk starts are not the calls': never derived
+        state_args = {**state_args, "STORE_DERIVED": False}
     groups = {k: v for k, v in state_args.items() if not k.startswith("final_")}
     groups.update({f"final_{n}": x for n, x in totals.items()}, HAS_INIT=False)
     launch.launch_narrowing(module.scan_kernel, plan, "group_scan_launch",
