@@ -150,15 +150,17 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
                                                       dtype=launch.starts_dtype(s["starts_sdot"], sdot)) \
                 if store_chunks and s["name"] not in derived_only else final[s["name"]]   # (never written)
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
+    derived_args = {}   # the scan's and the output kernel's (their parameters where the program has some)
     if ctx["chunk_scan"] and ctx["chunk_scan"]["derived_starts"]:
         like = next(iter(final.values()))
         for d in ctx["chunk_scan"]["derived_starts"]:
-            state_args[f"starts_{d['name']}"] = out_args[f"starts_{d['name']}"] = per_chunk_alloc(
-                like, seq_chunks)((n_seq, heads, n_chunks) + tuple(d["shape"])) if derived else like
-        state_args["STORE_DERIVED"] = out_args["DERIVED_STARTS"] = derived
+            derived_args[f"starts_{d['name']}"] = per_chunk_alloc(like, seq_chunks)(
+                (n_seq, heads, n_chunks) + tuple(d["shape"])) if derived else like
+        out_args.update(derived_args, DERIVED_STARTS=derived)
+        derived_args["STORE_DERIVED"] = derived
     tokens = {**_token_args(ctx["state_inputs"], tiles, lam, program.gated, scales), **plan.packed}
     run_state_pass(module, ctx, plan, state_args, tokens, lam, num_stages is None, state_options,
-                   store_chunks=store_chunks)
+                   store_chunks=store_chunks, derived_args=derived_args)
     if states_only:
         return None, final
 
@@ -250,7 +252,8 @@ def group_phases(n_groups: int) -> tuple[dict, dict, dict]:
 
 
 def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam, may_fall_back: bool,
-                   overrides: dict | None = None, store_chunks: bool = True) -> dict:
+                   overrides: dict | None = None, store_chunks: bool = True,
+                   derived_args: dict | None = None) -> dict:
     """The chunk-start states (``starts_``) and final states of ``state_args`` (init_ /
     final_ / starts_ buffers, HAS_INIT): the walking state pass, or the chunk-parallel one
     (``plan.chunk_scan``): every chunk's deltas into a per-chunk buffer, then the scan (in
@@ -258,13 +261,16 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     ({"deltas_<state>": buffer}; none for the walk), and in two levels each group's own
     delta ({"group_deltas_<state>": [N, H, groups, *shape]}): the backward's chunk-parallel
     reverse pass reads some and reuses the others' memory. ``store_chunks`` False: a
-    one-level scan writes no chunk starts (the final states alone)."""
+    one-level scan writes no chunk starts (the final states alone). ``derived_args``: the scan
+    kernel's derived-starts arguments (``triton_gen._derived_starts``; none: not stored)."""
     walk, common = plan.walk, plan.common
     cs = ctx["chunk_scan"]
-    if cs and cs["derived_starts"] and "STORE_DERIVED" not in state_args:   # (the backward's recomputation)
+    if cs and cs["derived_starts"]:   # the scan kernel's parameters: stored only where asked
         like = state_args[next(k for k in state_args if k.startswith("init_"))]
-        state_args = {**state_args, "STORE_DERIVED": False,
-                      **{f"starts_{d['name']}": like for d in cs["derived_starts"]}}
+        no_derived = {"STORE_DERIVED": False, **{f"starts_{d['name']}": like for d in cs["derived_starts"]}}
+        derived_args = derived_args or no_derived
+    else:
+        no_derived = derived_args = {}
     if not plan.chunk_scan:
         launch.launch_narrowing(module.state_pass_kernel, plan, "state_launch",
                                 {**state_args, **tokens, **walk, **common}, may_fall_back, overrides)
@@ -281,7 +287,7 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     if plan.scan_groups == 1:
         launch.launch_narrowing(module.scan_kernel, plan, "scan_launch",
                                 {**state_args, **deltas, **gate, **fixed, **ONE_LEVEL, "group_len": rows[2],
-                                 "STORE_CHUNKS": store_chunks}, may_fall_back, overrides)
+                                 "STORE_CHUNKS": store_chunks, **derived_args}, may_fall_back, overrides)
         return deltas
     n_groups = plan.scan_groups
     alone, over_groups, again_args = group_phases(n_groups)
@@ -290,8 +296,7 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
         name, init = s["name"], state_args[f"init_{s['name']}"]
         totals[name] = binding.fresh(init.new_empty(rows[:2] + (n_groups,) + tuple(init.shape[2:])))
         starts[name] = binding.fresh(torch.empty_like(totals[name]))
-    if "STORE_DERIVED" in state_args:   # a group's chunk starts are not the calls': never derived
-        state_args = {**state_args, "STORE_DERIVED": False}
+    state_args = {**state_args, **no_derived}   # a group's chunk starts are not the call's: never derived
     groups = {k: v for k, v in state_args.items() if not k.startswith("final_")}
     groups.update({f"final_{n}": x for n, x in totals.items()}, HAS_INIT=False)
     launch.launch_narrowing(module.scan_kernel, plan, "group_scan_launch",
