@@ -420,11 +420,12 @@ def _layout(dims) -> tuple[str, str, str]:
     return " + ".join(offs), " & ".join(masks), numel if r == 1 else f"({numel})"
 
 
-def owned_mask(name: str, dims, splits) -> str:
-    """The store mask of a tile ``name`` over ``dims`` in a kernel split over ``splits``:
-    a tile lacking a split dim is computed by every block of it and written by block 0."""
+def owned_mask(name: str, dims, splits, mask: str = "msk_") -> str:
+    """The store mask of a tile ``name`` over ``dims`` in a kernel split over ``splits``
+    (its load mask is ``mask`` + ``name``): a tile lacking a split dim is computed by every
+    block of it and written by block 0."""
     owner = " & ".join(f"(pid_{d} == 0)" for d in splits if d not in dims)
-    return f"tl.where({owner}, msk_{name}, False)" if owner else f"msk_{name}"
+    return f"tl.where({owner}, {mask}{name}, False)" if owner else f"{mask}{name}"
 
 
 def _defs(defs: dict) -> list[dict]:
@@ -669,7 +670,7 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
         dims = [low.derived_dims[d.name][i] for i in d.poly.free]
         off, msk, numel = _layout(dims)
         derived.append({"name": f"dr_{d.name}", "dims": dims, "off": off, "msk": msk, "numel": numel,
-                        "own": owned_mask(f"dr_{d.name}", dims, splits),
+                        "own": owned_mask(f"dr_{d.name}", dims, splits, mask="dmsk_"),
                         "shape": [dict(program.sizes)[x] for x in dims]})
     size = dict(program.sizes)
     numel = lambda dims: math.prod(size[x] for x in dims)   # noqa: E731

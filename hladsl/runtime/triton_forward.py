@@ -154,7 +154,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     if ctx["chunk_scan"] and ctx["chunk_scan"]["derived_starts"]:
         like = next(iter(final.values()))
         for d in ctx["chunk_scan"]["derived_starts"]:
-            derived_args[f"starts_{d['name']}"] = per_chunk_alloc(like, seq_chunks)(
+            derived_args[f"dstart_{d['name']}"] = per_chunk_alloc(like, seq_chunks)(
                 (n_seq, heads, n_chunks) + tuple(d["shape"])) if derived else like
         out_args.update(derived_args, DERIVED_STARTS=derived)
         derived_args["STORE_DERIVED"] = derived
@@ -267,7 +267,7 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     cs = ctx["chunk_scan"]
     if cs and cs["derived_starts"]:   # the scan kernel's parameters: stored only where asked
         like = state_args[next(k for k in state_args if k.startswith("init_"))]
-        no_derived = {"STORE_DERIVED": False, **{f"starts_{d['name']}": like for d in cs["derived_starts"]}}
+        no_derived = {"STORE_DERIVED": False, **{f"dstart_{d['name']}": like for d in cs["derived_starts"]}}
         derived_args = derived_args or no_derived
     else:
         no_derived = derived_args = {}

@@ -195,7 +195,7 @@ def output_kernel(
     starts_S,  # S[i,j] at each chunk start: [N, H, nC, d, d]
     starts_C,  # C[i,e] at each chunk start: [N, H, nC, d, dv]
     starts_G,  # G[i,e] at each chunk start: [N, H, nC, d, dv]
-    starts_dr_W0,  # dr_W0 at each chunk start (the scan's, DERIVED_STARTS): [N, H, nC, d, dv]
+    dstart_dr_W0,  # dr_W0 at each chunk start (the scan's, DERIVED_STARTS): [N, H, nC, d, dv]
     DERIVED_STARTS: tl.constexpr,  # load the derived carries the scan stored, not C, G
     out_ptr, sio_out_n, sio_out_h, sio_out_c, sio_out_t,  # o [N, H, nC, C, dv] in the output dtype (any strides, unit feature stride)
     H, n_chunks,
@@ -235,9 +235,9 @@ def output_kernel(
     decay_start_w1 = tl.exp(1 * lam)  # exp(1·Λ_Tt)
     mask_le_w2 = tl.exp(tl.where(offs_t[:, None] >= offs_t[None, :], 2 * (lam[:, None] - lam[None, :]), float("-inf")))  # M[Tt,Tn1] = [Tn1 <= Tt]·exp(2(Λ_Tt−Λ_Tn1))
     if DERIVED_STARTS:  # the scan stored the derived carries at each chunk start
-        off_dr_W0 = offs_d[:, None] * D_dv + offs_dv[None, :]
-        msk_dr_W0 = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
-        dr_W0 = tl.load(starts_dr_W0 + (crow * n_chunks + i_c) * (D_d * D_dv) + off_dr_W0, mask=msk_dr_W0, other=0.0)
+        doff_dr_W0 = offs_d[:, None] * D_dv + offs_dv[None, :]
+        dmsk_dr_W0 = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+        dr_W0 = tl.load(dstart_dr_W0 + (crow * n_chunks + i_c) * (D_d * D_dv) + doff_dr_W0, mask=dmsk_dr_W0, other=0.0)
     else:
         off_C = offs_d[:, None] * D_dv + offs_dv[None, :]
         msk_C = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
@@ -595,7 +595,7 @@ def scan_kernel(
     init_S, final_S, starts_S, deltas_S,  # S[i,j]: [d, d]
     init_C, final_C, starts_C, deltas_C,  # C[i,e]: [d, dv]
     init_G, final_G, starts_G, deltas_G,  # G[i,e]: [d, dv]
-    starts_dr_W0,  # dr_W0 at each chunk start (STORE_DERIVED): [N, H, nC, d, dv]
+    dstart_dr_W0,  # dr_W0 at each chunk start (STORE_DERIVED): [N, H, nC, d, dv]
     STORE_DERIVED: tl.constexpr,  # store the derived carries at each chunk start, not C, G
     lam_ptr,  # [N, H, nC, C]: the last entry of each chunk (its log decay) is read
     HAS_INIT: tl.constexpr,  # False: every initial state is zero (init_ is not read)
@@ -658,9 +658,9 @@ def scan_kernel(
         pf_S = tl.load(deltas_S + (crow * n_chunks + i_pf) * (D_d * D_d) + off_S, mask=msk_S, other=0.0)
         pf_C = tl.load(deltas_C + (crow * n_chunks + i_pf) * (D_d * D_dv) + off_C, mask=msk_C, other=0.0)
         pf_G = tl.load(deltas_G + (crow * n_chunks + i_pf) * (D_d * D_dv) + off_G, mask=msk_G, other=0.0)
-    off_dr_W0 = offs_d[:, None] * D_dv + offs_dv[None, :]
-    msk_dr_W0 = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
-    own_dr_W0 = msk_dr_W0
+    doff_dr_W0 = offs_d[:, None] * D_dv + offs_dv[None, :]
+    dmsk_dr_W0 = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
+    down_dr_W0 = dmsk_dr_W0
     for i_c in range(c_lo, c_hi):
         if STORE_CHUNKS:
             if STORE_DERIVED:  # the output kernel reads these, not C, G
@@ -669,7 +669,7 @@ def scan_kernel(
                 # [_0,e] = st_C[_1,e] · st_S[_0,_1]   (matmul over _1)
                 dt1 = _dot(st_S, st_C, tl.float32, PREC)
                 dr_W0 += dt1
-                tl.store(starts_dr_W0 + (crow * n_chunks + i_c) * (D_d * D_dv) + off_dr_W0, dr_W0, mask=own_dr_W0)
+                tl.store(dstart_dr_W0 + (crow * n_chunks + i_c) * (D_d * D_dv) + doff_dr_W0, dr_W0, mask=down_dr_W0)
                 tl.store(starts_S + (crow * n_chunks + i_c) * (D_d * D_d) + off_S, st_S, mask=own_S)
 
             else:
