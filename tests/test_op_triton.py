@@ -274,3 +274,59 @@ def test_final_states_alone_skip_the_output_kernel(name, monkeypatch):
     for n, x in want.items():
         assert ((got[n] - x).norm() / x.norm()).item() < 1e-5, n
     assert "output_kernel" not in ran
+
+
+@pytest.mark.parametrize("name,params,gated,with_init,varlen,schedule", [
+    ("hla2", {}, False, True, False, "scan"), ("hla2", {}, True, False, False, "scan-groups"),
+    ("hla2", {"normalize": True}, True, False, True, "auto"),
+    ("linear", {}, True, True, False, "two_pass"), ("ahla", {}, False, False, False, "scan")],
+    ids=["hla2-scan", "hla2-scan-groups", "hla2-norm-varlen", "linear-two_pass", "ahla-scan"])
+def test_forward_keeps_the_state_pass_for_its_backward(monkeypatch, name, params, gated, with_init, varlen,
+                                                       schedule):
+    """Under autograd the forward runs the backward's state pass and keeps its products
+    (``launch.KEEP_STATE_PASS``): one state pass per fwd + bwd instead of two, the same
+    outputs and final states, gradients equal bit for bit to a backward that recomputes
+    (scan-groups: the backward's two-level scan, whose groups' deltas the reverse scan reads)."""
+    from hladsl.runtime import launch, triton_backward, triton_forward
+    if schedule == "scan-groups":   # groups of two chunks at the interpreter's shapes
+        for rule, value in (("SCAN_GROUP", 2), ("SCAN_GROUP_FILL", 1000)):
+            monkeypatch.setattr(launch, rule, value)
+        schedule = "scan"
+    gen = torch.Generator().manual_seed(11)
+    B, T, H, d, dv = (1, 50, 2, 8, 8) if varlen else (2, 75, 2, 8, 8)
+    q, k, v, g = _inputs(name, gen, B, T, H, d, dv, gated, params.get("normalize"))
+    cu = torch.tensor([0, 18, 50]) if varlen else None
+    op = hladsl.load(name, backend="triton", chunk_size=16, **params)
+    op.schedule = schedule
+    shapes = op.state_shapes(d, dv)
+    n_seq = 2 if varlen else B
+    init = {n: 0.1 * torch.randn(n_seq, H, *s, generator=gen) for n, s in shapes.items()} if with_init else None
+    w_o = torch.randn(B, T, H, dv, generator=gen)
+    passes = []
+    for module in (triton_forward, triton_backward):
+        real = module.run_state_pass
+        monkeypatch.setattr(module, "run_state_pass",
+                            lambda *a, _real=real, **kw: passes.append(1) or _real(*a, **kw))
+
+    def fwd_bwd():
+        passes.clear()
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        gl = None if g is None else g.clone().requires_grad_()
+        il = None if init is None else {n: x.clone().requires_grad_() for n, x in init.items()}
+        o, final = op(*leaves, g=gl, scale=0.5, initial_state=il, output_final_state=True, cu_seqlens=cu)
+        loss = (o * w_o).sum() + sum(x.sum() for x in final.values())
+        wrt = leaves + ([gl] if gl is not None else []) + (list(il.values()) if il else [])
+        return o.detach(), {n: x.detach() for n, x in final.items()}, torch.autograd.grad(loss, wrt), len(passes)
+
+    with launch.switched(KEEP_STATE_PASS=False):
+        o_re, final_re, grads_re, passes_re = fwd_bwd()
+    o, final, grads, passes_kept = fwd_bwd()
+    assert (passes_re, passes_kept) == (2, 1)
+    if cu is None:   # (a varlen plan is not cached) the groups' case ran in groups
+        grouped = [p.scan_groups > 1 for p in triton_backward._PLANS.values()]
+        assert grouped and all(x == (launch.SCAN_GROUP == 2) for x in grouped)
+    torch.testing.assert_close(o, o_re, rtol=1e-5, atol=1e-6)
+    for n in final:
+        torch.testing.assert_close(final[n], final_re[n], rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, grads_re):
+        assert torch.equal(got, want)

@@ -439,6 +439,12 @@ DERIVED_STARTS = True
 # data, replays that call's launches (runtime.binding, op._BoundForward).
 BOUND_CALLS = True
 
+# A forward under autograd (eager) runs at the backward's chunk and runs the backward's state
+# pass, keeping its chunk starts and the deltas its reverse scan reads for the backward
+# (triton_backward.keep_state_pass): the state pass runs once per fwd + bwd instead of twice, for
+# those tensors' memory between the two (the same peak as the backward's own recomputation).
+KEEP_STATE_PASS = True
+
 PLANS_KEPT = 256   # launch plans kept per cache before it starts over (shape classes in use)
 _PLAN_CACHES: list[dict] = []   # every runner's plan cache (``switch`` forgets them all)
 

@@ -240,25 +240,48 @@ class Op:
 
     def forward_impl(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str):
         """(o, [final state per summary]) without autograd."""
+        return self._forward(tokens, g, scale, init, cu_seqlens, schedule, keep=False)[:2]
+
+    def forward_keeping(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str):
+        """``forward_impl`` before a backward: (o, finals, what ``backward_impl`` may reuse
+        (``kept``) or None). On the kernels (``launch.KEEP_STATE_PASS``, no autotuning) the
+        forward runs at the backward's chunk and runs the backward's state pass, which keeps
+        its chunk starts and the deltas its reverse scan reads. Not while tuning: the tuner
+        times the forward's own schedules."""
+        keep = launch.KEEP_STATE_PASS and not autotune.requested(self.autotune) and autotune.current() is None
+        return self._forward(tokens, g, scale, init, cu_seqlens, schedule, keep=keep)
+
+    def _forward(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str, keep: bool):
         tokens = dict(zip(self.inputs, tokens))
+        kept = []
 
         def run(chunk):
             from hladsl.runtime.triton_forward import forward_triton
             prep = _Prepared(self, tokens, g, scale, init, cu_seqlens, chunk, keep_dtype=True)
+            given = None
+            if keep:
+                from hladsl.runtime.triton_backward import keep_state_pass
+                saved, starts, finals = keep_state_pass(prep.program, prep.tiles, prep.lam, prep.init, schedule,
+                                                        prep.seq_chunks, prep.load_scales)
+                kept[:] = [(chunk, saved)]
+                given = (starts, finals)
             o_tiles, finals = forward_triton(prep.program, prep.tiles, prep.lam, prep.init,
                                              self.algebra.eps, schedule=schedule, out_dtype=prep.dtype,
-                                             seq_chunks=prep.seq_chunks, scales=prep.load_scales)
+                                             seq_chunks=prep.seq_chunks, scales=prep.load_scales, given=given)
             binding.returned(o_tiles, finals, prep)
             return prep.finish(o_tiles, finals)
-        return self._on_kernels("forward", tokens, g, run,
-                                lambda: self._run_torch(tokens, g, scale, init, cu_seqlens), schedule, cu_seqlens)
+        o, finals = self._on_kernels("forward", tokens, g, run,
+                                     lambda: self._run_torch(tokens, g, scale, init, cu_seqlens), schedule, cu_seqlens,
+                                     chunk_of="backward" if keep else "forward")
+        return o, finals, (kept[0] if kept else None)
 
     def backward_impl(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str,
-                      grad_o, grad_states: list):
+                      grad_o, grad_states: list, kept=None):
         """Gradients of (tokens..., g, init...) given those of (o, final states): the
         generated backward kernels between the (linear, cheap) transposes of the torch
         preparation and finish, written out (``_Prepared``'s ``*_vjp``: every product runs
-        inside a kernel, no tracing on the host), or torch's VJP of the torch program."""
+        inside a kernel, no tracing on the host), or torch's VJP of the torch program.
+        ``kept``: ``forward_keeping``'s, used where the backward runs at its chunk."""
         keep = [n for n, x in enumerate(grad_states) if x is not None]
         leaves = list(tokens) + ([g] if g is not None else []) + list(init)
         n_tok = len(tokens)
@@ -284,7 +307,8 @@ class Op:
             d_tiles, d_lam, d_init = backward_triton(
                 prep.program, prep.tiles, prep.lam, prep.init, prep.output_vjp(grad_o), d_finals,
                 self.algebra.eps, schedule=schedule, grad_dtype=tokens[0].dtype, seq_chunks=prep.seq_chunks,
-                grad_scales=prep.scales, scales=prep.load_scales)
+                grad_scales=prep.scales, scales=prep.load_scales,
+                kept=kept[1] if kept is not None and kept[0] == chunk else None)
             grads = [prep.token_vjp(d_tiles[n], x) for n, x in zip(self.inputs, tokens)]
             if g is not None:
                 grads.append(prep.gate_vjp(d_lam, g))
@@ -339,23 +363,24 @@ class Op:
         return self._on_kernels("backward", toks, g, run, torch_path)
 
     def _on_kernels(self, direction: str, tokens: dict, g, run, torch_path, schedule: str | None = None,
-                    cu_seqlens=None):
+                    cu_seqlens=None, chunk_of: str | None = None):
         """``run(chunk)`` on the generated kernels at the launch layer's chunk for
-        ``direction`` (halved while a kernel does not fit), or ``torch_path()`` off them --
-        the torch backend, or no kernel fitting (``_no_kernel_fits``; every rank of a
-        context-parallel call has the same shapes, so each falls back alike). ``schedule``
-        None: the op's."""
+        ``direction`` (``chunk_of``: another direction's; halved while a kernel does not
+        fit), or ``torch_path()`` off them -- the torch backend, or no kernel fitting
+        (``_no_kernel_fits``; every rank of a context-parallel call has the same shapes, so
+        each falls back alike). ``schedule`` None: the op's."""
         first = tokens[self.inputs[0]]
         if not self.use_triton(first):
             return torch_path()
         from triton.runtime.errors import OutOfResources
         schedule = self.schedule if schedule is None else schedule
         dims = self._dims(tokens)
-        key = (self.identity, direction, tuple(sorted(dims.items())), first.dtype, g is not None,
+        chunk_of = chunk_of or direction
+        key = (self.identity, direction, chunk_of, tuple(sorted(dims.items())), first.dtype, g is not None,
                schedule, str(first.device))
         try:
             with autotune.session(self.autotune, first, dims, g is not None, cu_seqlens):
-                return launch.fitting_chunk(key, self._chunk(first, direction, dims, g is not None, schedule,
+                return launch.fitting_chunk(key, self._chunk(first, chunk_of, dims, g is not None, schedule,
                                                              cu_seqlens is not None), run)
         except OutOfResources as exc:
             self._no_kernel_fits(exc, direction, dims, first)

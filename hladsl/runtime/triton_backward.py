@@ -24,7 +24,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                     schedule: str = "auto", targets_per_program: int | None = None,
                     grad_dtype: torch.dtype = torch.float32, seq_chunks: torch.Tensor | None = None,
                     grad_scales: dict[str, float] | None = None,
-                    scales: dict[str, float] | None = None, reverse_only: bool = False):
+                    scales: dict[str, float] | None = None, reverse_only: bool = False,
+                    kept: "KeptStates | None" = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16, may be strided views);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff ungated); init_states
     and grad_final: summary -> [N, H, *program.state_shape] (init_states None: zeros; a
@@ -50,7 +51,9 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     gradient is multiplied by it inside the kernel, before the store in ``grad_dtype`` (an
     fp16 d(scaled q) = dq / scale can overflow where dq does not). reverse_only: stop after
     the reverse pass and return (None, None, d_init) -- the initial state's gradient without
-    the gradient kernels (context parallelism's first backward step, runtime.context_parallel)."""
+    the gradient kernels (context parallelism's first backward step, runtime.context_parallel).
+    kept: what ``keep_state_pass`` kept of the forward's run of step (a) below (the chunk-start
+    states and the deltas the reverse scan reads), used where it fits this call's plan."""
     module, ctx = backward_kernels(program)
     fwd = ctx["forward"]
     if schedule == "fused" and not ctx["fused"]:
@@ -58,11 +61,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     first = tiles[next(iter(program.algebra.inputs))]
     n_seq, heads, n_chunks = first.shape[:3]
     device = first.device
-    key = (id(program), tuple(first.shape[:4]), first.dtype, device, precision, num_warps,
-           reverse_block, schedule, targets_per_program, reverse_only)
-    plan = launch.remembered(_PLANS, key, lambda: _BackwardPlan(
-        program, ctx, first, precision, num_warps, reverse_block, schedule, targets_per_program,
-        seq_chunks, fused_ok=not reverse_only), cacheable=seq_chunks is None)
+    plan = _plan(program, ctx, first, precision, num_warps, reverse_block, schedule, targets_per_program,
+                 seq_chunks, reverse_only)
     walk, common, packed = plan.walk, plan.common, plan.packed
     check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, plan.walkers,
                         zero_init_ok=True)
@@ -70,16 +70,12 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         lam = lam.to(device=device, dtype=torch.float32).contiguous()
     tokens = _token_args(ctx["inputs"], tiles, lam, program.gated, scales)
 
-    # (a) the chunk-start states, by the forward state-pass kernel
+    # (a) the chunk-start states, by the forward state-pass kernel (or as the forward kept them)
     state_args, _final = _state_buffers(fwd, program, init_states, (plan.walkers, heads), device)
-    starts = {}
-    for s in fwd["states"]:
-        if s["read"]:
-            init = state_args[f"init_{s['name']}"]
-            starts[s["name"]] = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]))
-            state_args[f"starts_{s['name']}"] = starts[s["name"]]
-    deltas = run_state_pass(module, fwd, plan, state_args,
-                            {**_token_args(fwd["state_inputs"], tiles, lam, program.gated, scales), **packed}, lam, True)
+    if kept is not None and kept.fits(plan, first):
+        starts, deltas = kept.starts, kept.deltas
+    else:
+        starts, deltas = _state_pass(module, fwd, plan, program, tiles, lam, state_args, scales, seq_chunks)
 
     # the cotangents of num (and den)
     if grad_o.stride(-1) != 1:
@@ -144,6 +140,76 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                           {**args, **everything, **sums, **common, **loop, **dot,
                            "TARGETS": targets, "PART": part, "PARTS": parts}, True)
     return d_tiles, d_lam, d_init
+
+
+def _plan(program, ctx, first, precision, num_warps, reverse_block, schedule, targets_per_program,
+          seq_chunks, reverse_only) -> "_BackwardPlan":
+    key = (id(program), tuple(first.shape[:4]), first.dtype, first.device, precision, num_warps,
+           reverse_block, schedule, targets_per_program, reverse_only)
+    return launch.remembered(_PLANS, key, lambda: _BackwardPlan(
+        program, ctx, first, precision, num_warps, reverse_block, schedule, targets_per_program,
+        seq_chunks, fused_ok=not reverse_only), cacheable=seq_chunks is None)
+
+
+def _state_pass(module, fwd, plan, program, tiles, lam, state_args: dict, scales, seq_chunks) -> tuple[dict, dict]:
+    """Step (a): (chunk-start states {state: [N, H, nC, *shape] fp32}, the state pass's
+    per-chunk deltas (``run_state_pass``)); ``state_args`` gains the starts."""
+    first = tiles[next(iter(program.algebra.inputs))]
+    starts = {}
+    for s in fwd["states"]:
+        if s["read"]:
+            init = state_args[f"init_{s['name']}"]
+            starts[s["name"]] = per_chunk_alloc(init, seq_chunks)(tuple(first.shape[:3]) + tuple(init.shape[2:]))
+            state_args[f"starts_{s['name']}"] = starts[s["name"]]
+    deltas = run_state_pass(module, fwd, plan, state_args,
+                            {**_token_args(fwd["state_inputs"], tiles, lam, program.gated, scales), **plan.packed},
+                            lam, True)
+    return starts, deltas
+
+
+class KeptStates:
+    """What a forward under autograd kept of the backward's step (a), run once instead of
+    twice (``keep_state_pass``): the chunk-start states and the deltas the backward's
+    reverse scan reads (the others are dropped), for one plan's state pass."""
+
+    def __init__(self, plan, first, starts: dict, deltas: dict):
+        self.plan, self.lead = plan, (tuple(first.shape[:4]), first.dtype, first.device)
+        self.starts, self.deltas = starts, deltas
+
+    def fits(self, plan, first) -> bool:
+        """Made by ``plan``'s state pass (the same chunk-scan choice and scan groups: the
+        deltas' layout) for tiles like ``first``."""
+        return (self.lead == (tuple(first.shape[:4]), first.dtype, first.device)
+                and (self.plan is plan or _state_pass_form(self.plan) == _state_pass_form(plan)))
+
+
+def _state_pass_form(plan) -> tuple:
+    """What decides the deltas a backward plan reads: its state pass and reverse pass."""
+    return plan.chunk_scan, plan.scan_groups, plan.fused, getattr(plan, "reverse_scan", False)
+
+
+def keep_state_pass(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
+                    init_states: dict[str, torch.Tensor] | None, schedule: str = "auto",
+                    seq_chunks: torch.Tensor | None = None, scales: dict[str, float] | None = None
+                    ) -> tuple[KeptStates, dict, dict]:
+    """The backward's step (a), run by a forward under autograd (``launch.KEEP_STATE_PASS``;
+    arguments as ``backward_triton``'s, its default launch options): (what the backward
+    reads of it, the chunk-start states of the states the output reads, the final states
+    {summary: [N, H, *shape] fp32}). The forward's output kernel reads those starts, so the
+    call's state pass runs once: at T = 64k it is a sixth of hla2's fwd + bwd."""
+    module, ctx = backward_kernels(program)
+    fwd = ctx["forward"]
+    first = tiles[next(iter(program.algebra.inputs))]
+    plan = _plan(program, ctx, first, "tf32x3", 4, None, schedule, None, seq_chunks, False)
+    if lam is not None:
+        lam = lam.to(device=first.device, dtype=torch.float32).contiguous()
+    state_args, final = _state_buffers(fwd, program, init_states, (plan.walkers, first.shape[1]), first.device)
+    starts, deltas = _state_pass(module, fwd, plan, program, tiles, lam, state_args, scales, seq_chunks)
+    read = set()
+    if not plan.fused and plan.reverse_scan:   # the deltas its reverse scan reads, by itself or by group
+        read = {f"deltas_{s['name']}" for s in ctx["reverse_scan"]["deltas"]}
+        read |= {f"group_{k}" for k in read}
+    return KeptStates(plan, first, starts, {k: x for k, x in deltas.items() if k in read}), starts, final
 
 
 def _reverse_pass(module, ctx, plan, fixed: dict, state_args: dict, grad_final, seq_chunks,

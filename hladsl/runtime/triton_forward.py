@@ -82,7 +82,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
                    state_options: dict | None = None, output_options: dict | None = None,
                    schedule: str = "auto", out_dtype: torch.dtype = torch.float32,
                    seq_chunks: torch.Tensor | None = None, scales: dict[str, float] | None = None,
-                   states_only: bool = False):
+                   states_only: bool = False, given: tuple[dict, dict] | None = None):
     """tiles: input name -> [N, H, nC, C, dim] (fp32/bf16/fp16; may be a strided view);
     lam: [N, H, nC, C] in-chunk cumulative log gates (None iff the program is ungated);
     init_states: summary -> [N, H, *shape] as the program holds it (program.state_shape), or None
@@ -106,7 +106,9 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     query input -> the call's scale, applied by the kernels as they load its tiles (bf16 /
     fp16: the bits of torch's x * scale, without that extra pass over the tokens).
     states_only: the final states alone, no output kernel (o is None; context parallelism's
-    segment pass)."""
+    segment pass). given: (chunk-start states {state: [N, H, nC, *shape]}, final states) the
+    caller's state pass computed (the backward's, ``triton_backward.keep_state_pass``): only
+    the output kernel runs."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
         raise ValueError("lam must be given exactly when the chunk program is gated")
@@ -125,6 +127,9 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
         program, ctx, first, precision, state_block, num_warps, num_stages, packed_block, schedule,
         seq_chunks, fused_ok=not states_only), cacheable=seq_chunks is None and not (state_options or output_options))
     common = plan.common
+    if given is not None:
+        return _given_starts_output(module, ctx, plan, program, tiles, lam, given, eps, out_dtype, scales,
+                                    output_options, num_stages is None)
     if plan.fused:
         try:
             return _fused(module, ctx, plan, tiles, lam, init_states, eps, num_stages is None,
@@ -164,12 +169,33 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     if states_only:
         return None, final
 
+    return _output(module, ctx, plan, program, tiles, lam, out_args, eps, out_dtype, scales, output_options,
+                   num_stages is None), final
+
+
+def _output(module, ctx, plan, program, tiles, lam, starts_args: dict, eps, out_dtype, scales, options,
+            may_fall_back: bool) -> torch.Tensor:
+    """The output kernel's o, from the chunk starts (and derived starts) in ``starts_args``."""
+    first = next(iter(tiles.values()))
+    n_seq, heads, n_chunks = first.shape[:3]
     o, out = _output_buffer(program, ctx, first, eps, out_dtype)
-    out_args.update(_token_args(ctx["output_inputs"], tiles, lam, program.gated, scales), **plan.packed,
-                    **out)
+    args = {**starts_args, **_token_args(ctx["output_inputs"], tiles, lam, program.gated, scales),
+            **plan.packed, **out}
     launch.launch(module.output_kernel, (n_chunks, n_seq * heads),
-                  {**out_args, **common, **plan.output_dot, **(output_options or {})}, num_stages is None)
-    return o, final
+                  {**args, **plan.common, **plan.output_dot, **(options or {})}, may_fall_back)
+    return o
+
+
+def _given_starts_output(module, ctx, plan, program, tiles, lam, given, eps, out_dtype, scales, options,
+                         may_fall_back: bool):
+    """forward_triton's output kernel alone, reading the chunk starts in ``given``."""
+    starts, final = given
+    args = {f"starts_{s['name']}": starts[s["name"]] for s in ctx["states"] if s["read"]}
+    if ctx["chunk_scan"] and ctx["chunk_scan"]["derived_starts"]:   # parameters, not read
+        args.update({f"dstart_{d['name']}": next(iter(final.values())) for d in ctx["chunk_scan"]["derived_starts"]},
+                    DERIVED_STARTS=False)
+    return _output(module, ctx, plan, program, tiles, lam, args, eps, out_dtype, scales, options,
+                   may_fall_back), final
 
 
 _PLANS = launch.plan_cache()    # launch plans of recent shape classes (launch.remembered)
