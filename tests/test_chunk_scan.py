@@ -71,7 +71,9 @@ def _loss_and_grads(op, tensors, init, w_o, w_s, cu, scale):
 
 def _check_scan_schedule(name, params, gated, with_init, dv, shapes, seed, cu=None):
     """The "scan" schedule in fp32 under the interpreter against the float64 torch program:
-    outputs (1e-5), final states (1e-5) and every gradient (1e-4)."""
+    outputs (1e-5), final states (1e-5) and every gradient (1e-4); the outputs and final
+    states of a call with nothing to differentiate too (the forward's own state pass: under
+    autograd it runs the backward's, launch.KEEP_STATE_PASS)."""
     gen = torch.Generator().manual_seed(seed)
     B, T, H, d = shapes
     q, k = (0.5 * torch.randn(B, T, H, d, generator=gen, dtype=torch.float64) for _ in range(2))
@@ -92,18 +94,22 @@ def _check_scan_schedule(name, params, gated, with_init, dv, shapes, seed, cu=No
 
     def f32(x):
         return None if x is None else x.float()
+    init32 = None if init is None else {n: f32(x) for n, x in init.items()}
     try:
+        with torch.no_grad():
+            plain_o, plain_f = op(*map(f32, (q, k, v)), g=f32(g), scale=0.5, initial_state=init32,
+                                  output_final_state=True, cu_seqlens=cu)
         got_o, got_f, got_g = _loss_and_grads(
-            op, tuple(map(f32, (q, k, v, g))), None if init is None else {n: f32(x) for n, x in init.items()},
-            f32(w_o), {n: f32(x) for n, x in w_s.items()}, cu, 0.5)
+            op, tuple(map(f32, (q, k, v, g))), init32, f32(w_o), {n: f32(x) for n, x in w_s.items()}, cu, 0.5)
     finally:   # hladsl.load is memoised: other tests get this op
         op.schedule = "auto"
 
     def rel(a, b):
         return ((a.double() - b).norm() / b.norm()).item()
-    assert rel(got_o, want_o) < 1e-5
-    for n in states:
-        assert rel(got_f[n], want_f[n]) < 1e-5, n
+    for o, final in ((plain_o, plain_f), (got_o, got_f)):
+        assert rel(o, want_o) < 1e-5
+        for n in states:
+            assert rel(final[n], want_f[n]) < 1e-5, n
     for a, b in zip(got_g, want_g):
         assert rel(a, b) < 1e-4
 
@@ -115,9 +121,10 @@ def test_scan_schedule_matches_torch_float64(name, params, gated, with_init, var
     _check_scan_schedule(name, params, gated, with_init, dv, (1, 70, 2, 8) if varlen else (2, 53, 2, 8), 11,
                          torch.tensor([0, 21, 22, 70]) if varlen else None)
     states = hladsl.load(name, backend="torch", chunk_size=16, **params).state_names
-    # the forward and the backward's recomputation both ran the chunk-parallel pass, and so
-    # did the backward's reverse pass (AHLA's reads its forward chunk summary Σ k qᵀ,
-    # HLA3-masked's chunk-start states beside its three summaries)
+    # the plain forward and the forward under autograd both ran the chunk-parallel pass (the
+    # latter the backward's, which the backward reads: launch.KEEP_STATE_PASS), and so did the
+    # backward's reverse pass (AHLA's reads its forward chunk summary Σ k qᵀ, HLA3-masked's
+    # chunk-start states beside its three summaries)
     assert launched.count("delta_kernel") == 2 and launched.count("scan_kernel") == 2
     assert launched.count("rdelta_kernel") == 1 and launched.count("rscan_kernel") == 1
     assert "state_pass_kernel" not in launched and "reverse_kernel" not in launched
@@ -161,7 +168,7 @@ def test_scan_schedule_at_the_long_chunk(name, schedule, launched):
     for a, b in zip(got[2], want[2]):
         assert rel(a, b) < 1e-4
     walk = "scan_kernel" if schedule == "scan" else "state_pass_kernel"
-    assert launched.count(walk) == 2   # the forward's and the backward's recomputation
+    assert launched.count(walk) == 1   # the forward's, kept for the backward (launch.KEEP_STATE_PASS)
     assert dict(launched.args)[walk]["C"] == launch.LONG_CHUNK
 
 
@@ -425,7 +432,8 @@ def test_two_level_scan_matches_torch_float64(name, params, gated, with_init, dv
     starts), outputs, final states and every gradient in fp32 against the float64 program."""
     B, H = 2, 2
     _check_scan_schedule(name, params, gated, with_init, dv, (B, 16 * 7 - 5, H, 8), 17)
-    # forward, the backward's recomputation, reverse: three launches each, the groups' walks
+    # the plain forward, the forward under autograd (the backward's pass, kept for it), reverse:
+    # three launches each, the groups' walks
     # over B * H * 4 groups (four groups: 2 + 2 + 2 + 1 chunks), the walk over them B * H
     assert launched.count("scan_kernel") == 6 and launched.count("rscan_kernel") == 3
     for kernel in ("scan_kernel", "rscan_kernel"):
@@ -445,7 +453,8 @@ def test_scans_with_chunk_summaries_outside_the_states_stay_one_level(launched, 
         op(q, k, v)[0].sum().backward()
     finally:
         op.schedule = "auto"
-    assert launched.count("scan_kernel") == 2 and launched.count("rscan_kernel") == 1
+    # (one state pass: the forward's, kept for the backward, launch.KEEP_STATE_PASS)
+    assert launched.count("scan_kernel") == 1 and launched.count("rscan_kernel") == 1
 
 
 @pytest.mark.parametrize("params", [{}, {"normalize": True}])

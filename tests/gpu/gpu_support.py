@@ -258,10 +258,17 @@ def grads(total, named: dict) -> dict:
 def check_against_reference(op, ref, inputs: Inputs, ratios: Ratios, tol: float,
                             gen: torch.Generator, output_final_state: bool = True, **kw) -> None:
     """Forward (o, final state) and every gradient of ``op`` on ``inputs`` against
-    ``ref`` on the same values in fp32 (kw: scale, cu_seqlens)."""
+    ``ref`` on the same values in fp32 (kw: scale, cu_seqlens); the forward with nothing to
+    differentiate too ("plain": its own chunk and state pass, where a forward under
+    autograd runs the backward's, ``launch.KEEP_STATE_PASS``)."""
     mine, theirs = inputs.leaves(), inputs.leaves(torch.float32)
+    with torch.no_grad():
+        o_plain, state_plain = mine.call(op, output_final_state, **kw)
     o, state = mine.call(op, output_final_state, **kw)
     o_ref, state_ref = theirs.call(ref, output_final_state, **kw)
+    ratios.add("o (plain)", o_ref, o_plain, tol)
+    if output_final_state:
+        ratios.states("final_state (plain)", state_ref, state_plain, tol)
     first = next(iter(inputs.tokens.values()))
     assert o.dtype == first.dtype, f"o is {o.dtype}, inputs are {first.dtype}"
     assert o.shape == o_ref.shape, f"o {tuple(o.shape)} != reference {tuple(o_ref.shape)}"

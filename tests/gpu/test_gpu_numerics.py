@@ -92,7 +92,7 @@ def cases():
 
 @pytest.mark.parametrize("spec,variant,d", list(cases()))
 def test_forward_backward_matches_fp32_reference(spec, variant, d, record_property, monkeypatch):
-    chunks = []   # the chunk each direction ran at ("auto": the long chunk is what is under test)
+    chunks = []   # the chunk each call ran at ("auto": the long chunk, of the plain forward, is under test)
     chunk_for = launch.chunk_for
 
     def recorded(*args, **kwargs):
