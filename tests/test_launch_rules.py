@@ -248,7 +248,9 @@ def test_which_states_the_output_kernel_reads_only_as_sdot_operands():
 def test_the_op_asks_the_long_chunk_rule_per_direction(monkeypatch, gpu_of_132_sms, spec, gated,
                                                        forward, backward):
     """An op call hands chunk_for the rule for its own direction, dims and gate (what a CUDA
-    call would take; on CPU the interpreter's chunk is kept, so the rule is only asked here)."""
+    call would take; on CPU the interpreter's chunk is kept, so the rule is only asked here):
+    a plain forward the forward's, a fwd + bwd the backward's for both (the forward runs the
+    backward's state pass at its chunk, launch.KEEP_STATE_PASS)."""
     import hladsl
     asked = {}
     real = launch.chunk_for
@@ -262,17 +264,24 @@ def test_the_op_asks_the_long_chunk_rule_per_direction(monkeypatch, gpu_of_132_s
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 20, 2, 16, generator=gen, requires_grad=True) for _ in range(3))
     g = -0.1 * torch.rand(1, 20, 2, generator=gen) if gated else None
+    with torch.no_grad():
+        op(q, k, v, g=g)
+    assert asked == {"forward": forward}
+    asked.clear()
     op(q, k, v, g=g)[0].sum().backward()
-    assert asked == {"forward": forward, "backward": backward}
+    assert asked == {"backward": backward}
 
 
 def test_the_backward_scans_in_groups_where_few_walkers_walk_many_chunks(gpu_of_132_sms):
-    """launch.scan_groups: ceil(nC / SCAN_GROUP) groups in the backward, for dense calls of a
-    groupable scan with at least two groups' worth of chunks and fewer walkers than
-    SCAN_GROUP_FILL programs an SM; one level otherwise, and in the forward."""
+    """launch.scan_groups: ceil(nC / L) groups in the backward, L the power of two nearest √nC
+    up to SCAN_GROUP (launch.scan_group_len), for dense calls of a groupable scan with at
+    least 2 SCAN_GROUP chunks and fewer walkers than SCAN_GROUP_FILL programs an SM; one
+    level otherwise, and in the forward."""
     dev, group = gpu_of_132_sms, launch.SCAN_GROUP
-    assert launch.scan_groups(1024, 32, dev, False, True, "backward") == 1024 // group
-    assert launch.scan_groups(2 * group + 1, 32, dev, False, True, "backward") == 3   # the last group short
+    assert [launch.scan_group_len(n) for n in (64, 256, 300, 1024, 4096)] == [8, 16, 16, 32, group]
+    assert launch.scan_groups(1024, 32, dev, False, True, "backward") == 1024 // 32
+    assert launch.scan_groups(256, 32, dev, False, True, "backward") == 256 // 16
+    assert launch.scan_groups(300, 32, dev, False, True, "backward") == 19   # the last group short
     assert launch.scan_groups(2 * group - 1, 32, dev, False, True, "backward") == 1
     assert launch.scan_groups(1024, 32, dev, False, True, "forward") == 1
     assert launch.scan_groups(1024, 32, dev, True, True, "backward") == 1     # varlen

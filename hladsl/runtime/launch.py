@@ -270,18 +270,18 @@ SCAN_PREFETCH = True
 # launches of the same kernel: every group walks its chunks from zero to its own delta (one
 # program per group: SCAN_GROUP-fold parallelism), one walk over the groups' deltas gives each
 # group's start, and every group walks again from it writing the chunk starts. The deltas are
-# read twice (the bytes grow by half) and the sequential depth falls from nC to ~2 SCAN_GROUP
-# + nC / SCAN_GROUP.
+# read twice (the bytes grow by half) and the sequential depth falls from nC to ~2 L + nC / L
+# for groups of L chunks (``scan_group_len``: ~√nC, at most SCAN_GROUP).
 SCAN_GROUP = 32
 SCAN_GROUP_FILL = 4     # grouped only while the one-level walkers fill fewer than this many a SM
 SCAN_GROUP_FORWARD = False   # group the forward's own scan too (measured slower, below)
 
 
 def scan_groups(n_chunks: int, walkers: int, device, varlen: bool, groupable: bool, direction: str) -> int:
-    """Groups of the scan's walk (1: one level): ceil(nC / SCAN_GROUP) in the backward (its
+    """Groups of the scan's walk (1: one level): ceil(nC / ``scan_group_len``) in the backward (its
     recomputed state pass, whose groups' deltas the reverse scan walks, and the reverse scan),
     where the program's scan can group (``triton_gen._chunk_scan``'s groupable), the call is
-    dense (varlen sequences are the walkers already), there are at least two whole groups of chunks,
+    dense (varlen sequences are the walkers already), there are at least 2 SCAN_GROUP chunks,
     and the ``walkers`` ((sequence, head) pairs) leave the GPU short of SCAN_GROUP_FILL
     programs an SM. Measured (runs 92, 93, hla2, B = 2, H = 16, T = 65536, fwd + bwd): the
     reverse scan 4.27 -> 2.92 ms (its one-level walk moved ~0.9 TB/s), the recomputed forward
@@ -295,7 +295,17 @@ def scan_groups(n_chunks: int, walkers: int, device, varlen: bool, groupable: bo
             or walkers >= SCAN_GROUP_FILL * sms(device)
             or (direction == "forward" and not SCAN_GROUP_FORWARD)):
         return 1
-    return -(-n_chunks // SCAN_GROUP)
+    return -(-n_chunks // scan_group_len(n_chunks))
+
+
+def scan_group_len(n_chunks: int) -> int:
+    """Chunks in a group of the two-level scan: the power of two nearest √nC (rounding up
+    between two), at most SCAN_GROUP. Measured (run 129, hla2, B = 2, H = 16, fwd + bwd,
+    the forward running the backward's grouped scan, ``KEEP_STATE_PASS``): at T = 16k (256
+    chunks) groups of 16 / 32 / 64: 5.12 / 5.29 / 6.05 ms; at 64k (1024 chunks): 19.76 /
+    19.49 / 19.47 -- the walk over the groups (nC / L steps) against the groups' own walks
+    (2 L steps, reading every delta twice)."""
+    return max(1, min(SCAN_GROUP, 1 << (n_chunks.bit_length() // 2)))
 
 
 # Under "auto" at chunks shorter than LONG_CHUNK, chunk scans that read chunk summaries no

@@ -289,7 +289,7 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
         return d_init, dends, 1
     # two levels (launch.scan_groups): each group's own part of its d(start) from zero, the walk
     # over the groups (each one step at its forward delta) to each group's d(end), the groups again
-    alone, over_groups, again = group_phases(n_groups)
+    alone, over_groups, again = group_phases(n_groups, rows[2])
     own, ends = {}, {}
     for s in rs["states"]:
         init = state_args[f"init_{s['name']}"]

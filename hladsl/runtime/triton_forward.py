@@ -266,12 +266,12 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
 ONE_LEVEL = {"STORE_CHUNKS": True, "STORE_LAST": True, "n_groups": 1}   # a scan kernel's whole walk
 
 
-def group_phases(n_groups: int) -> tuple[dict, dict, dict]:
+def group_phases(n_groups: int, n_chunks: int) -> tuple[dict, dict, dict]:
     """The scan kernels' arguments for the three launches of a two-level walk (forward or
     reverse; ``launch.scan_groups``): the groups from zero to their own deltas (nothing per
     chunk written), the walk over the groups (its "chunks"), the groups again from their
-    starts (no last state)."""
-    length = launch.SCAN_GROUP
+    starts (no last state). ``n_chunks``: the chunks grouped (``launch.scan_group_len``)."""
+    length = launch.scan_group_len(n_chunks)
     return ({"STORE_CHUNKS": False, "STORE_LAST": True, "n_groups": n_groups, "group_len": length},
             {**ONE_LEVEL, "n_chunks": n_groups, "group_len": n_groups},
             {"STORE_CHUNKS": True, "STORE_LAST": False, "n_groups": n_groups, "group_len": length})
@@ -316,7 +316,7 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
                                  "STORE_CHUNKS": store_chunks, **derived_args}, may_fall_back, overrides)
         return deltas
     n_groups = plan.scan_groups
-    alone, over_groups, again_args = group_phases(n_groups)
+    alone, over_groups, again_args = group_phases(n_groups, rows[2])
     totals, starts = {}, {}   # each group's own delta; each group's start
     for s in ctx["states"]:
         name, init = s["name"], state_args[f"init_{s['name']}"]
@@ -342,7 +342,7 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
 def group_lam(lam: torch.Tensor, n_groups: int) -> torch.Tensor:
     """The walk over groups' log decays, laid out as ``lam`` ([rows, groups, C]: the kernels
     read each chunk's last entry): each group's entry is the sum of its chunks' last ones."""
-    length = launch.SCAN_GROUP
+    length = launch.scan_group_len(lam.shape[2])
     ends = lam[..., -1].reshape(-1, lam.shape[2])
     walkers = ends.shape[0]
     padded = ends.new_zeros(walkers, n_groups * length)
