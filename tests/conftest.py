@@ -50,3 +50,16 @@ def interpreter_binds(monkeypatch):
         return Bound()
     monkeypatch.setattr(direct, "bind", bind)
     return launched
+
+
+@pytest.fixture
+def state_passes(monkeypatch):
+    """A list that gains an entry per state pass run (``run_state_pass``, the forward's own
+    or the backward's), for tests of what a fwd + bwd runs (CPU and GPU)."""
+    from hladsl.runtime import triton_backward, triton_forward
+    passes = []
+    for module in (triton_forward, triton_backward):
+        real = module.run_state_pass
+        monkeypatch.setattr(module, "run_state_pass",
+                            lambda *a, _real=real, **kw: passes.append(1) or _real(*a, **kw))
+    return passes

@@ -281,13 +281,13 @@ def test_final_states_alone_skip_the_output_kernel(name, monkeypatch):
     ("hla2", {"normalize": True}, True, False, True, "auto"),
     ("linear", {}, True, True, False, "two_pass"), ("ahla", {}, False, False, False, "scan")],
     ids=["hla2-scan", "hla2-scan-groups", "hla2-norm-varlen", "linear-two_pass", "ahla-scan"])
-def test_forward_keeps_the_state_pass_for_its_backward(monkeypatch, name, params, gated, with_init, varlen,
-                                                       schedule):
+def test_forward_keeps_the_state_pass_for_its_backward(monkeypatch, state_passes, name, params, gated, with_init,
+                                                       varlen, schedule):
     """Under autograd the forward runs the backward's state pass and keeps its products
     (``launch.KEEP_STATE_PASS``): one state pass per fwd + bwd instead of two, the same
     outputs and final states, gradients equal bit for bit to a backward that recomputes
     (scan-groups: the backward's two-level scan, whose groups' deltas the reverse scan reads)."""
-    from hladsl.runtime import launch, triton_backward, triton_forward
+    from hladsl.runtime import launch, triton_backward
     if schedule == "scan-groups":   # groups of two chunks at the interpreter's shapes
         for rule, value in (("SCAN_GROUP", 2), ("SCAN_GROUP_FILL", 1000)):
             monkeypatch.setattr(launch, rule, value)
@@ -302,11 +302,7 @@ def test_forward_keeps_the_state_pass_for_its_backward(monkeypatch, name, params
     n_seq = 2 if varlen else B
     init = {n: 0.1 * torch.randn(n_seq, H, *s, generator=gen) for n, s in shapes.items()} if with_init else None
     w_o = torch.randn(B, T, H, dv, generator=gen)
-    passes = []
-    for module in (triton_forward, triton_backward):
-        real = module.run_state_pass
-        monkeypatch.setattr(module, "run_state_pass",
-                            lambda *a, _real=real, **kw: passes.append(1) or _real(*a, **kw))
+    passes = state_passes
 
     def fwd_bwd():
         passes.clear()

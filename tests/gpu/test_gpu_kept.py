@@ -12,25 +12,21 @@ import torch
 
 import hladsl
 from gpu_support import DEVICE, group, rms_ratio
-from hladsl.runtime import launch, triton_backward, triton_forward
+from hladsl.runtime import launch
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("spec,gated", [pytest.param("hla2", False, marks=group("kept", "hla2")),
                                         pytest.param("linear", True, marks=group("kept", "linear"))])
-def test_backward_reads_the_state_pass_the_forward_kept(monkeypatch, spec, gated):
+def test_backward_reads_the_state_pass_the_forward_kept(state_passes, spec, gated):
     B, T, H, D = 1, 8192, 4, 64   # 4 (sequence, head) pairs: the scan, in groups in the backward
     gen = torch.Generator(device=DEVICE).manual_seed(3)
     q, k, v = (torch.randn(B, T, H, D, device=DEVICE, generator=gen).to(torch.bfloat16) for _ in range(3))
     g = torch.nn.functional.logsigmoid(4 + torch.randn(B, T, H, device=DEVICE, generator=gen)) if gated else None
     w_o = torch.randn(B, T, H, D, device=DEVICE, generator=gen)
     op = hladsl.load(spec)
-    passes = []
-    for module in (triton_forward, triton_backward):
-        real = module.run_state_pass
-        monkeypatch.setattr(module, "run_state_pass",
-                            lambda *a, _real=real, **kw: passes.append(1) or _real(*a, **kw))
+    passes = state_passes
 
     def fwd_bwd():
         passes.clear()
