@@ -326,3 +326,47 @@ def test_forward_keeps_the_state_pass_for_its_backward(monkeypatch, state_passes
         torch.testing.assert_close(final[n], final_re[n], rtol=1e-5, atol=1e-6)
     for got, want in zip(grads, grads_re):
         assert torch.equal(got, want)
+
+
+def test_kept_states_are_freed_by_the_backward():
+    """The kept state pass is saved like the backward's inputs: gone once the backward ran
+    (a training loop holds no step's kept tensors into the next)."""
+    op = hladsl.load("hla2", backend="triton", chunk_size=16)
+    op.schedule = "scan"
+    try:
+        q, k, v = (torch.randn(1, 40, 2, 8, requires_grad=True) for _ in range(3))
+        o, _ = op(q, k, v)
+        assert len(o.grad_fn.saved_tensors) > 5   # g, cu_seqlens, q, k, v and the kept tensors
+        o.sum().backward()
+        with pytest.raises(RuntimeError, match="freed"):
+            o.grad_fn.saved_tensors
+    finally:
+        op.schedule = "auto"
+
+
+def test_the_forward_keeps_at_the_chunk_the_backward_fit(monkeypatch, state_passes):
+    """A backward whose kernels fit only a halved chunk: the forward's kept state pass (at the
+    asked chunk) goes unused once, then the forward starts from the backward's fitted chunk."""
+    from triton.runtime.errors import OutOfResources
+
+    from hladsl.runtime import triton_backward
+    real = triton_backward.backward_triton
+
+    def fits_only_16(program, tiles, *args, **kwargs):
+        if program.chunk > 16:
+            raise OutOfResources(300000, 232448, "shared memory")
+        return real(program, tiles, *args, **kwargs)
+    monkeypatch.setattr(triton_backward, "backward_triton", fits_only_16)
+    op = hladsl.load("hla2", backend="triton", chunk_size=32)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 70, 2, 8, generator=gen) for _ in range(3))
+    counts, grads = [], []
+    for _ in range(2):
+        state_passes.clear()
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        op(*leaves)[0].sum().backward()
+        counts.append(len(state_passes))
+        grads.append([x.grad for x in leaves])
+    assert counts == [2, 1]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -112,8 +112,13 @@ def _eager_forward(op, n_tokens: int, scale: float, cu_seqlens, schedule: str, g
     return (o, *states)
 
 
-def _eager_save(ctx, op, n_tokens: int, scale: float, cu_seqlens, schedule: str, g, tensors, o) -> None:
-    ctx.save_for_backward(g, cu_seqlens, *tensors)
+def _eager_save(ctx, op, n_tokens: int, scale: float, cu_seqlens, schedule: str, g, tensors, o,
+                kept=None) -> None:
+    """The backward's inputs on ``ctx``; ``kept`` (``Op.forward_keeping``'s) saved like the
+    inputs, so that the backward frees it."""
+    held, ctx.kept = kept.split() if kept is not None else ([], None)
+    ctx.save_for_backward(g, cu_seqlens, *tensors, *held)
+    ctx.n_inputs = len(tensors)
     ctx.op, ctx.n_tokens, ctx.scale, ctx.schedule = op, n_tokens, scale, schedule
     ctx.o_meta = (o.shape, o.dtype, o.device)
     ctx.set_materialize_grads(False)   # unused final states: no zero tensors to pass back
@@ -133,21 +138,22 @@ class EagerCall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op, n_tokens: int, scale: float, cu_seqlens, schedule: str, g, *tensors):
         tokens, init = list(tensors[:n_tokens]), list(tensors[n_tokens:])
-        o, states, ctx.kept = op.forward_keeping(tokens, g, scale, init, cu_seqlens, schedule)
+        o, states, kept = op.forward_keeping(tokens, g, scale, init, cu_seqlens, schedule)
         o, states = fresh_outputs(o, states, tokens + init)
-        _eager_save(ctx, op, n_tokens, scale, cu_seqlens, schedule, g, tensors, o)
+        _eager_save(ctx, op, n_tokens, scale, cu_seqlens, schedule, g, tensors, o, kept)
         return (o, *states)
 
     @staticmethod
     def backward(ctx, grad_o, *grad_states):
-        g, cu_seqlens, *tensors = ctx.saved_tensors
+        g, cu_seqlens, *saved = ctx.saved_tensors
+        tensors, held = saved[:ctx.n_inputs], saved[ctx.n_inputs:]
         n = ctx.n_tokens
         tokens, init = tensors[:n], tensors[n:]
         if grad_o is None:   # only final states were used
             shape, dtype, device = ctx.o_meta
             grad_o = torch.zeros(shape, dtype=dtype, device=device)
         grads = ctx.op.backward_impl(tokens, g, ctx.scale, init, cu_seqlens, ctx.schedule, grad_o,
-                                     list(grad_states), kept=getattr(ctx, "kept", None))
+                                     list(grad_states), kept=None if ctx.kept is None else ctx.kept.joined(held))
         d_tokens, d_g, d_init = _split_grads(grads, n, g is not None)
         return (None, None, None, None, None, d_g, *d_tokens, *d_init)
 

@@ -257,18 +257,20 @@ class Op:
 
         def run(chunk):
             from hladsl.runtime.triton_forward import forward_triton
+            kept.clear()   # only a run that went through keeps (not a raised one: the last run is the real one)
             prep = _Prepared(self, tokens, g, scale, init, cu_seqlens, chunk, keep_dtype=True)
             given = None
             if keep:
                 from hladsl.runtime.triton_backward import keep_state_pass
                 saved, starts, finals = keep_state_pass(prep.program, prep.tiles, prep.lam, prep.init, schedule,
                                                         prep.seq_chunks, prep.load_scales)
-                kept[:] = [(chunk, saved)]
                 given = (starts, finals)
             o_tiles, finals = forward_triton(prep.program, prep.tiles, prep.lam, prep.init,
                                              self.algebra.eps, schedule=schedule, out_dtype=prep.dtype,
                                              seq_chunks=prep.seq_chunks, scales=prep.load_scales, given=given)
             binding.returned(o_tiles, finals, prep)
+            if keep:
+                kept[:] = [saved]
             return prep.finish(o_tiles, finals)
         o, finals = self._on_kernels("forward", tokens, g, run,
                                      lambda: self._run_torch(tokens, g, scale, init, cu_seqlens), schedule, cu_seqlens,
@@ -281,7 +283,7 @@ class Op:
         generated backward kernels between the (linear, cheap) transposes of the torch
         preparation and finish, written out (``_Prepared``'s ``*_vjp``: every product runs
         inside a kernel, no tracing on the host), or torch's VJP of the torch program.
-        ``kept``: ``forward_keeping``'s, used where the backward runs at its chunk."""
+        ``kept``: ``forward_keeping``'s, used where it fits the backward's plan and tiles."""
         keep = [n for n, x in enumerate(grad_states) if x is not None]
         leaves = list(tokens) + ([g] if g is not None else []) + list(init)
         n_tok = len(tokens)
@@ -308,7 +310,7 @@ class Op:
                 prep.program, prep.tiles, prep.lam, prep.init, prep.output_vjp(grad_o), d_finals,
                 self.algebra.eps, schedule=schedule, grad_dtype=tokens[0].dtype, seq_chunks=prep.seq_chunks,
                 grad_scales=prep.scales, scales=prep.load_scales,
-                kept=kept[1] if kept is not None and kept[0] == chunk else None)
+                kept=kept)
             grads = [prep.token_vjp(d_tiles[n], x) for n, x in zip(self.inputs, tokens)]
             if g is not None:
                 grads.append(prep.gate_vjp(d_lam, g))
@@ -376,12 +378,15 @@ class Op:
         schedule = self.schedule if schedule is None else schedule
         dims = self._dims(tokens)
         chunk_of = chunk_of or direction
-        key = (self.identity, direction, chunk_of, tuple(sorted(dims.items())), first.dtype, g is not None,
-               schedule, str(first.device))
+        shape = (tuple(sorted(dims.items())), first.dtype, g is not None, schedule, str(first.device))
+        key = (self.identity, direction, chunk_of, *shape)
+        chunk = self._chunk(first, chunk_of, dims, g is not None, schedule, cu_seqlens is not None)
+        # from the chunk that direction's own kernels fit (a backward that had to halve its chunk
+        # halves the forward that keeps its state pass too)
+        chunk = launch.fitted((self.identity, chunk_of, chunk_of, *shape), chunk)
         try:
             with autotune.session(self.autotune, first, dims, g is not None, cu_seqlens):
-                return launch.fitting_chunk(key, self._chunk(first, chunk_of, dims, g is not None, schedule,
-                                                             cu_seqlens is not None), run)
+                return launch.fitting_chunk(key, chunk, run)
         except OutOfResources as exc:
             self._no_kernel_fits(exc, direction, dims, first)
         return torch_path()

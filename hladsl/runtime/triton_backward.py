@@ -170,22 +170,34 @@ def _state_pass(module, fwd, plan, program, tiles, lam, state_args: dict, scales
 class KeptStates:
     """What a forward under autograd kept of the backward's step (a), run once instead of
     twice (``keep_state_pass``): the chunk-start states and the deltas the backward's
-    reverse scan reads (the others are dropped), for one plan's state pass."""
+    reverse scan reads (the others are dropped), for one plan's state pass on tiles of
+    ``lead`` (their [N, H, nC, C], dtype, device)."""
 
-    def __init__(self, plan, first, starts: dict, deltas: dict):
-        self.plan, self.lead = plan, (tuple(first.shape[:4]), first.dtype, first.device)
-        self.starts, self.deltas = starts, deltas
+    def __init__(self, plan, lead: tuple, starts: dict, deltas: dict):
+        self.plan, self.lead, self.starts, self.deltas = plan, lead, starts, deltas
 
     def fits(self, plan, first) -> bool:
-        """Made by ``plan``'s state pass (the same chunk-scan choice and scan groups: the
-        deltas' layout) for tiles like ``first``."""
+        """Made by ``plan``'s state pass (the same chunk-scan choice, scan groups, precision
+        and warps: the deltas' layout and values) for tiles like ``first``."""
         return (self.lead == (tuple(first.shape[:4]), first.dtype, first.device)
                 and (self.plan is plan or _state_pass_form(self.plan) == _state_pass_form(plan)))
 
+    def split(self) -> tuple[list, "KeptStates"]:
+        """(its tensors, itself without them): autograd saves the tensors (freed after the
+        backward, as ``save_for_backward``'s are) and ``joined`` puts them back."""
+        tensors = list(self.starts.values()) + list(self.deltas.values())
+        return tensors, KeptStates(self.plan, self.lead, dict.fromkeys(self.starts), dict.fromkeys(self.deltas))
+
+    def joined(self, tensors) -> "KeptStates":
+        n = len(self.starts)
+        return KeptStates(self.plan, self.lead, dict(zip(self.starts, tensors[:n])),
+                          dict(zip(self.deltas, tensors[n:])))
+
 
 def _state_pass_form(plan) -> tuple:
-    """What decides the deltas a backward plan reads: its state pass and reverse pass."""
-    return plan.chunk_scan, plan.scan_groups, plan.fused, getattr(plan, "reverse_scan", False)
+    """What decides what a backward plan reads of its state pass, and their values."""
+    return (plan.chunk_scan, plan.scan_groups, plan.fused, getattr(plan, "reverse_scan", False),
+            plan.common["PREC"], plan.common["num_warps"])
 
 
 def keep_state_pass(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
@@ -209,7 +221,8 @@ def keep_state_pass(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     if not plan.fused and plan.reverse_scan:   # the deltas its reverse scan reads, by itself or by group
         read = {f"deltas_{s['name']}" for s in ctx["reverse_scan"]["deltas"]}
         read |= {f"group_{k}" for k in read}
-    return KeptStates(plan, first, starts, {k: x for k, x in deltas.items() if k in read}), starts, final
+    lead = (tuple(first.shape[:4]), first.dtype, first.device)
+    return KeptStates(plan, lead, starts, {k: x for k, x in deltas.items() if k in read}), starts, final
 
 
 def _reverse_pass(module, ctx, plan, fixed: dict, state_args: dict, grad_final, seq_chunks,
