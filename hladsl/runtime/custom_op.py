@@ -127,10 +127,10 @@ def _eager_save(ctx, op, n_tokens: int, scale: float, cu_seqlens, schedule: str,
 class EagerCall(torch.autograd.Function):
     """The eager twin of the custom op: the same ``forward_impl`` and ``backward_impl``,
     with the same outputs (contiguous, sharing no storage with the inputs) and
-    gradients; its forward keeps the state pass's products for its backward
-    (``Op.forward_keeping``: they are no tensors the custom op could return, so under
-    torch.compile and torch.func the backward computes them again). Measured on CPU with the kernel launches stubbed (linear, B = 1, T = 64,
-    d = 64): fwd + bwd 1005 µs through the custom op, 636 µs through this. ``forward``
+    gradients. Its forward keeps the state pass for its backward (``Op.forward_keeping``;
+    the custom op returns only its outputs, so under torch.compile and torch.func the
+    backward runs it again). Measured on CPU with the kernel launches stubbed (linear,
+    B = 1, T = 64, d = 64): fwd + bwd 1005 µs through the custom op, 636 µs through this. ``forward``
     takes ``ctx`` itself (no ``setup_context``): with one, every ``apply`` binds its
     arguments to ``inspect.signature(forward)`` (~20 µs a call). Under the torch.func
     transforms, which need ``setup_context``, ``Op.__call__`` uses ``TransformableCall``."""

@@ -257,7 +257,7 @@ class Op:
 
         def run(chunk):
             from hladsl.runtime.triton_forward import forward_triton
-            kept.clear()   # only a run that went through keeps (not a raised one: the last run is the real one)
+            kept.clear()   # a dry run (progress) or a raised one keeps nothing: the last run is the real one
             prep = _Prepared(self, tokens, g, scale, init, cu_seqlens, chunk, keep_dtype=True)
             given = None
             if keep:
@@ -309,8 +309,7 @@ class Op:
             d_tiles, d_lam, d_init = backward_triton(
                 prep.program, prep.tiles, prep.lam, prep.init, prep.output_vjp(grad_o), d_finals,
                 self.algebra.eps, schedule=schedule, grad_dtype=tokens[0].dtype, seq_chunks=prep.seq_chunks,
-                grad_scales=prep.scales, scales=prep.load_scales,
-                kept=kept)
+                grad_scales=prep.scales, scales=prep.load_scales, kept=kept)
             grads = [prep.token_vjp(d_tiles[n], x) for n, x in zip(self.inputs, tokens)]
             if g is not None:
                 grads.append(prep.gate_vjp(d_lam, g))
