@@ -657,8 +657,8 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
     only in W0 = S C - G) and the derived carries take no more bytes than those states, the
     one-level scan computes the derived carries at each chunk start (where it holds the states)
     and stores them instead (``derived_starts``; the output kernel then loads them, skipping
-    their contraction, and never reads the states in ``derived_only``); empty entries where that does
-    not apply (empty entries). The derived code is lowered afresh, its temps renamed (``dt``) so that they
+    their contraction, and never reads the states in ``derived_only``); empty entries where that
+    does not apply. The derived code is lowered afresh, its temps renamed (``dt``) so that they
     cannot meet the scan's own."""
     none = {"derived_starts": [], "derived_only": [], "derived_scan_code": ""}
     read = [st for st in states if st["read"] and not st["tiled"]]

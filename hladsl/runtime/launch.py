@@ -305,8 +305,8 @@ def scan_groups(n_chunks: int, walkers: int, device, varlen: bool, groupable: bo
 
 
 def scan_group_len(n_chunks: int) -> int:
-    """Chunks in a group of the two-level scan: the power of two nearest √nC (rounding up
-    between two), at most SCAN_GROUP. Measured (run 129, hla2, B = 2, H = 16, fwd + bwd,
+    """Chunks in a group of the two-level scan: 2^floor(bits(nC) / 2), about √nC (16 for 256
+    to 511 chunks, 32 for 512 to 2047), at most SCAN_GROUP. Measured (run 129, hla2, B = 2, H = 16, fwd + bwd,
     the forward running the backward's grouped scan, ``KEEP_STATE_PASS``): at T = 16k (256
     chunks) groups of 16 / 32 / 64: 5.12 / 5.29 / 6.05 ms; at 64k (1024 chunks): 19.76 /
     19.49 / 19.47 -- the walk over the groups (nC / L steps) against the groups' own walks

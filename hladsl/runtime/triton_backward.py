@@ -202,17 +202,18 @@ def _state_pass_form(plan) -> tuple:
 
 def keep_state_pass(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                     init_states: dict[str, torch.Tensor] | None, schedule: str = "auto",
-                    seq_chunks: torch.Tensor | None = None, scales: dict[str, float] | None = None
-                    ) -> tuple[KeptStates, dict, dict]:
+                    seq_chunks: torch.Tensor | None = None, scales: dict[str, float] | None = None,
+                    precision: str = "tf32x3", num_warps: int = 4) -> tuple[KeptStates, dict, dict]:
     """The backward's step (a), run by a forward under autograd (``launch.KEEP_STATE_PASS``;
-    arguments as ``backward_triton``'s, its default launch options): (what the backward
+    arguments as ``backward_triton``'s, for the backward's default reverse block and target
+    sets): (what the backward
     reads of it, the chunk-start states of the states the output reads, the final states
     {summary: [N, H, *shape] fp32}). The forward's output kernel reads those starts, so the
     call's state pass runs once: at T = 64k it is a sixth of hla2's fwd + bwd."""
     module, ctx = backward_kernels(program)
     fwd = ctx["forward"]
     first = tiles[next(iter(program.algebra.inputs))]
-    plan = _plan(program, ctx, first, "tf32x3", 4, None, schedule, None, seq_chunks, False)
+    plan = _plan(program, ctx, first, precision, num_warps, None, schedule, None, seq_chunks, False)
     if lam is not None:
         lam = lam.to(device=first.device, dtype=torch.float32).contiguous()
     state_args, final = _state_buffers(fwd, program, init_states, (plan.walkers, first.shape[1]), first.device)

@@ -155,12 +155,10 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
                                                       dtype=launch.starts_dtype(s["starts_sdot"], sdot)) \
                 if store_chunks and s["name"] not in derived_only else final[s["name"]]   # (never written)
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
-    derived_args = {}   # the scan's and the output kernel's (their parameters where the program has some)
-    if ctx["chunk_scan"] and ctx["chunk_scan"]["derived_starts"]:
-        like = next(iter(final.values()))
-        for d in ctx["chunk_scan"]["derived_starts"]:
-            derived_args[f"dstart_{d['name']}"] = per_chunk_alloc(like, seq_chunks)(
-                (n_seq, heads, n_chunks) + tuple(d["shape"])) if derived else like
+    like = next(iter(final.values()))
+    derived_args = derived_start_args(ctx, like, per_chunk_alloc(like, seq_chunks) if derived else None,
+                                      (n_seq, heads, n_chunks))
+    if derived_args:   # the scan's and the output kernel's parameters
         out_args.update(derived_args, DERIVED_STARTS=derived)
         derived_args["STORE_DERIVED"] = derived
     tokens = {**_token_args(ctx["state_inputs"], tiles, lam, program.gated, scales), **plan.packed}
@@ -186,14 +184,23 @@ def _output(module, ctx, plan, program, tiles, lam, starts_args: dict, eps, out_
     return o
 
 
+def derived_start_args(ctx: dict, like: torch.Tensor, alloc=None, rows: tuple = ()) -> dict:
+    """The derived-start buffers of the scan and output kernels (``triton_gen._derived_starts``;
+    none where the program has none): ``alloc(rows + shape)`` each, or ``like`` where they are
+    parameters only (not stored, not read)."""
+    cs = ctx["chunk_scan"]
+    return {f"dstart_{d['name']}": alloc(rows + tuple(d["shape"])) if alloc else like
+            for d in (cs["derived_starts"] if cs else ())}
+
+
 def _given_starts_output(module, ctx, plan, program, tiles, lam, given, eps, out_dtype, scales, options,
                          may_fall_back: bool):
     """forward_triton's output kernel alone, reading the chunk starts in ``given``."""
     starts, final = given
     args = {f"starts_{s['name']}": starts[s["name"]] for s in ctx["states"] if s["read"]}
-    if ctx["chunk_scan"] and ctx["chunk_scan"]["derived_starts"]:   # parameters, not read
-        args.update({f"dstart_{d['name']}": next(iter(final.values())) for d in ctx["chunk_scan"]["derived_starts"]},
-                    DERIVED_STARTS=False)
+    unread = derived_start_args(ctx, next(iter(final.values())))
+    if unread:
+        args.update(unread, DERIVED_STARTS=False)
     return _output(module, ctx, plan, program, tiles, lam, args, eps, out_dtype, scales, options,
                    may_fall_back), final
 
@@ -290,20 +297,17 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     one-level scan writes no chunk starts (the final states alone). ``derived_args``: the scan
     kernel's derived-starts arguments (``triton_gen._derived_starts``; none: not stored)."""
     walk, common = plan.walk, plan.common
-    cs = ctx["chunk_scan"]
-    if cs and cs["derived_starts"]:   # the scan kernel's parameters: stored only where asked
-        like = state_args[next(k for k in state_args if k.startswith("init_"))]
-        no_derived = {"STORE_DERIVED": False, **{f"dstart_{d['name']}": like for d in cs["derived_starts"]}}
-        derived_args = derived_args or no_derived
-    else:
-        no_derived = derived_args = {}
+    like = state_args[next(k for k in state_args if k.startswith("init_"))]
+    no_derived = derived_start_args(ctx, like)   # the scan kernel's parameters: stored only where asked
+    if no_derived:
+        no_derived["STORE_DERIVED"] = False
+    derived_args = derived_args or no_derived
     if not plan.chunk_scan:
         launch.launch_narrowing(module.state_pass_kernel, plan, "state_launch",
                                 {**state_args, **tokens, **walk, **common}, may_fall_back, overrides)
         return {}
     first = next(iter(v for k, v in tokens.items() if k.startswith("in_")))
     rows = tuple(first.shape[:3])        # (N, H, nC): a delta per chunk, laid out as the starts
-    like = state_args[next(k for k in state_args if k.startswith("init_"))]
     deltas = {f"deltas_{b['name']}": binding.fresh(like.new_empty(rows + tuple(b["shape"])))
               for b in ctx["chunk_scan"]["buffers"]}
     launch.launch_narrowing(module.delta_kernel, plan, "delta_launch", {**tokens, **deltas, **common},
