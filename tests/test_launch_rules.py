@@ -57,15 +57,15 @@ def test_long_chunk_where_the_rule_says_so_and_only_past_one_long_chunk(monkeypa
     assert launch.chunk_for(4096, None, cuda, "forward", no) == 64
 
 
-@pytest.mark.parametrize("spec, forward, backward", [
-    ("linear", True, True),          # chunk scan; gradient kernels memory-bound at 128
-    ("hla2", True, False),           # chunk scan; gradient kernels compute-bound at 128
-    ("ahla", True, False),
-    ("hla3_masked", True, False),
-    ("hla3", False, False),          # no chunk scan: its state pass walks the tokens
-    ("power", False, False),         # packed states
+@pytest.mark.parametrize("spec, forward, backward, wide_forward", [
+    ("linear", True, True, True),          # chunk scan; gradient kernels memory-bound at 128
+    ("hla2", True, False, True),           # chunk scan; gradient kernels compute-bound at 128
+    ("ahla", True, False, True),
+    ("hla3_masked", True, False, False),   # at d = 128 its kernels pass 150 FLOP/byte at 128
+    ("hla3", False, False, False),         # no chunk scan: its state pass walks the tokens
+    ("power", False, False, False),        # packed states
 ])
-def test_which_programs_take_the_long_chunk(gpu_of_132_sms, spec, forward, backward):
+def test_which_programs_take_the_long_chunk(gpu_of_132_sms, spec, forward, backward, wide_forward):
     import hladsl
     from hladsl.ir.pipeline import program_for
     op = hladsl.load(spec)
@@ -77,9 +77,13 @@ def test_which_programs_take_the_long_chunk(gpu_of_132_sms, spec, forward, backw
     assert takes("forward") is forward
     assert takes("backward") is backward
     assert not takes("forward", gated=True) and not takes("backward", gated=True)   # decay tiles spill
-    wide = tuple((dim, 128) for dim, _ in sizes)      # [128, 128] tiles: measured slower (hla3_masked)
-    assert not launch.takes_long_chunk(lambda chunk: program_for(op.compilation, chunk, wide, False),
-                                       "forward", "auto", 32, gpu_of_132_sms, False, 2)
+    wide = tuple((dim, 128) for dim, _ in sizes)      # [128, 128] tiles: by the cost model's intensity
+
+    def takes_wide(direction):
+        return launch.takes_long_chunk(lambda chunk: program_for(op.compilation, chunk, wide, False),
+                                       direction, "auto", 32, gpu_of_132_sms, False, 2)
+    assert takes_wide("forward") is wide_forward
+    assert not takes_wide("backward")
     if forward:
         assert not takes("forward", schedule="two_pass")     # a schedule asked for keeps 64
         assert not takes("forward", programs=2 * 132)         # the fused schedule takes these
@@ -321,3 +325,22 @@ def test_a_launch_with_an_argument_the_kernel_lacks_fails_as_on_a_gpu():
     assert x.sum() == 0
     with pytest.raises(TypeError, match="kernel has no parameter.*STORE_DERIVED"):
         direct.call(kernel, (1,), {"x_ptr": x, "N": 4, "STORE_DERIVED": False})
+
+
+def test_split_walkers_of_wide_value_free_states_run_one_a_sm(gpu_of_132_sms):
+    """HLA2's scan at d = 128 repeats its 128 x 128 S in every value block: its blocks narrow
+    only while the grid fits one program a SM (32 walkers: 4 blocks of 32, not 8 of 16);
+    at d = 64 (S of 4096 elements) the two-a-SM rule stays."""
+    import hladsl
+    from hladsl.ir.pipeline import program_for
+    op = hladsl.load("hla2")
+
+    def program(d):
+        return program_for(op.compilation, 64, (("d", d), ("dv", d)), False)
+    assert launch.wide_value_free(program(128), ("dv",))
+    assert not launch.wide_value_free(program(64), ("dv",))
+    assert not launch.wide_value_free(program(128), ("d", "dv"))   # S split too: nothing value-free
+    assert launch.state_block(128, 32, gpu_of_132_sms, True, one_per_sm=True) == 32
+    assert launch.state_block(128, 32, gpu_of_132_sms, True) == 16
+    assert launch.state_block(128, 200, gpu_of_132_sms, True, one_per_sm=True) == 128   # already a wave
+    assert launch.state_block(128, 32, gpu_of_132_sms, False, one_per_sm=True) == 128   # chained: never split

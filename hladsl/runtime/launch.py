@@ -111,6 +111,7 @@ BACKWARD_CHUNK = None   # the same for the backward
 # peak over its bandwidth (989 TFLOP/s / 3.35 TB/s)
 MEMORY_BOUND_INTENSITY = 295.0
 LONG_CHUNK_TILE = 128 * 64   # the most elements of a [C, dim] token tile at the long chunk
+WIDE_LONG_CHUNK_INTENSITY = 150.0   # past LONG_CHUNK_TILE, a forward whose kernels stay below this FLOP/byte
 
 
 def chunk_for(T: int, chunk_size: int | None, device=None, direction: str = "forward",
@@ -151,11 +152,13 @@ def takes_long_chunk(program_at: Callable[[int], object], direction: str, schedu
       output kernel past its registers at 128 (hla2's: 1624 B of stack gated, 432 B
       ungated); run 85, gated, T = 64k, C = 64 vs 128: linear forward 0.980 vs 1.126 ms,
       hla2 5.04 vs 5.21 (8 warps remove the spill and lose more ungated, run 83);
-    * dims wider than 64: the long chunk's [C, dim] tiles then pass LONG_CHUNK_TILE (128 x 64,
-      where it was measured faster for every program with a chunk scan); run 88, d = 128,
-      T = 16k, forward, C = 128 vs 64: hla3_masked 16.6 vs 6.0 ms, ahla 2.31 vs 2.06, while
-      hla2 6.29 vs 8.80 and linear 0.662 vs 0.713 -- nothing static measured yet separates
-      them, so wide dims keep 64 (a tuning candidate);
+    * dims wider than 64, where the long chunk's [C, dim] tiles pass LONG_CHUNK_TILE (128 x 64,
+      where it was measured faster for every program with a chunk scan): the backward, and a
+      forward whose kernels at the long chunk pass WIDE_LONG_CHUNK_INTENSITY FLOP/byte by the
+      cost model -- compute-bound on [128, 128] tiles of fp32-accurate state products; run
+      136, d = 128, T = 16k, forward, C = 128 vs 64: hla3_masked (257 and 270 FLOP/byte at
+      128) 18.3 vs 6.1 ms, while hla2 (100, 116) 4.53 vs 7.37, ahla (110, 128) 1.99 vs 2.10,
+      linear (32, 64) 0.671 vs 0.705;
     * varlen: each sequence pads to a whole chunk;
     * the backward, where its gradient kernels, whose FLOPs grow with the chunk, are not
       memory-bound at it (the cost model's FLOP/byte at or over MEMORY_BOUND_INTENSITY):
@@ -165,13 +168,15 @@ def takes_long_chunk(program_at: Callable[[int], object], direction: str, schedu
     if schedule != "auto" or varlen or programs >= FUSED_MIN_PROGRAMS_PER_SM * sms(device):
         return False
     program = program_at(LONG_CHUNK)
-    if (program.gated or not has_chunk_scan(program)
-            or LONG_CHUNK * max(n for _, n in program.sizes) > LONG_CHUNK_TILE):
+    if program.gated or not has_chunk_scan(program):
         return False
+    from hladsl.ir.cost import kernel_costs
+    if LONG_CHUNK * max(n for _, n in program.sizes) > LONG_CHUNK_TILE:
+        return (direction == "forward" and bool(WIDE_LONG_CHUNK_INTENSITY)
+                and all(k.intensity < WIDE_LONG_CHUNK_INTENSITY for k in kernel_costs(program, None, token_bytes)))
     if direction == "forward":
         return True
     from hladsl.ir.backward import backward_program
-    from hladsl.ir.cost import kernel_costs
     costs = kernel_costs(program, backward_program(program), token_bytes)
     return next(k for k in costs if k.kernel == "gradient").intensity < MEMORY_BOUND_INTENSITY
 
@@ -203,9 +208,11 @@ def fitting_chunk(key, chunk: int, run):
         return out
 
 
-def state_block(size: int, programs: int, device, narrow_ok: bool) -> int:
+def state_block(size: int, programs: int, device, narrow_ok: bool, one_per_sm: bool = False) -> int:
     """Value-dim block of a state-pass program: halve the padded dim (not below
-    16, tl.dot's minimum) while that leaves fewer programs than two per SM.
+    16, tl.dot's minimum) while that leaves fewer programs than two per SM; with
+    ``one_per_sm`` (``wide_value_free``) only while the halved grid still fits one
+    program a SM.
     Without ``narrow_ok`` the full width is kept: Triton 3.6's Hopper wgmma (seen on the H100)
     lowering miscompiles some chains of dots (a matmul reading a matmul result)
     on narrow bf16/fp16 tiles -- hla3's state pass at widths 16 and 32 gives NaN
@@ -215,9 +222,34 @@ def state_block(size: int, programs: int, device, narrow_ok: bool) -> int:
     if not narrow_ok:
         return width
     n_sms = sms(device)
+    if one_per_sm:
+        while width > 16 and programs * -(-size // (width // 2)) <= n_sms:
+            width //= 2
+        return width
     while width > 16 and programs * -(-size // width) < 2 * n_sms:
         width //= 2
     return width
+
+
+# A split walker whose value-free states (no split dim) pass WIDE_VALUE_FREE elements narrows
+# only while its grid fits one program a SM. Every value block repeats the walk of those states
+# and loads their delta tiles, and their fp32 dot operands take most of an SM's shared memory
+# (HLA2's scan at d = 128: S is 128 x 128, 147456 B at one stage), so two a SM do not fit and
+# narrower blocks only add repeats and a second wave. Run 137 (H100, B = 2, H = 16, d = 128,
+# bf16, forward at the long chunk): hla2 4.53 -> 3.70 ms at 16k, 17.47 -> 14.24 at 64k (value
+# blocks of 32, not 16: 128 programs); the d = 64 forwards and hla2's d = 128 backward unchanged.
+WIDE_VALUE_FREE = 8192
+
+
+def wide_value_free(program, splits) -> bool:
+    """Does every program of a split walk repeat more than WIDE_VALUE_FREE elements of
+    value-free states (HLA2's S at d = 128)?"""
+    if not WIDE_VALUE_FREE:
+        return False
+    sizes = dict(program.sizes)
+    free = sum(math.prod(sizes[d] for d in program.state_dims(s.name)) for s in program.algebra.streaming
+               if not set(program.state_dims(s.name)) & set(splits))
+    return free > WIDE_VALUE_FREE
 
 
 FUSED_MIN_PROGRAMS_PER_SM = 2
@@ -574,11 +606,12 @@ def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict,
     narrow = narrow_ok(first, chained)
     lead = tuple(programs) if isinstance(programs, tuple) else (programs,)
     widths, n = {}, math.prod(lead)
+    one_per_sm = wide_value_free(program, splits)
     for dim in splits:
         if dim in packed:
             w = common[f"B_{dim}"]
         else:
-            w = width or state_block(sizes[dim], n, first.device, narrow)
+            w = width or state_block(sizes[dim], n, first.device, narrow, one_per_sm)
         widths[dim] = w
         n *= -(-common[f"D_{dim}"] // w)
 
@@ -665,7 +698,12 @@ def walker_warps(elements: int) -> int:
     thread at 4 warps), where 4 warps spill. Measured on the H100 (benchmarks/kernel_sweep.py,
     B = 2, H = 16, T = 4096, d = dv = 64): hla2 (12288) state pass 657 -> 531 µs, reverse
     1387 -> 1027 µs at 8 warps; ahla (8192) is faster at 4 (144 vs 206 µs)."""
+    if WALKER_ELEMENTS_PER_8_WARPS and elements > WALKER_ELEMENTS_PER_8_WARPS:
+        return 16
     return 8 if elements > WALKER_ELEMENTS_PER_4_WARPS else 4
+
+
+WALKER_ELEMENTS_PER_8_WARPS = None   # A/B: 16 warps beyond this many held elements
 
 
 WALKER_STAGES = 4

@@ -64,10 +64,13 @@ SCAN = [Variant(BF16, False, False, "scan", with_state=False), Variant(BF16, Tru
 # "auto" where it takes the long chunk (launch.takes_long_chunk: ungated, dims <= 64, programs
 # with a chunk scan): the forward at C = 128 (linear's backward too), the default path
 AUTO = [Variant(BF16, False, False, "auto")]
+# "auto" at d = 128: the long chunk where the cost model's intensity allows it, and HLA2's
+# scan in value blocks of one program a SM (launch.takes_long_chunk, launch.wide_value_free)
+AUTO_D128 = Variant(BF16, False, False, "auto", with_state=False, d=128)
 D128 = {"linear": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128),
-                   Variant(BF16, True, True, "fused", d=128)],
-        "hla2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128)],
-        "ahla": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128)],
+                   Variant(BF16, True, True, "fused", d=128), AUTO_D128],
+        "hla2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128), AUTO_D128],
+        "ahla": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128), AUTO_D128],
         "power2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128)]}
 
 
@@ -115,6 +118,33 @@ def test_forward_backward_matches_fp32_reference(spec, variant, d, record_proper
         pytest.xfail(f"checked through the torch fallback, not generated kernels: {fallbacks[0]}")
     if variant.schedule == "auto":
         assert launch.LONG_CHUNK in chunks, chunks
+
+
+# ------------------------------------------------------------------ wide value-free states
+@pytest.mark.parametrize("spec", [pytest.param(BY_ID["hla2"], id="hla2",
+                                               marks=AUTO_D128.kernels(BY_ID["hla2"], 128))])
+def test_scan_in_one_program_a_sm_matches_fp32_reference(spec, record_property, monkeypatch):
+    """HLA2's forward at d = 128 with 32 (sequence, head) walkers: the long chunk, and the scan
+    in value blocks of 32 (one program a SM: launch.wide_value_free), not the 16 that the
+    module's few walkers get; o and final states against the fp32 reference."""
+    widths = []
+    state_block = launch.state_block
+
+    def recorded(size, programs, device, narrow_ok, one_per_sm=False):
+        widths.append((programs, one_per_sm, state_block(size, programs, device, narrow_ok, one_per_sm)))
+        return widths[-1][2]
+    monkeypatch.setattr(launch, "state_block", recorded)
+    gen = generator(128)
+    op, ref = load(spec), load(spec, "torch")
+    inputs = Inputs(tokens(spec, 2, 512, 16, 128, 128, BF16, False, gen))
+    with torch.no_grad():
+        o, state = inputs.call(op)
+        o_ref, state_ref = inputs.leaves(torch.float32).call(ref)
+    assert (32, True, 32) in widths, widths
+    ratios = Ratios(record_property)
+    ratios.add("o", o_ref, o, TOL[BF16])
+    ratios.states("final_state", state_ref, state, TOL[BF16])
+    ratios.check()
 
 
 # ------------------------------------------------------------------ short sequences
