@@ -84,6 +84,9 @@ def test_which_programs_take_the_long_chunk(gpu_of_132_sms, spec, forward, backw
                                        direction, "auto", 32, gpu_of_132_sms, False, 2)
     assert takes_wide("forward") is wide_forward
     assert not takes_wide("backward")
+    wider = tuple((dim, 256) for dim, _ in sizes)     # past WIDE_LONG_CHUNK_TILE: unmeasured, keeps 64
+    assert not launch.takes_long_chunk(lambda chunk: program_for(op.compilation, chunk, wider, False),
+                                       "forward", "auto", 32, gpu_of_132_sms, False, 2)
     if forward:
         assert not takes("forward", schedule="two_pass")     # a schedule asked for keeps 64
         assert not takes("forward", programs=2 * 132)         # the fused schedule takes these
@@ -340,6 +343,8 @@ def test_split_walkers_of_wide_value_free_states_run_one_a_sm(gpu_of_132_sms):
     assert launch.wide_value_free(program(128), ("dv",))
     assert not launch.wide_value_free(program(64), ("dv",))
     assert not launch.wide_value_free(program(128), ("d", "dv"))   # S split too: nothing value-free
+    power = hladsl.load("power")                                      # packed dims count by their table
+    assert launch.wide_value_free(program_for(power.compilation, 64, (("d", 64), ("dv", 64)), False), ())
     assert launch.state_block(128, 32, gpu_of_132_sms, True, one_per_sm=True) == 32
     assert launch.state_block(128, 32, gpu_of_132_sms, True) == 16
     assert launch.state_block(128, 200, gpu_of_132_sms, True, one_per_sm=True) == 128   # already a wave

@@ -7,14 +7,16 @@ tuning knobs of their own.
 Rules:
 * chunk size: the op's chunk where it gives one, else 64, or 128 on CUDA for dense
   ungated "auto" calls of programs with a chunk scan and dims of at most 64 (the forward; the backward where its
-  gradient kernels stay memory-bound: ``chunk_for``, ``takes_long_chunk``); on CPU shrunk
+  gradient kernels stay memory-bound), and at dims of 128 for a forward the cost model keeps
+  below WIDE_LONG_CHUNK_INTENSITY (``chunk_for``, ``takes_long_chunk``); on CPU shrunk
   to the sequence for short inputs (power of two, >= 16: tl.dot's minimum); halved while a
   kernel does not fit the GPU's shared memory (``fitting_chunk``); what fit is remembered
   per shape class.
 * launch options: the default software pipelining first; one stage, then eight
   warps when shared memory runs out (``launch``, remembered per kernel).
 * state-pass block of the value dim: narrow enough to fill the GPU
-  (``state_block``), except where Hopper miscompiles narrow chained dots (narrowing those
+  (``state_block``; one program a SM for a scan whose value-free states are wide:
+  ``wide_value_free``), except where Hopper miscompiles narrow chained dots (narrowing those
   anyway with fp32 dots measured slower for ahla's and hla3_masked's reverse passes,
   faster for hla2's: RESULTS round 10, so it is not a rule); a state or
   reverse pass that fits no launch fallback at its width runs narrower blocks
@@ -111,7 +113,8 @@ BACKWARD_CHUNK = None   # the same for the backward
 # peak over its bandwidth (989 TFLOP/s / 3.35 TB/s)
 MEMORY_BOUND_INTENSITY = 295.0
 LONG_CHUNK_TILE = 128 * 64   # the most elements of a [C, dim] token tile at the long chunk
-WIDE_LONG_CHUNK_INTENSITY = 150.0   # past LONG_CHUNK_TILE, a forward whose kernels stay below this FLOP/byte
+WIDE_LONG_CHUNK_TILE = 128 * 128    # past LONG_CHUNK_TILE up to this (measured at d = 128), a forward takes
+WIDE_LONG_CHUNK_INTENSITY = 150.0   # the long chunk where its kernels stay below this many FLOP/byte there
 
 
 def chunk_for(T: int, chunk_size: int | None, device=None, direction: str = "forward",
@@ -153,9 +156,10 @@ def takes_long_chunk(program_at: Callable[[int], object], direction: str, schedu
       ungated); run 85, gated, T = 64k, C = 64 vs 128: linear forward 0.980 vs 1.126 ms,
       hla2 5.04 vs 5.21 (8 warps remove the spill and lose more ungated, run 83);
     * dims wider than 64, where the long chunk's [C, dim] tiles pass LONG_CHUNK_TILE (128 x 64,
-      where it was measured faster for every program with a chunk scan): the backward, and a
-      forward whose kernels at the long chunk pass WIDE_LONG_CHUNK_INTENSITY FLOP/byte by the
-      cost model -- compute-bound on [128, 128] tiles of fp32-accurate state products; run
+      where it was measured faster for every program with a chunk scan): the backward, dims
+      past WIDE_LONG_CHUNK_TILE (128 x 128: unmeasured), and a forward with a kernel at or past
+      WIDE_LONG_CHUNK_INTENSITY FLOP/byte at the long chunk by the cost model -- compute-bound
+      on [128, 128] tiles of fp32-accurate state products; run
       136, d = 128, T = 16k, forward, C = 128 vs 64: hla3_masked (257 and 270 FLOP/byte at
       128) 18.3 vs 6.1 ms, while hla2 (100, 116) 4.53 vs 7.37, ahla (110, 128) 1.99 vs 2.10,
       linear (32, 64) 0.671 vs 0.705;
@@ -171,8 +175,9 @@ def takes_long_chunk(program_at: Callable[[int], object], direction: str, schedu
     if program.gated or not has_chunk_scan(program):
         return False
     from hladsl.ir.cost import kernel_costs
-    if LONG_CHUNK * max(n for _, n in program.sizes) > LONG_CHUNK_TILE:
-        return (direction == "forward" and bool(WIDE_LONG_CHUNK_INTENSITY)
+    tile = LONG_CHUNK * max(n for _, n in program.sizes)
+    if tile > LONG_CHUNK_TILE:
+        return (direction == "forward" and tile <= WIDE_LONG_CHUNK_TILE
                 and all(k.intensity < WIDE_LONG_CHUNK_INTENSITY for k in kernel_costs(program, None, token_bytes)))
     if direction == "forward":
         return True
@@ -231,25 +236,24 @@ def state_block(size: int, programs: int, device, narrow_ok: bool, one_per_sm: b
     return width
 
 
-# A split walker whose value-free states (no split dim) pass WIDE_VALUE_FREE elements narrows
+# A split scan walker whose value-free states (no split dim) pass WIDE_VALUE_FREE_ELEMENTS narrows
 # only while its grid fits one program a SM. Every value block repeats the walk of those states
 # and loads their delta tiles, and their fp32 dot operands take most of an SM's shared memory
 # (HLA2's scan at d = 128: S is 128 x 128, 147456 B at one stage), so two a SM do not fit and
 # narrower blocks only add repeats and a second wave. Run 137 (H100, B = 2, H = 16, d = 128,
 # bf16, forward at the long chunk): hla2 4.53 -> 3.70 ms at 16k, 17.47 -> 14.24 at 64k (value
 # blocks of 32, not 16: 128 programs); the d = 64 forwards and hla2's d = 128 backward unchanged.
-WIDE_VALUE_FREE = 8192
+# Scan kernels only: the rule was measured there (the forward's scan; hla2's fwd + bwd at d = 128
+# unchanged with it on every walker, whose reverse pass walks unsplit there).
+WIDE_VALUE_FREE_ELEMENTS = 8192
 
 
 def wide_value_free(program, splits) -> bool:
-    """Does every program of a split walk repeat more than WIDE_VALUE_FREE elements of
-    value-free states (HLA2's S at d = 128)?"""
-    if not WIDE_VALUE_FREE:
-        return False
-    sizes = dict(program.sizes)
-    free = sum(math.prod(sizes[d] for d in program.state_dims(s.name)) for s in program.algebra.streaming
+    """Does every program of a split walk repeat more than WIDE_VALUE_FREE_ELEMENTS elements
+    of value-free states (HLA2's S at d = 128)?"""
+    free = sum(math.prod(program.state_shape(s.name)) for s in program.algebra.streaming
                if not set(program.state_dims(s.name)) & set(splits))
-    return free > WIDE_VALUE_FREE
+    return free > WIDE_VALUE_FREE_ELEMENTS
 
 
 FUSED_MIN_PROGRAMS_PER_SM = 2
@@ -592,21 +596,23 @@ class Tiling:
 
 
 def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict, first, chained: bool,
-                 width: int | None = None, fixed_blocks: bool = False) -> tuple[tuple, dict, Tiling]:
+                 width: int | None = None, fixed_blocks: bool = False,
+                 scan: bool = False) -> tuple[tuple, dict, Tiling]:
     """Grid (programs, blocks of each split dim), block arguments and the Tiling of a
     state-pass-like kernel (``programs`` a tuple: the leading grid axes, e.g. the delta
     kernel's (chunks, sequence·head)). A packed dim keeps its tile (common's B_); any other
     split dim takes ``width`` or ``state_block``'s rule (each dim seeing the
     programs of the ones before it); the dot dtype follows ``dot_override``. The
     tuner may try other widths where the rule may narrow (``tune_widths``), unless
-    ``fixed_blocks`` (the caller sizes buffers by the number of blocks)."""
+    ``fixed_blocks`` (the caller sizes buffers by the number of blocks). ``scan``: a scan
+    kernel's walk, one program a SM where its value-free states are wide (``wide_value_free``)."""
     first = TileMeta(first.dtype, first.device, tuple(first.shape))   # retile must not pin the tensor
     sizes = dict(program.sizes)
     packed = {pd.name for pd in program.packed}
     narrow = narrow_ok(first, chained)
     lead = tuple(programs) if isinstance(programs, tuple) else (programs,)
     widths, n = {}, math.prod(lead)
-    one_per_sm = wide_value_free(program, splits)
+    one_per_sm = scan and wide_value_free(program, splits)
     for dim in splits:
         if dim in packed:
             w = common[f"B_{dim}"]
@@ -698,12 +704,7 @@ def walker_warps(elements: int) -> int:
     thread at 4 warps), where 4 warps spill. Measured on the H100 (benchmarks/kernel_sweep.py,
     B = 2, H = 16, T = 4096, d = dv = 64): hla2 (12288) state pass 657 -> 531 µs, reverse
     1387 -> 1027 µs at 8 warps; ahla (8192) is faster at 4 (144 vs 206 µs)."""
-    if WALKER_ELEMENTS_PER_8_WARPS and elements > WALKER_ELEMENTS_PER_8_WARPS:
-        return 16
     return 8 if elements > WALKER_ELEMENTS_PER_4_WARPS else 4
-
-
-WALKER_ELEMENTS_PER_8_WARPS = None   # A/B: 16 warps beyond this many held elements
 
 
 WALKER_STAGES = 4

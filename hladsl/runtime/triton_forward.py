@@ -259,7 +259,7 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
         plan.delta_launch = launch.split_blocks((n_chunks, n_seq * heads), ctx["splits"], program, common,
                                                 first, cs["delta_chained_dots"])
         plan.scan_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common, first,
-                                               cs["scan_chained_dots"], state_block)
+                                               cs["scan_chained_dots"], state_block, scan=True)
         plan.scan_groups = launch.scan_groups(n_chunks, plan.walkers * heads, first.device,
                                               plan.walk["VARLEN"], cs["groupable"], direction)
         plan.derived_starts = (direction == "forward" and plan.scan_groups == 1 and bool(cs["derived_starts"])
@@ -267,7 +267,7 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
         if plan.scan_groups > 1:   # the groups' walks (phases 1 and 3); the walk over groups is scan_launch's
             plan.group_scan_launch = launch.split_blocks(plan.walkers * heads * plan.scan_groups, ctx["splits"],
                                                          program, common, first, cs["scan_chained_dots"],
-                                                         state_block)
+                                                         state_block, scan=True)
 
 
 ONE_LEVEL = {"STORE_CHUNKS": True, "STORE_LAST": True, "n_groups": 1}   # a scan kernel's whole walk
