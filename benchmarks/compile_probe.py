@@ -3,7 +3,12 @@ backward) for sm_90, without a GPU: the launches of ``forward_triton`` and
 ``backward_triton`` are recorded on CPU tensors instead of run, then each kernel is
 compiled with Triton's own ptxas the way that launch would specialise it.
 
-    python benchmarks/compile_probe.py hla2 [--d 64] [--chunk 64] [--schedule scan] [--ungated] [--out probe.json]
+    python benchmarks/compile_probe.py hla2 [--d 64] [--chunk 64] [--schedule scan] [--ungated]
+        [--pairs 32] [--sms 132] [--out probe.json]
+
+``--pairs`` (sequence, head) pairs on a GPU of ``--sms`` SMs: the launch rules pick the block
+widths of that call (hla2's scan at d = 128: 32 pairs on 132 SMs give blocks of 32), not of
+the probe's own tiny one.
 
 The launches record a bf16 call's tile dtypes (DOT, SDOT) as on a GPU, not the fp32 tiles
 a CPU tensor gets under the interpreter.
@@ -32,20 +37,23 @@ _TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
           torch.int32: "i32", torch.int64: "i64"}
 
 
-def record(name: str, params: dict, d: int, gated: bool, chunk: int = 64, schedule: str = "two_pass"):
-    """(kernel, args) of every launch of the forward and backward at a small shape."""
+def record(name: str, params: dict, d: int, gated: bool, chunk: int = 64, schedule: str = "two_pass",
+           pairs: int = 2, n_sms: int = 132):
+    """(kernel, args) of every launch of the forward and backward at a small shape, with the
+    block widths the launch rules give ``pairs`` (sequence, head) pairs on ``n_sms`` SMs."""
     from hladsl.runtime.triton_backward import backward_triton
     from hladsl.runtime.triton_forward import forward_triton
     alg = hladsl.compile_spec(name, **params)
     program = chunk_program(alg, chunk, tuple(sorted((x, d) for x in alg.dims)), gated)
-    N, H, nC = 1, 2, 2
+    N, H, nC = 1, pairs, 2
     tiles = {x: torch.randn(N, H, nC, chunk, d, dtype=torch.bfloat16) for x in alg.inputs}
     lam = (-0.01 * torch.rand(N, H, nC, chunk)).cumsum(-1) if gated else None
     init = {s: torch.zeros(N, H, *program.state_shape(s)) for s, _ in program.states}
     launches = []
-    real, real_dot = launch.launch, launch.dot_dtype
+    real, real_dot, real_sms = launch.launch, launch.dot_dtype, launch.sms
     launch.launch = lambda kernel, grid, args, may, tiling=None: launches.append((kernel, args))
     launch.dot_dtype = lambda dtype, device=None: real_dot(dtype)   # a GPU's tiles, not the interpreter's
+    launch.sms = lambda device: n_sms
     try:
         forward_triton(program, tiles, lam, init, alg.eps, schedule=schedule)
         backward_triton(program, tiles, lam, init,
@@ -53,7 +61,7 @@ def record(name: str, params: dict, d: int, gated: bool, chunk: int = 64, schedu
     except Exception:   # a launcher reading a result it recorded instead of computing
         pass
     finally:
-        launch.launch, launch.dot_dtype = real, real_dot
+        launch.launch, launch.dot_dtype, launch.sms = real, real_dot, real_sms
     return launches
 
 
@@ -109,6 +117,8 @@ def main() -> int:
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--ungated", action="store_true")
     parser.add_argument("--schedule", default="two_pass", choices=("two_pass", "scan"))
+    parser.add_argument("--pairs", type=int, default=2, help="(sequence, head) pairs of the call")
+    parser.add_argument("--sms", type=int, default=132, help="SMs of the GPU the widths are chosen for")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -118,7 +128,7 @@ def main() -> int:
     params = {k: int(v) for k, v in (item.split("=", 1) for item in args.param)}
     rows = []
     for kernel, kargs in record(args.spec, params, args.d, not args.ungated, args.chunk,
-                                 args.schedule):
+                                 args.schedule, args.pairs, args.sms):
         row = dict(spec=args.spec, d=args.d, chunk=args.chunk, gated=not args.ungated, **compile_one(kernel, kargs))
         rows.append(row)
         print(json.dumps(row), flush=True)
