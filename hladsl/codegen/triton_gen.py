@@ -665,16 +665,16 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
     only = [st["name"] for st in read if not re.search(rf"\bst_{st['name']}\b", output_body)]
     if not program.derived or not only or any(st["tiled"] for st in states if st["read"]):
         return none
+    size = dict(program.sizes)
     derived = []
     for d in program.derived:
         dims = [low.derived_dims[d.name][i] for i in d.poly.free]
         off, msk, numel = _layout(dims)
         derived.append({"name": f"dr_{d.name}", "dims": dims, "off": off, "msk": msk, "numel": numel,
                         "own": owned_mask(f"dr_{d.name}", dims, splits, mask="dmsk_"),
-                        "shape": [dict(program.sizes)[x] for x in dims]})
-    size = dict(program.sizes)
-    numel = lambda dims: math.prod(size[x] for x in dims)   # noqa: E731
-    if sum(numel(d["dims"]) for d in derived) > sum(numel(st["dims"]) for st in read if st["name"] in only):
+                        "shape": [size[x] for x in dims]})
+    elements = lambda dims: math.prod(size[x] for x in dims)   # noqa: E731
+    if sum(elements(d["dims"]) for d in derived) > sum(elements(st["dims"]) for st in read if st["name"] in only):
         return none
     low.region()
     code = re.sub(r"\bt(\d+)\b", r"dt\1", low.derived())

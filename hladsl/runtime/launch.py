@@ -113,8 +113,10 @@ BACKWARD_CHUNK = None   # the same for the backward
 # peak over its bandwidth (989 TFLOP/s / 3.35 TB/s)
 MEMORY_BOUND_INTENSITY = 295.0
 LONG_CHUNK_TILE = 128 * 64   # the most elements of a [C, dim] token tile at the long chunk
-WIDE_LONG_CHUNK_TILE = 128 * 128    # past LONG_CHUNK_TILE up to this (measured at d = 128), a forward takes
-WIDE_LONG_CHUNK_INTENSITY = 150.0   # the long chunk where its kernels stay below this many FLOP/byte there
+# Past LONG_CHUNK_TILE, up to WIDE_LONG_CHUNK_TILE (measured at d = 128), a forward takes the long
+# chunk where the cost model keeps its kernels below WIDE_LONG_CHUNK_INTENSITY FLOP/byte there.
+WIDE_LONG_CHUNK_TILE = 128 * 128
+WIDE_LONG_CHUNK_INTENSITY = 150.0
 
 
 def chunk_for(T: int, chunk_size: int | None, device=None, direction: str = "forward",
@@ -227,11 +229,10 @@ def state_block(size: int, programs: int, device, narrow_ok: bool, one_per_sm: b
     if not narrow_ok:
         return width
     n_sms = sms(device)
-    if one_per_sm:
-        while width > 16 and programs * -(-size // (width // 2)) <= n_sms:
-            width //= 2
-        return width
-    while width > 16 and programs * -(-size // width) < 2 * n_sms:
+
+    def grid(w: int) -> int:
+        return programs * -(-size // w)
+    while width > 16 and (grid(width // 2) <= n_sms if one_per_sm else grid(width) < 2 * n_sms):
         width //= 2
     return width
 
