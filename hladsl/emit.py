@@ -10,7 +10,7 @@ from hladsl.errors import SpecError
 from hladsl.frontend.printer import to_text
 from hladsl.frontend.specs import load_ast
 from hladsl.ir.precision import precision_plan
-from hladsl.ir.scan import scan_plan
+from hladsl.ir.scan import scan_plan, staged_scan
 from hladsl.ir.backward import backward_text
 from hladsl.ir.checks import serial_flops
 from hladsl.ir.lower import bind_params
@@ -175,7 +175,11 @@ def _program_text(prog) -> str:
         lines.append(f"state pass {name} (sequential over chunks):")
         for t in terms:
             lines += term_lines(t)
-    lines += scan_plan(prog).describe()
+    plan = scan_plan(prog)
+    lines += plan.describe()
+    staged = staged_scan(prog, plan)
+    if staged is not None:
+        lines += staged.describe()
     flops = prog.flops()
     lines.append(f"# per chunk and head: {flops['output']} output MACs, {flops['state']} state MACs")
     return "\n".join(lines) + "\n"

@@ -136,6 +136,57 @@ def test_scan_schedule_matches_torch_float64(name, params, gated, with_init, var
     assert shared == set() if varlen else (shared == written if name == "hla3_masked" else bool(shared))
 
 
+STAGED_CASES = [({}, True, True, False), ({"normalize": True}, False, False, True)]
+
+
+@pytest.mark.parametrize("params,gated,with_init,varlen", STAGED_CASES,
+                         ids=["gated-init-dense", "norm-plain-varlen"])
+def test_two_stage_scan_matches_torch_float64(params, gated, with_init, varlen, launched):
+    """HLA3's chunk scan in two stages (``ir.scan.staged_scan``): SK, SQ, P (m) scanned, every
+    chunk's increment of G1, G2, G3 (h1, h2, h3) at once from their stored chunk starts, then
+    those scanned -- outputs, final states and every gradient against the float64 torch
+    program, as the one-stage scans above. The backward's reverse pass walks (it reads no
+    deltas of a two-stage pass)."""
+    _check_scan_schedule("hla3", params, gated, with_init, 8, (1, 70, 2, 8) if varlen else (2, 53, 2, 8), 11,
+                         torch.tensor([0, 21, 22, 70]) if varlen else None)
+    upper = 6 if params else 3   # G1, G2, G3 (h1, h2, h3): one stage_kernel launch each
+    for kernel, launches in (("delta_kernel", 2), ("scan_kernel", 2), ("stage_kernel", 2 * upper),
+                             ("stage_scan_kernel", 2)):
+        assert launched.count(kernel) == launches, kernel
+    parts = [args["PART"] for name, args in launched.args if name == "stage_kernel"]
+    assert parts == list(range(upper)) * 2
+    assert "state_pass_kernel" not in launched and "reverse_kernel" in launched
+    args = dict(launched.args)
+    assert {k for k in args["stage_kernel"] if k.startswith("starts_")} == \
+        {f"starts_{n}" for n in (("SK", "SQ", "P", "m") if params else ("SK", "SQ", "P"))}
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+def test_two_stage_scan_over_two_value_blocks(gated, launched):
+    """The two-stage scan's kernels split the value dim (two blocks of 16): the lower states
+    without it (SK, SQ) are read whole by every block of the increments; chunk starts and
+    outputs against the float64 torch program."""
+    from hladsl.runtime.chunk_torch import outputs, state_pass
+    from hladsl.runtime.triton_forward import forward_triton
+    alg = hladsl.compile_spec("hla3")
+    program = chunk_program(alg, 16, (("d", 8), ("dv", 32)), gated)
+    gen = torch.Generator().manual_seed(4)
+    sizes = dict(program.sizes)
+    tiles = {x: 0.5 * torch.randn(1, 2, 3, 16, sizes[d], generator=gen, dtype=torch.float64)
+             for x, d in alg.inputs.items()}
+    lam = (-0.3 * torch.rand(1, 2, 3, 16, generator=gen, dtype=torch.float64)).cumsum(-1) if gated else None
+    init = {s: 0.3 * torch.randn(1, 2, *program.state_shape(s), generator=gen, dtype=torch.float64)
+            for s, _ in program.states}
+    starts, final = state_pass(program, tiles, lam, init, torch.float64)
+    want = outputs(program, "output", tiles, lam, starts, torch.float64)
+    o, got = forward_triton(program, {k: v.float() for k, v in tiles.items()}, None if lam is None else lam.float(),
+                            {k: v.float() for k, v in init.items()}, alg.eps, schedule="scan", state_block=16)
+    assert ("stage_kernel", (3, 2, 2)) in launched.grids and ("stage_scan_kernel", (2, 2)) in launched.grids
+    assert (o.double() - want).norm() / want.norm() < 1e-5
+    for s in final:
+        assert (got[s].double() - final[s]).norm() / final[s].norm() < 1e-5, s
+
+
 @pytest.mark.parametrize("name,schedule", [("ahla", "scan"), ("hla2", "scan"), ("linear", "two_pass")])
 def test_scan_schedule_at_the_long_chunk(name, schedule, launched):
     """The chunk size "auto" takes on a GPU for programs with a chunk scan
@@ -189,10 +240,10 @@ def test_scan_kernel_splits_the_value_dim_and_reads_no_tokens():
     assert "st_" not in delta   # from zero: no carried state
 
 
-@pytest.mark.parametrize("name,params", [("hla3", {}), ("power", {"p": 2})])
+@pytest.mark.parametrize("name,params", [("power", {"p": 2})])
 def test_programs_without_a_chunk_scan_refuse_the_schedule(name, params):
-    """A term walking the tokens (HLA3's through its four-index combine-only states) or a
-    packed state (power): no chunk scan; asked for explicitly it raises, under auto it walks."""
+    """A packed state (power): no chunk scan; asked for explicitly it raises, under auto it
+    walks. (HLA3's walking terms get the two-stage scan above.)"""
     from hladsl.codegen.triton_gen import kernel_context
     from hladsl.runtime.triton_forward import forward_triton
     program = chunk_program(hladsl.compile_spec(name, **params), 16, (("d", 8), ("dv", 8)), False)
@@ -207,11 +258,11 @@ class _Tile:
         self.dtype, self.shape, self.device = dtype, (2, 16, chunks, 64), torch.device("cuda")
 
 
-def test_auto_takes_the_chunk_scan_where_the_walk_cannot_split():
+def test_auto_takes_the_chunk_scan_where_the_walk_cannot_split(monkeypatch):
     """Under auto: the scan where the walking pass has chained bf16 dots (it cannot split
     its value dim, launch.state_block) and there is more than one chunk; fp32 tiles split
     the walk itself; two_pass and fused never scan."""
-    cs = {"deltas": ["S"], "aux": []}
+    cs = {"deltas": ["S"], "aux": [], "stage": None}
     assert launch.use_chunk_scan("auto", cs, _Tile(torch.bfloat16, 4), walk_chained=True)
     # one reading chunk summaries no state holds: only when asked for (not measured yet)
     assert not launch.use_chunk_scan("auto", {**cs, "aux": ["aux_E_1"]}, _Tile(torch.bfloat16, 4), True)
@@ -222,6 +273,12 @@ def test_auto_takes_the_chunk_scan_where_the_walk_cannot_split():
     assert not launch.use_chunk_scan("auto", None, _Tile(torch.bfloat16, 4), walk_chained=True)
     assert not launch.use_chunk_scan("two_pass", cs, _Tile(torch.bfloat16, 4), walk_chained=True)
     assert launch.use_chunk_scan("scan", cs, _Tile(torch.float32, 1), walk_chained=False)
+    # a two-stage scan: under auto while launch.AUTO_STAGED_SCAN
+    staged = {**cs, "stage": {"states": []}}
+    assert launch.use_chunk_scan("auto", staged, _Tile(torch.bfloat16, 4), walk_chained=True)
+    monkeypatch.setattr(launch, "AUTO_STAGED_SCAN", False)
+    assert not launch.use_chunk_scan("auto", staged, _Tile(torch.bfloat16, 4), walk_chained=True)
+    assert launch.use_chunk_scan("scan", staged, _Tile(torch.bfloat16, 4), walk_chained=True)
 
 
 TWO_BLOCK_CASES = [(name, params, varlen, True) for name, params in
@@ -379,7 +436,7 @@ def test_auto_leaves_scans_of_summaries_no_state_holds_to_the_tuner(monkeypatch)
     """Under "auto" a chunk scan reading summaries no state holds stays off (measured mixed
     on the H100: launch.AUTO_SCAN_AUX); a tuning session times it beside the others."""
     from hladsl.runtime import autotune
-    cs = {"deltas": ["P", "E"], "aux": ["aux_E_1"]}
+    cs = {"deltas": ["P", "E"], "aux": ["aux_E_1"], "stage": None}
     many_chunks = _Tile(torch.bfloat16, 4)
     assert not launch.use_chunk_scan("auto", cs, many_chunks, True)
     assert launch.use_chunk_scan("auto", {**cs, "aux": []}, many_chunks, True)

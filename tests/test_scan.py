@@ -115,6 +115,10 @@ def test_emit_chunk_prints_the_scan_plan():
     text = emit("hla2", "chunk", {}, None)
     assert "1855488 walking the tokens (today), 262144 as a scan over chunk deltas" in text
     assert "G term 1: carried states x delta of S" in text
+    assert "staged chunk scan" not in text
+    text = emit("hla3", "chunk", {}, None)
+    assert ("staged chunk scan: SK, SQ, P scanned first; then every chunk's increment of G1, G2, G3 at once "
+            "(their terms read only SK, SQ, P at the chunk start), then their carries scanned") in text
 
 
 @pytest.mark.parametrize("name,gated,dv,block", [("hla2", True, 8, None), ("hla2", False, 8, None),
@@ -153,3 +157,76 @@ def test_state_pass_reading_deltas_matches_the_torch_program(name, gated, dv, bl
     assert (o.double() - want).norm() / want.norm() < 1e-5
     for s in final:
         assert (got_final[s].double() - final[s]).norm() / final[s].norm() < 1e-5, s
+
+
+@pytest.mark.parametrize("name,params,staged", [
+    ("hla3", {}, (("SK", "SQ", "P"), ("G1", "G2", "G3"), ("SK", "SQ", "P"))),
+    ("hla3", {"normalize": True}, (("SK", "SQ", "P", "m"), ("G1", "G2", "G3", "h1", "h2", "h3"),
+                                   ("SK", "SQ", "P", "m"))),
+    ("hla2", {}, None), ("ahla", {}, None), ("hla3_masked", {}, None), ("linear", {}, None),
+    ("power", {"p": 2}, None)])
+def test_staged_scan_of_the_shipped_specs(name, params, staged):
+    """Where the one-stage scan walks (HLA3), the states split into lower ones (carry and
+    token-only terms) and upper ones whose other terms read lower states only; everything
+    else needs no second stage (or, power, has packed states)."""
+    from hladsl.ir.scan import staged_scan
+    got = staged_scan(compile_spec(name, **params).program)
+    assert (None if got is None else (got.lower, got.upper, got.reads)) == staged
+
+
+@pytest.mark.parametrize("params", [{}, {"normalize": True}], ids=["plain", "norm"])
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+def test_staged_scan_is_the_state_pass(params, gated):
+    """The two-stage scan in float64 torch: the lower states scanned over their deltas; each
+    chunk's increment of every upper state (its terms but the carry, evaluated at the lower
+    states' chunk starts with the upper ones at zero); the upper states scanned over those --
+    equal to the walking state pass (every chunk start and the final states)."""
+    from hladsl.ir.scan import staged_scan
+    alg = hladsl.compile_spec("hla3", **params)
+    program = chunk_program(alg, C, tuple(sorted((d, 4) for d in alg.dims)), gated)
+    staged = staged_scan(program)
+    tokens, lam, init = _inputs(program, seed=2)
+    want_starts, want_final = chunk_torch.state_pass(program, tokens, lam, init, torch.float64)
+    module = torch_module(program)
+
+    def chunk_env(c, state):
+        return chunk_torch.Env({k: v[:, :, c] for k, v in tokens.items()},
+                               None if lam is None else lam[:, :, c], state, program.chunk, torch.float64)
+
+    def decayed(value, weight, c):
+        if not weight or lam is None:
+            return value
+        end = lam[:, :, c, -1]
+        return value * torch.exp(weight * end).reshape(end.shape + (1,) * (value.dim() - end.dim()))
+
+    def step(names, state, c, carry=True, rest=True):
+        env, new = chunk_env(c, state), {}
+        for name in names:
+            total = 0
+            for k, (fn, reads, weight) in enumerate(module.STATES[name]):
+                own = roles[(name, k)] == "carry"
+                if (own and carry) or (not own and rest):
+                    total = total + decayed(fn(env), weight if reads else 0, c)
+            new[name] = total
+        return new
+
+    roles = {(t.state, t.index): t.role for t in scan_plan(program).terms}
+    lower, starts = dict((n, init[n]) for n in staged.lower), {}
+    for c in range(N_CHUNKS):
+        for n in staged.lower:
+            starts.setdefault(n, []).append(lower[n])
+        lower = step(staged.lower, lower, c)
+    zero = {n: torch.zeros_like(init[n]) for n in staged.upper}
+    increments = [step(staged.upper, {**{n: starts[n][c] for n in staged.lower}, **zero}, c, carry=False)
+                  for c in range(N_CHUNKS)]
+    upper = {n: init[n] for n in staged.upper}
+    for c in range(N_CHUNKS):
+        for n in staged.upper:
+            starts.setdefault(n, []).append(upper[n])
+        carried = step(staged.upper, upper, c, rest=False)
+        upper = {n: carried[n] + increments[c][n] for n in staged.upper}
+    final = {**lower, **upper}
+    for s in want_final:
+        assert torch.allclose(final[s], want_final[s], rtol=1e-12, atol=1e-12), s
+        if s in want_starts:
+            assert torch.allclose(torch.stack(starts[s], 2), want_starts[s], rtol=1e-12, atol=1e-12), s

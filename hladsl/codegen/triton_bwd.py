@@ -380,8 +380,9 @@ def _reverse_scan(low: _BwdLowering, bwd, fwd: dict, info) -> dict | None:
     the chunk-start states), then ``rscan_kernel`` walks the chunks last to first applying only
     the carry networks and the scan networks (chunk-end cotangent x a forward chunk delta: no
     token load, no chained dot, so its value dim can be split). None where the forward has
-    no chunk scan or a d-state update walks the tokens otherwise."""
-    split = reverse_scan(bwd) if fwd["chunk_scan"] else None
+    no one-stage chunk scan (a two-stage one keeps no deltas) or a d-state update walks the
+    tokens otherwise."""
+    split = reverse_scan(bwd) if fwd["chunk_scan"] and not fwd["chunk_scan"]["stage"] else None
     if split is None:
         return None
     low.region()

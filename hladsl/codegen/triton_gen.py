@@ -28,7 +28,7 @@ from hladsl.codegen.steps import Block, Tile, comment
 from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.precision import precision_plan
-from hladsl.ir.scan import has_chunk_scan, scan_plan
+from hladsl.ir.scan import has_chunk_scan, scan_plan, staged_scan
 from hladsl.version import __version__
 from hladsl.ir.operands import Kind, Operand, exhaustive
 
@@ -486,9 +486,10 @@ def kernel_context(program: ChunkProgram) -> dict:
     for st in states:
         st["starts_sdot"] = read_only_as_sdot(output_text, f"st_{st['name']}")
     chunk_scan = _chunk_scan(low, program, states, splits)   # fresh kernel regions
-    if chunk_scan:
-        chunk_scan.update(_derived_starts(low, program, states, splits, "\n".join(
-            [num["pre"], num["loop"], num["post"], den["pre"], den["loop"], den["post"]])))
+    if chunk_scan:   # (a two-stage scan holds a derived carry's states in two kernels: none there)
+        chunk_scan.update(dict(NO_DERIVED_STARTS) if chunk_scan["stage"] else _derived_starts(
+            low, program, states, splits, "\n".join(
+                [num["pre"], num["loop"], num["post"], den["pre"], den["loop"], den["post"]])))
     fused = _fused(low, program, splits, o_dim)   # a fresh kernel region: last
     return {
         "name": alg.name,
@@ -594,62 +595,117 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram, states: list[dict], split
     the walk), then ``scan_kernel`` walks the chunks applying only the carry terms and
     the scan terms -- carried states times another state's delta tile, read back from
     HBM (HLA2's G += ΔS (ρ C): one d x d x dv product a chunk, no token loads, no chained
-    dots, so its value dim can be split over many programs). None where a term walks the
-    tokens (HLA3's terms through its four-index combine-only states) or a state is packed.
-    Chunk summaries no state holds (``ir.scan.AuxDelta``: AHLA's Σ k qᵀ) are per-chunk
+    dots, so its value dim can be split over many programs). Where a term walks the tokens
+    (HLA3's terms through its four-index combine-only states) the pass runs in two stages
+    (``ir.scan.staged_scan``, ``stage``): those kernels for the lower states, then
+    ``stage_kernel`` (every chunk's increment of the upper states, from the lower states'
+    stored chunk starts) and ``stage_scan_kernel``. None where neither applies or a state is
+    packed. Chunk summaries no state holds (``ir.scan.AuxDelta``: AHLA's Σ k qᵀ) are per-chunk
     buffers beside the deltas (``buffers``: every one the delta kernel writes)."""
     plan = low.scan_plan
-    if not has_chunk_scan(program, plan):
+    staged = None if has_chunk_scan(program, plan) else staged_scan(program, plan)
+    if staged is None and not has_chunk_scan(program, plan):
         return None
+    if staged is not None and not all(s["read"] for s in states if s["name"] in staged.reads):
+        return None   # (the second stage reads chunk starts only the output kernel's reads store)
     role = {(t.state, t.index): t.role for t in plan.terms}
     def positions(name, terms, roles):
         return frozenset(n for n in range(len(terms)) if role[(name, n)] in roles)
 
+    walked = [(name, terms) for name, terms in program.states if staged is None or name in staged.lower]
+    aux = plan.aux if staged is None else ()   # (an upper state's aux terms are its increment's)
     low.region()
     delta_defs, delta_code = {}, []
-    for name, terms in program.states:
+    for name, terms in walked:
         keep = positions(name, terms, ("delta",))
         if keep:
             code = low.terms(terms, f"nx_{name}", delta_defs, scale_end=True, only=keep)["pre"]
             delta_code.append({"name": name, "code": code})
-    for aux in plan.aux:   # its products as precise as the state update reading it
-        code = low.terms((aux.term,), f"ax_{aux.name}", delta_defs, precision_of=f"nx_{aux.state}")["pre"]
-        delta_code.append({"name": aux.name, "code": code})
+    for a in aux:   # its products as precise as the state update reading it
+        code = low.terms((a.term,), f"ax_{a.name}", delta_defs, precision_of=f"nx_{a.state}")["pre"]
+        delta_code.append({"name": a.name, "code": code})
     delta_chained = low.block.chained
     with_delta = [c["name"] for c in delta_code if c["name"] in low.state_dims]
 
-    buffers = [{**s, "var": f"nx_{s['name']}", "shape": list(program.state_shape(s["name"]))}
-               for s in states if s["name"] in with_delta]
+    buffers = _delta_buffers(program, states, with_delta)
     sizes = dict(program.sizes)
-    for aux in plan.aux:
-        off, msk, numel = _layout(aux.dims)
-        buffers.append({"name": aux.name, "index": "", "var": f"ax_{aux.name}", "dims": list(aux.dims), "off": off,
-                        "msk": msk, "numel": numel, "shape": [sizes[d] for d in aux.dims],
-                        "own": owned_mask(aux.name, aux.dims, splits)})
-
-    low.region()
-    low.deltas = {b["name"]: f"dl_{b['name']}" for b in buffers}   # scan terms read these tiles
-    scan_defs, scan_code = {}, []
-    for name, terms in program.states:
-        keep = positions(name, terms, ("carry", "scan"))
-        code = low.terms(terms, f"nx_{name}", scan_defs, scale_end=True, only=keep)["pre"] if keep else ""
-        if name in with_delta:
-            code += (f"\nnx_{name} += dl_{name}" if keep else f"nx_{name} = dl_{name}") + \
-                "  # + the chunk's own delta (delta_kernel)"
-        scan_code.append({"name": name, "code": code.strip("\n")})
-    if scan_defs:
-        raise ValueError(f"{low.alg.name}: a carry or scan term of the state pass reads the tokens")
+    for a in aux:
+        off, msk, numel = _layout(a.dims)
+        buffers.append({"name": a.name, "index": "", "var": f"ax_{a.name}", "dims": list(a.dims), "off": off,
+                        "msk": msk, "numel": numel, "shape": [sizes[d] for d in a.dims],
+                        "own": owned_mask(a.name, a.dims, splits)})
+    scan_code, scan_chained = _scan_code(low, walked, positions, buffers, with_delta)
     # A group of chunks is one chunk to the scan (the combine is associative): its walk from
     # zero gives its deltas, which the two-level scan (launch.scan_groups) walks. That needs
     # every state a term other than the carry grows to have a delta buffer, and no chunk
     # summary outside the states (an AuxDelta has no combine to build a group's from), and a
-    # start buffer for every state (the walk over the groups writes each group's start there).
+    # start buffer for every state (the walk over the groups writes each group's start there);
+    # and one stage (the second stage's increments read the first's per-chunk starts).
     grown = {name for name, terms in program.states if len(positions(name, terms, ("scan", "delta")))}
-    groupable = not plan.aux and grown <= set(with_delta) and all(s["read"] for s in states)
-    return {"deltas": with_delta, "buffers": buffers, "aux": [a.name for a in plan.aux], "groupable": groupable,
+    groupable = (staged is None and not aux and grown <= set(with_delta) and all(s["read"] for s in states))
+    return {"deltas": with_delta, "buffers": buffers, "aux": [a.name for a in aux], "groupable": groupable,
+            "states": [s for s in states if s["name"] in dict(walked)], "reads": [], "parts": False,
             "delta_defs": _defs(delta_defs), "delta_code": delta_code,
             "delta_chained_dots": delta_chained, "scan_code": scan_code,
-            "scan_chained_dots": low.block.chained}
+            "scan_chained_dots": scan_chained,
+            "stage": _second_stage(low, program, states, staged, positions) if staged else None}
+
+
+def _delta_buffers(program: ChunkProgram, states: list[dict], names) -> list[dict]:
+    """The per-chunk buffers of the states ``names`` (a delta or increment each, laid out as
+    the state)."""
+    return [{**s, "var": f"nx_{s['name']}", "shape": list(program.state_shape(s["name"]))}
+            for s in states if s["name"] in names]
+
+
+def _scan_code(low: _Lowering, walked, positions, buffers: list[dict], with_delta,
+               writer: str = "the chunk's own delta (delta_kernel)") -> tuple[list[dict], bool]:
+    """A scan kernel's update of each state in ``walked``: its carry and scan terms, the
+    latter reading the per-chunk ``buffers`` (``dl_<name>``), plus its own delta (or
+    increment) where it has one. Returns the code and whether it chains dots."""
+    low.region()
+    low.deltas = {b["name"]: f"dl_{b['name']}" for b in buffers}   # scan terms read these tiles
+    defs, code_of = {}, []
+    for name, terms in walked:
+        keep = positions(name, terms, ("carry", "scan"))
+        code = low.terms(terms, f"nx_{name}", defs, scale_end=True, only=keep)["pre"] if keep else ""
+        if name in with_delta:
+            code += (f"\nnx_{name} += dl_{name}" if keep else f"nx_{name} = dl_{name}") + \
+                f"  # + {writer}"
+        code_of.append({"name": name, "code": code.strip("\n")})
+    if defs:
+        raise ValueError(f"{low.alg.name}: a carry or scan term of the state pass reads the tokens")
+    return code_of, low.block.chained
+
+
+def _second_stage(low: _Lowering, program: ChunkProgram, states: list[dict], staged, positions) -> dict:
+    """``stage_kernel`` and ``stage_scan_kernel`` of a two-stage chunk scan: every term of an
+    upper state but its carry, per chunk from the lower states' chunk starts (the walking
+    state pass's own code for those terms, their precision included), then the walk of the
+    upper states' carries plus those increments. The increments are lowered one state at a
+    time and launched so (``PART``, a constexpr: one compiled variant a state): held in one
+    program, HLA3's G1, G2, G3 spill 4280 B a thread at 255 registers (sm_90, 8 warps,
+    ``benchmarks/compile_probe.py hla3 --schedule scan``)."""
+    upper = [(name, terms) for name, terms in program.states if name in staged.upper]
+    buffers = _delta_buffers(program, states, staged.upper)
+    defs, code_of, chained = {}, [], False
+    for (name, terms), buffer in zip(upper, buffers):   # one launch a state (``PART``): see _part
+        low.region()
+        keep = positions(name, terms, ("delta", "scan", "walk"))
+        code_of.append({"name": name, "buffer": buffer,
+                        "code": low.terms(terms, f"nx_{name}", defs, scale_end=True, only=keep)["pre"]})
+        chained = chained or low.block.chained
+    carry_only = lambda name, terms, roles: positions(name, terms, ("carry",))   # noqa: E731
+    scan_code, scan_chained = _scan_code(low, upper, carry_only, [], staged.upper,
+                                         "the chunk's increment (stage_kernel)")
+    return {"deltas": list(staged.upper), "buffers": buffers, "aux": [], "groupable": False, "parts": True,
+            "states": [s for s in states if s["name"] in staged.upper],
+            "reads": [s for s in states if s["name"] in staged.reads],
+            "delta_defs": _defs(defs), "delta_code": code_of, "delta_chained_dots": chained,
+            "scan_code": scan_code, "scan_chained_dots": scan_chained}
+
+
+NO_DERIVED_STARTS = {"derived_starts": [], "derived_only": [], "derived_scan_code": ""}
 
 
 def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], splits, output_body: str) -> dict:
@@ -660,7 +716,7 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
     their contraction, and never reads the states in ``derived_only``); empty entries where that
     does not apply. The derived code is lowered afresh, its temps renamed (``dt``) so that they
     cannot meet the scan's own."""
-    none = {"derived_starts": [], "derived_only": [], "derived_scan_code": ""}
+    none = dict(NO_DERIVED_STARTS)
     read = [st for st in states if st["read"] and not st["tiled"]]
     only = [st["name"] for st in read if not re.search(rf"\bst_{st['name']}\b", output_body)]
     if not program.derived or not only or any(st["tiled"] for st in states if st["read"]):

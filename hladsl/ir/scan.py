@@ -27,7 +27,9 @@ QQ, N and M), computed beside the deltas, if it is no larger than the largest st
 ``--emit chunk`` prints it with the sequential MACs of such a schedule. The chunk-parallel
 state pass (``codegen.triton_gen._chunk_scan``, schedule "scan") is built from it; the walking
 state pass reads deltas so only behind ``codegen.triton_gen.STATE_PASS_READS_DELTAS`` (off).
-``reverse_scan`` splits the backward's reverse pass the same way.
+``reverse_scan`` splits the backward's reverse pass the same way. ``staged_scan`` runs the
+chunk-parallel pass in two stages where the plan walks (HLA3): the walking terms read lower
+states' stored chunk starts and become per-chunk increments.
 """
 from __future__ import annotations
 
@@ -240,6 +242,56 @@ def has_chunk_scan(program: ChunkProgram, plan: ScanPlan | None = None) -> bool:
     a delta or a scan term (``ScanPlan.complete``) and no state is packed (the scan kernel
     reads and writes states as whole tiles)."""
     return (plan or scan_plan(program)).complete and not program.packed
+
+
+@dataclass(frozen=True)
+class StagedScan:
+    """The chunk-parallel state pass in two stages, where a scan plan walks the tokens: the
+    *lower* states (carry and token-only terms alone) are scanned first, as any chunk scan;
+    every other term of the *upper* states reads carried lower states only, so once the
+    lower states' chunk starts are stored those terms -- walking ones included -- are a
+    chunk's own increment, computed for every chunk at once; the upper states then scan their
+    carries and increments. HLA3: SK, SQ, P (and m) first, then G1, G2, G3 (h1, h2, h3), whose
+    terms through the four-index combine-only states stop walking the chunks one by one."""
+    lower: tuple[str, ...]
+    upper: tuple[str, ...]
+    reads: tuple[str, ...]     # the lower states the upper increments read at each chunk start
+
+    def describe(self) -> list[str]:
+        return [f"staged chunk scan: {', '.join(self.lower)} scanned first; then every chunk's "
+                f"increment of {', '.join(self.upper)} at once (their terms read only "
+                f"{', '.join(self.reads)} at the chunk start), then their carries scanned"]
+
+
+def staged_scan(program: ChunkProgram, plan: ScanPlan | None = None) -> StagedScan | None:
+    """The two-stage chunk scan of ``program``, or None: where the one-stage scan is complete
+    (it needs no second stage), a state is packed (whole tiles, as ``has_chunk_scan``), or
+    the states do not split so -- a carry term reads another state, or a term of an upper
+    state reads an upper state or a derived carry."""
+    plan = plan or scan_plan(program)
+    if plan.complete or program.packed:
+        return None
+    roles = {}
+    for t in plan.terms:
+        roles.setdefault(t.state, set()).add(t.role)
+    upper = {name for name, r in roles.items() if r & {"scan", "walk"}}
+    reads = {}
+    for name, terms in program.states:
+        for t in terms:
+            carried = [o for o in t.operands if o.kind in _CARRIED]
+            if any(o.kind is not Kind.CARRY for o in carried):
+                return None
+            tokens = len(carried) < len(t.operands)
+            if not tokens:   # a carry term: the state's own decayed carry
+                if {o.name for o in carried} != {name}:
+                    return None
+            elif carried and (name not in upper or any(o.name in upper for o in carried)):
+                return None
+            else:
+                reads.update(dict.fromkeys(o.name for o in carried))
+    order = [name for name, _ in program.states]
+    return StagedScan(tuple(n for n in order if n not in upper), tuple(n for n in order if n in upper),
+                      tuple(n for n in order if n in reads))
 
 
 @dataclass(frozen=True)

@@ -142,8 +142,10 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     state_args, final = _state_buffers(ctx, program, init_states, (plan.walkers, heads), device)
     out_args = {}
     sdot = {**common, **plan.output_dot, **(output_options or {})}["SDOT"]
-    # the final states alone: a one-level scan writes no chunk starts (the walk always does)
-    store_chunks = not (states_only and plan.chunk_scan and plan.scan_groups == 1)
+    # the final states alone: a one-level scan writes no chunk starts (the walk always does;
+    # a two-stage scan's second stage reads the first's)
+    staged = plan.chunk_scan and bool(ctx["chunk_scan"]["stage"])
+    store_chunks = not (states_only and plan.chunk_scan and plan.scan_groups == 1 and not staged)
     # the one-level scan may store the output's derived carries instead of the states read only
     # through them (triton_gen._derived_starts: HLA2's W0 = S C - G instead of C and G)
     derived = plan.derived_starts and store_chunks and not states_only
@@ -152,7 +154,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
         if s["read"]:
             init = state_args[f"init_{s['name']}"]
             starts = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]),
-                                                      dtype=launch.starts_dtype(s["starts_sdot"], sdot)) \
+                                                      dtype=launch.starts_dtype(s["starts_sdot"] and not staged, sdot)) \
                 if store_chunks and s["name"] not in derived_only else final[s["name"]]   # (never written)
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
     like = next(iter(final.values()))
@@ -264,6 +266,13 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
                                               plan.walk["VARLEN"], cs["groupable"], direction)
         plan.derived_starts = (direction == "forward" and plan.scan_groups == 1 and bool(cs["derived_starts"])
                                and launch.DERIVED_STARTS)
+        stage = cs["stage"]
+        if stage:   # the two-stage scan's second stage (triton_gen._second_stage)
+            plan.stage_launch = launch.split_blocks(
+                (n_chunks, n_seq * heads), ctx["splits"], program, common, first, stage["delta_chained_dots"],
+                state_block or launch.STAGE_BLOCK, warps=launch.STAGE_WARPS)
+            plan.stage_scan_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common,
+                                                         first, stage["scan_chained_dots"], state_block, scan=True)
         if plan.scan_groups > 1:   # the groups' walks (phases 1 and 3); the walk over groups is scan_launch's
             plan.group_scan_launch = launch.split_blocks(plan.walkers * heads * plan.scan_groups, ctx["splits"],
                                                          program, common, first, cs["scan_chained_dots"],
@@ -308,12 +317,31 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
         return {}
     first = next(iter(v for k, v in tokens.items() if k.startswith("in_")))
     rows = tuple(first.shape[:3])        # (N, H, nC): a delta per chunk, laid out as the starts
+    cs = ctx["chunk_scan"]
     deltas = {f"deltas_{b['name']}": binding.fresh(like.new_empty(rows + tuple(b["shape"])))
-              for b in ctx["chunk_scan"]["buffers"]}
+              for b in cs["buffers"]}
     launch.launch_narrowing(module.delta_kernel, plan, "delta_launch", {**tokens, **deltas, **common},
                             may_fall_back, overrides)
     gate = {"lam_ptr": lam} if lam is not None else {}
     fixed = {**walk, **common, "PREFETCH": launch.SCAN_PREFETCH}
+    stage = cs["stage"]
+    if stage:   # two stages: the first stage's states, their starts stored for the second's increments
+        lower = _states_args(state_args, cs["states"])
+        launch.launch_narrowing(module.scan_kernel, plan, "scan_launch",
+                                {**lower, **deltas, **gate, **fixed, **ONE_LEVEL, "group_len": rows[2]},
+                                may_fall_back, overrides)
+        increments = {f"deltas_{b['name']}": binding.fresh(like.new_empty(rows + tuple(b["shape"])))
+                      for b in stage["buffers"]}
+        reads = {f"starts_{s['name']}": state_args[f"starts_{s['name']}"] for s in stage["reads"]}
+        for part in range(len(stage["delta_code"])):   # one launch an upper state (triton_gen._second_stage)
+            launch.launch_narrowing(module.stage_kernel, plan, "stage_launch",
+                                    {**tokens, **reads, **increments, **common, "PART": part},
+                                    may_fall_back, overrides)
+        launch.launch_narrowing(module.stage_scan_kernel, plan, "stage_scan_launch",
+                                {**_states_args(state_args, stage["states"]), **increments, **gate, **fixed,
+                                 **ONE_LEVEL, "group_len": rows[2], "STORE_CHUNKS": store_chunks},
+                                may_fall_back, overrides)
+        return {}   # (no reverse scan reads a two-stage pass's deltas)
     if plan.scan_groups == 1:
         launch.launch_narrowing(module.scan_kernel, plan, "scan_launch",
                                 {**state_args, **deltas, **gate, **fixed, **ONE_LEVEL, "group_len": rows[2],
@@ -341,6 +369,14 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     launch.launch_narrowing(module.scan_kernel, plan, "group_scan_launch",
                             {**again, **deltas, **gate, **fixed, **again_args}, may_fall_back, overrides)
     return {**deltas, **{f"group_deltas_{n}": x for n, x in totals.items()}}
+
+
+def _states_args(state_args: dict, states: list[dict]) -> dict:
+    """The entries of ``state_args`` (init_ / final_ / starts_ buffers, HAS_INIT) for the
+    ``states`` one stage of a two-stage scan walks."""
+    names = {s["name"] for s in states}
+    return {k: v for k, v in state_args.items()
+            if not k.startswith(("init_", "final_", "starts_")) or k.split("_", 1)[1] in names}
 
 
 def group_lam(lam: torch.Tensor, n_groups: int) -> torch.Tensor:

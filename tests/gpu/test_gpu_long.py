@@ -22,12 +22,15 @@ BF16 = torch.bfloat16
 
 def cases():
     for spec in SPECS:
-        for gated in (False, True):
-            # same kernels as test_gpu_numerics' bf16 two-pass variants (n_chunks % 16 == 0)
-            marks = [pytest.mark.slow,
-                     group(spec.id, spec.long_d, dtype_name(BF16), gated, False, "two_pass")]
-            yield pytest.param(spec, gated, marks=marks,
-                               id=f"{spec.id}-{'gated' if gated else 'ungated'}-d{spec.long_d}")
+        # the two-pass schedule, and the scan where it is the spec's default path (HLA3's two stages)
+        for sched in ("two_pass",) + (("scan",) if spec.quick_scan else ()):
+            for gated in (False, True):
+                # same kernels as test_gpu_numerics' bf16 variants (n_chunks % 16 == 0)
+                marks = [pytest.mark.slow,
+                         group(spec.id, spec.long_d, dtype_name(BF16), gated, False, sched)]
+                yield pytest.param(spec, gated, sched, marks=marks,
+                                   id=f"{spec.id}-{'gated' if gated else 'ungated'}-d{spec.long_d}"
+                                      + ("" if sched == "two_pass" else f"-{sched}"))
 
 
 @pytest.fixture(autouse=True)
@@ -36,14 +39,14 @@ def _release_memory():
     torch.cuda.empty_cache()   # eight workers share one GPU
 
 
-@pytest.mark.parametrize("spec,gated", list(cases()))
-def test_long_sequence_matches_fp64(spec, gated, record_property):
+@pytest.mark.parametrize("spec,gated,sched", list(cases()))
+def test_long_sequence_matches_fp64(spec, gated, sched, record_property):
     d = spec.long_d
     gen = generator(31)
     toks = tokens(spec, B, T_LONG, H, d, d, BF16, False, gen)
     g = gates(B, T_LONG, H, gen) if gated else None
     op, ref = load(spec), load(spec, "torch")
-    with torch.no_grad(), schedule(op, "two_pass"):
+    with torch.no_grad(), schedule(op, sched):
         o, state = op(*toks.values(), g=g, output_final_state=True)
         o_ref, state_ref = ref(*(x.double() for x in toks.values()),
                                g=None if g is None else g.double(), output_final_state=True)

@@ -82,13 +82,14 @@ NARROW = [Variant(BF16, True, False, d=32), Variant(BF16, False, False, with_sta
 def cases():
     for spec in SPECS:
         narrow = [v for v in NARROW if v.d < spec.d]
-        variants = (TWO_PASS + (FUSED if spec.fused else []) + (SCAN + AUTO if spec.scan else [])
+        variants = (TWO_PASS + (FUSED if spec.fused else [])
+                    + (SCAN + (AUTO if spec.long_chunk else []) if spec.scan else [])
                     + D128.get(spec.id, []) + narrow)
         for v in variants:
             d = v.d or spec.d
             # slow: d = 128, and a heavy spec's kernel sets beyond the PLAIN and GATED ones
-            # (those two are shared with the compile, varlen and Mixer tests)
-            slow = d > 64 or (spec.heavy and v not in (PLAIN, GATED))
+            # (those two are shared with the compile, varlen and Mixer tests) and its quick scan
+            slow = d > 64 or (spec.heavy and v not in (PLAIN, GATED) and not (spec.quick_scan and v == SCAN[1]))
             marks = [v.kernels(spec, d)] + ([pytest.mark.slow] if slow else [])
             yield pytest.param(spec, v, d, marks=marks, id=f"{spec.id}-{v.id(d)}")
 
