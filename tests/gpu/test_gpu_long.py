@@ -23,7 +23,7 @@ BF16 = torch.bfloat16
 def cases():
     for spec in SPECS:
         # the two-pass schedule, and the scan where it is the spec's default path (HLA3's two stages)
-        for sched in ("two_pass",) + (("scan",) if spec.quick_scan else ()):
+        for sched in ("two_pass",) + (("scan",) if spec.scan_default else ()):
             for gated in (False, True):
                 # same kernels as test_gpu_numerics' bf16 variants (n_chunks % 16 == 0)
                 marks = [pytest.mark.slow,

@@ -88,8 +88,8 @@ def cases():
         for v in variants:
             d = v.d or spec.d
             # slow: d = 128, and a heavy spec's kernel sets beyond the PLAIN and GATED ones
-            # (those two are shared with the compile, varlen and Mixer tests) and its quick scan
-            slow = d > 64 or (spec.heavy and v not in (PLAIN, GATED) and not (spec.quick_scan and v == SCAN[1]))
+            # (those two are shared with the compile, varlen and Mixer tests)
+            slow = d > 64 or (spec.heavy and v not in (PLAIN, GATED))
             marks = [v.kernels(spec, d)] + ([pytest.mark.slow] if slow else [])
             yield pytest.param(spec, v, d, marks=marks, id=f"{spec.id}-{v.id(d)}")
 
