@@ -168,15 +168,10 @@ def test_two_stage_scan_over_two_value_blocks(gated, launched):
     outputs against the float64 torch program."""
     from hladsl.runtime.chunk_torch import outputs, state_pass
     from hladsl.runtime.triton_forward import forward_triton
+    from test_triton_backward import _inputs
     alg = hladsl.compile_spec("hla3")
     program = chunk_program(alg, 16, (("d", 8), ("dv", 32)), gated)
-    gen = torch.Generator().manual_seed(4)
-    sizes = dict(program.sizes)
-    tiles = {x: 0.5 * torch.randn(1, 2, 3, 16, sizes[d], generator=gen, dtype=torch.float64)
-             for x, d in alg.inputs.items()}
-    lam = (-0.3 * torch.rand(1, 2, 3, 16, generator=gen, dtype=torch.float64)).cumsum(-1) if gated else None
-    init = {s: 0.3 * torch.randn(1, 2, *program.state_shape(s), generator=gen, dtype=torch.float64)
-            for s, _ in program.states}
+    tiles, lam, init, _, _ = _inputs(program, False, seed=4)
     starts, final = state_pass(program, tiles, lam, init, torch.float64)
     want = outputs(program, "output", tiles, lam, starts, torch.float64)
     o, got = forward_triton(program, {k: v.float() for k, v in tiles.items()}, None if lam is None else lam.float(),
