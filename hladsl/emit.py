@@ -231,7 +231,7 @@ def reverse_scan_lines(bwd) -> list[str]:
     from hladsl.ir.scan import has_chunk_scan, reverse_scan
     split = reverse_scan(bwd) if has_chunk_scan(bwd.forward) else None
     if split is None:
-        return ["reverse scan: none (the forward has no chunk scan, or a d-state update walks the tokens)"]
+        return ["reverse scan: none (the forward has no one-stage chunk scan, or a d-state update walks the tokens)"]
     lines = [f"reverse scan: {len(split.parallel)} d-state networks every chunk at once (no chunk-end "
              f"cotangent), then a scan of {len(split.carry)} carry networks"
              + (f" and {len(split.scan)} reading forward chunk deltas:" if split.scan else "")]

@@ -349,3 +349,8 @@ def test_split_walkers_of_wide_value_free_states_run_one_a_sm(gpu_of_132_sms):
     assert launch.state_block(128, 32, gpu_of_132_sms, True) == 16
     assert launch.state_block(128, 200, gpu_of_132_sms, True, one_per_sm=True) == 128   # already a wave
     assert launch.state_block(128, 32, gpu_of_132_sms, False, one_per_sm=True) == 128   # chained: never split
+    # a stage of a two-stage scan counts the states it walks: HLA3-normalised's second stage
+    # holds G1..G3 (split) and h1..h3 (192 value-free elements), not SK, SQ and m
+    hla3 = program_for(hladsl.load("hla3", normalize=True).compilation, 64, (("d", 64), ("dv", 64)), False)
+    assert launch.wide_value_free(hla3, ("dv",))
+    assert not launch.wide_value_free(hla3, ("dv",), ("G1", "G2", "G3", "h1", "h2", "h3"))

@@ -254,10 +254,12 @@ def test_carry_gradient_stops_after_the_reverse_pass(name, params, with_final):
     assert {"reverse_kernel", "rscan_kernel"} & set(ran) and "grad_kernel" not in ran, ran
 
 
-@pytest.mark.parametrize("name", ["hla2", "power"])
-def test_final_states_alone_skip_the_output_kernel(name, monkeypatch):
+@pytest.mark.parametrize("name,schedule", [("hla2", "auto"), ("power", "auto"), ("hla3", "scan")])
+def test_final_states_alone_skip_the_output_kernel(name, schedule, monkeypatch):
     """``Op.final_state_impl`` (context parallelism's segment pass): the op's final states
-    from zero, without launching the output kernel, on the generated kernels (gated)."""
+    from zero, without launching the output kernel, on the generated kernels (gated); HLA3's
+    two-stage scan stores its first stage's chunk starts (the second reads them), not the
+    second's."""
     from hladsl.runtime import triton_forward
     gen = torch.Generator().manual_seed(5)
     q, k, v, g = _inputs(name, gen, 2, 37, 2, 8, 8, True, False)
@@ -270,10 +272,12 @@ def test_final_states_alone_skip_the_output_kernel(name, monkeypatch):
         ran.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
         return real(kernel, *args, **kwargs)
     monkeypatch.setattr(triton_forward.launch, "launch", spy)
+    monkeypatch.setattr(op, "schedule", schedule)   # (restored: hladsl.load is memoised)
     got = dict(zip(op.state_names, op.final_state_impl([q, k, v], g, None, [])))
     for n, x in want.items():
         assert ((got[n] - x).norm() / x.norm()).item() < 1e-5, n
     assert "output_kernel" not in ran
+    assert ("stage_scan_kernel" in ran) is (schedule == "scan")
 
 
 @pytest.mark.parametrize("name,params,gated,with_init,varlen,schedule", [

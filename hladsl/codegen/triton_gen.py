@@ -443,9 +443,12 @@ def kernel_context(program: ChunkProgram) -> dict:
         return [low.input_info(x) for x in names]
 
     out_terms = program.output + program.normalizer
+    staged = None if has_chunk_scan(program, low.scan_plan) else staged_scan(program, low.scan_plan)
+    # states with chunk-start buffers: those the output kernel reads, and those a two-stage
+    # scan's second stage reads (``_second_stage``)
     read = dict.fromkeys([o.name for t in out_terms for o in t.operands if o.kind is Kind.CARRY]
                          + [f.name for d in program.derived for m in d.poly.terms
-                            for f in m.factors])
+                            for f in m.factors] + list(staged.reads if staged else ()))
     (o_index,) = alg.output.free
     o_dim = low.index_dims(program.output[0].operands)[o_index]
     splits = _state_splits(low, o_dim)
@@ -603,11 +606,10 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram, states: list[dict], split
     packed. Chunk summaries no state holds (``ir.scan.AuxDelta``: AHLA's Σ k qᵀ) are per-chunk
     buffers beside the deltas (``buffers``: every one the delta kernel writes)."""
     plan = low.scan_plan
-    staged = None if has_chunk_scan(program, plan) else staged_scan(program, plan)
-    if staged is None and not has_chunk_scan(program, plan):
+    one_stage = has_chunk_scan(program, plan)
+    staged = None if one_stage else staged_scan(program, plan)
+    if staged is None and not one_stage:
         return None
-    if staged is not None and not all(s["read"] for s in states if s["name"] in staged.reads):
-        return None   # (the second stage reads chunk starts only the output kernel's reads store)
     role = {(t.state, t.index): t.role for t in plan.terms}
     def positions(name, terms, roles):
         return frozenset(n for n in range(len(terms)) if role[(name, n)] in roles)
@@ -689,7 +691,7 @@ def _second_stage(low: _Lowering, program: ChunkProgram, states: list[dict], sta
     upper = [(name, terms) for name, terms in program.states if name in staged.upper]
     buffers = _delta_buffers(program, states, staged.upper)
     defs, code_of, chained = {}, [], False
-    for (name, terms), buffer in zip(upper, buffers):   # one launch a state (``PART``): see _part
+    for (name, terms), buffer in zip(upper, buffers):   # one launch a state (``PART``), above
         low.region()
         keep = positions(name, terms, ("delta", "scan", "walk"))
         code_of.append({"name": name, "buffer": buffer,

@@ -238,9 +238,9 @@ def scan_plan(program: ChunkProgram) -> ScanPlan:
 
 
 def has_chunk_scan(program: ChunkProgram, plan: ScanPlan | None = None) -> bool:
-    """Does ``program`` get the chunk-parallel state pass? Every state-pass term is a carry,
-    a delta or a scan term (``ScanPlan.complete``) and no state is packed (the scan kernel
-    reads and writes states as whole tiles)."""
+    """Does ``program`` get the one-stage chunk-parallel state pass? Every state-pass term is a
+    carry, a delta or a scan term (``ScanPlan.complete``) and no state is packed (the scan
+    kernel reads and writes states as whole tiles). Else ``staged_scan`` may give two stages."""
     return (plan or scan_plan(program)).complete and not program.packed
 
 

@@ -249,11 +249,12 @@ def state_block(size: int, programs: int, device, narrow_ok: bool, one_per_sm: b
 WIDE_VALUE_FREE_ELEMENTS = 8192
 
 
-def wide_value_free(program, splits) -> bool:
-    """Does every program of a split walk repeat more than WIDE_VALUE_FREE_ELEMENTS elements
-    of value-free states (HLA2's S at d = 128)?"""
-    free = sum(math.prod(program.state_shape(s.name)) for s in program.algebra.streaming
-               if not set(program.state_dims(s.name)) & set(splits))
+def wide_value_free(program, splits, states=None) -> bool:
+    """Does every program of a split walk (of ``states``; None: every streaming state) repeat
+    more than WIDE_VALUE_FREE_ELEMENTS elements of value-free states (HLA2's S at d = 128)?"""
+    names = [s.name for s in program.algebra.streaming] if states is None else states
+    free = sum(math.prod(program.state_shape(n)) for n in names
+               if not set(program.state_dims(n)) & set(splits))
     return free > WIDE_VALUE_FREE_ELEMENTS
 
 
@@ -292,8 +293,8 @@ def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: 
     while the scan kernel, with no token work and no chained dots, splits."""
     if schedule == "scan":
         if not chunk_scan:
-            raise autotune.Unavailable("this program has no chunk-parallel state pass "
-                                       "(a state-pass term walks the tokens, or a state is packed)")
+            raise autotune.Unavailable("this program has no chunk-parallel state pass (a state is packed, "
+                                       "or a walking term reads states that are not first-stage ones)")
         return True
     return (schedule == "auto" and bool(chunk_scan) and first.shape[2] > 1
             and not narrow_ok(first, walk_chained)
@@ -311,7 +312,6 @@ AUTO_STAGED_SCAN = True
 # bf16, T = 16k, forward): 13.22 ms at 8 warps, 8.30 at 4; value blocks of 32: 21.13 (14.11 at 4).
 STAGE_BLOCK = None
 STAGE_WARPS = 4
-
 
 
 # The scan kernel loads the next chunk's deltas (which do not depend on the carry) while it
@@ -612,7 +612,8 @@ class Tiling:
 
 def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict, first, chained: bool,
                  width: int | None = None, fixed_blocks: bool = False,
-                 scan: bool = False, warps: int | None = None) -> tuple[tuple, dict, Tiling]:
+                 scan: bool = False, warps: int | None = None,
+                 states: tuple[str, ...] | None = None) -> tuple[tuple, dict, Tiling]:
     """Grid (programs, blocks of each split dim), block arguments and the Tiling of a
     state-pass-like kernel (``programs`` a tuple: the leading grid axes, e.g. the delta
     kernel's (chunks, sequence·head)). A packed dim keeps its tile (common's B_); any other
@@ -621,14 +622,16 @@ def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict,
     tuner may try other widths where the rule may narrow (``tune_widths``), unless
     ``fixed_blocks`` (the caller sizes buffers by the number of blocks). ``scan``: a scan
     kernel's walk, one program a SM where its value-free states are wide (``wide_value_free``).
-    ``warps``: its warps, where not ``walker_options``' (the two-stage scan's ``stage_kernel``)."""
+    ``warps``: its warps, where not ``walker_options``' (the two-stage scan's ``stage_kernel``).
+    ``states``: the states it holds, where not every streaming one (a stage of that scan)."""
     first = TileMeta(first.dtype, first.device, tuple(first.shape))   # retile must not pin the tensor
     sizes = dict(program.sizes)
     packed = {pd.name for pd in program.packed}
     narrow = narrow_ok(first, chained)
     lead = tuple(programs) if isinstance(programs, tuple) else (programs,)
     widths, n = {}, math.prod(lead)
-    one_per_sm = scan and wide_value_free(program, splits)
+    one_per_sm = scan and wide_value_free(program, splits, states)
+    held_states = [s.name for s in program.algebra.streaming] if states is None else states
     for dim in splits:
         if dim in packed:
             w = common[f"B_{dim}"]
@@ -640,8 +643,8 @@ def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict,
     def retile(chosen: dict) -> tuple[tuple, dict]:
         block = {f"B_{d}": chosen.get(f"B_{d}", w) for d, w in widths.items()}
         grid = lead + tuple(-(-common[f"D_{d}"] // block[f"B_{d}"]) for d in widths)
-        held = sum(math.prod(block.get(f"B_{d}", common.get(f"B_{d}", 1)) for d in program.state_dims(s.name))
-                   for s in program.algebra.streaming)
+        held = sum(math.prod(block.get(f"B_{d}", common.get(f"B_{d}", 1)) for d in program.state_dims(n))
+                   for n in held_states)
         walker = walker_options(held) if warps is None else {"num_warps": warps}
         if "num_stages" in common:      # the caller fixed the stages
             walker.pop("num_stages", None)

@@ -142,10 +142,11 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     state_args, final = _state_buffers(ctx, program, init_states, (plan.walkers, heads), device)
     out_args = {}
     sdot = {**common, **plan.output_dot, **(output_options or {})}["SDOT"]
-    # the final states alone: a one-level scan writes no chunk starts (the walk always does;
-    # a two-stage scan's second stage reads the first's)
+    # the final states alone: a one-level scan writes no chunk starts (the walk always does; a
+    # two-stage scan's first stage does, for its second stage's increments)
     staged = plan.chunk_scan and bool(ctx["chunk_scan"]["stage"])
-    store_chunks = not (states_only and plan.chunk_scan and plan.scan_groups == 1 and not staged)
+    store_chunks = not (states_only and plan.chunk_scan and plan.scan_groups == 1)
+    first_stage = set(_names(ctx["chunk_scan"]["states"])) if staged else set()
     # the one-level scan may store the output's derived carries instead of the states read only
     # through them (triton_gen._derived_starts: HLA2's W0 = S C - G instead of C and G)
     derived = plan.derived_starts and store_chunks and not states_only
@@ -155,7 +156,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
             init = state_args[f"init_{s['name']}"]
             starts = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]),
                                                       dtype=launch.starts_dtype(s["starts_sdot"] and not staged, sdot)) \
-                if store_chunks and s["name"] not in derived_only else final[s["name"]]   # (never written)
+                if (store_chunks or s["name"] in first_stage) and s["name"] not in derived_only \
+                else final[s["name"]]   # (never written)
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
     like = next(iter(final.values()))
     derived_args = derived_start_args(ctx, like, per_chunk_alloc(like, seq_chunks) if derived else None,
@@ -248,7 +250,8 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
     """A plan's state-pass launches (``direction`` "forward", or "backward": its
     recomputation): the walking kernel's (``state_launch``), and where
     ``launch.use_chunk_scan`` takes the chunk-parallel pass, the delta and scan kernels'
-    (``delta_launch``, ``scan_launch``) and, where ``launch.scan_groups`` walks the scan in
+    (``delta_launch``, ``scan_launch``), in two stages the second's (``stage_launch``,
+    ``stage_scan_launch``) and, where ``launch.scan_groups`` walks the scan in
     ``scan_groups`` groups, the groups' walks (``group_scan_launch``)."""
     n_seq, heads, n_chunks = first.shape[:3]
     plan.state_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common, first,
@@ -260,19 +263,21 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
     if plan.chunk_scan:
         plan.delta_launch = launch.split_blocks((n_chunks, n_seq * heads), ctx["splits"], program, common,
                                                 first, cs["delta_chained_dots"])
+        stage = cs["stage"]
         plan.scan_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common, first,
-                                               cs["scan_chained_dots"], state_block, scan=True)
+                                               cs["scan_chained_dots"], state_block, scan=True,
+                                               states=_names(cs["states"]) if stage else None)
         plan.scan_groups = launch.scan_groups(n_chunks, plan.walkers * heads, first.device,
                                               plan.walk["VARLEN"], cs["groupable"], direction)
         plan.derived_starts = (direction == "forward" and plan.scan_groups == 1 and bool(cs["derived_starts"])
                                and launch.DERIVED_STARTS)
-        stage = cs["stage"]
         if stage:   # the two-stage scan's second stage (triton_gen._second_stage)
             plan.stage_launch = launch.split_blocks(
                 (n_chunks, n_seq * heads), ctx["splits"], program, common, first, stage["delta_chained_dots"],
                 state_block or launch.STAGE_BLOCK, warps=launch.STAGE_WARPS)
             plan.stage_scan_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common,
-                                                         first, stage["scan_chained_dots"], state_block, scan=True)
+                                                         first, stage["scan_chained_dots"], state_block, scan=True,
+                                                         states=_names(stage["states"]))
         if plan.scan_groups > 1:   # the groups' walks (phases 1 and 3); the walk over groups is scan_launch's
             plan.group_scan_launch = launch.split_blocks(plan.walkers * heads * plan.scan_groups, ctx["splits"],
                                                          program, common, first, cs["scan_chained_dots"],
@@ -299,8 +304,10 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     """The chunk-start states (``starts_``) and final states of ``state_args`` (init_ /
     final_ / starts_ buffers, HAS_INIT): the walking state pass, or the chunk-parallel one
     (``plan.chunk_scan``): every chunk's deltas into a per-chunk buffer, then the scan (in
-    two levels where ``plan.scan_groups`` > 1). Returns those per-chunk deltas
-    ({"deltas_<state>": buffer}; none for the walk), and in two levels each group's own
+    two levels where ``plan.scan_groups`` > 1; in two stages where the program's scan has a
+    second, ``triton_gen._second_stage``: the first stage's scan, every chunk's increments of
+    the second stage's states, their scan). Returns those per-chunk deltas
+    ({"deltas_<state>": buffer}; none for the walk or two stages), and in two levels each group's own
     delta ({"group_deltas_<state>": [N, H, groups, *shape]}): the backward's chunk-parallel
     reverse pass reads some and reuses the others' memory. ``store_chunks`` False: a
     one-level scan writes no chunk starts (the final states alone). ``derived_args``: the scan
@@ -318,8 +325,10 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     first = next(iter(v for k, v in tokens.items() if k.startswith("in_")))
     rows = tuple(first.shape[:3])        # (N, H, nC): a delta per chunk, laid out as the starts
     cs = ctx["chunk_scan"]
-    deltas = {f"deltas_{b['name']}": binding.fresh(like.new_empty(rows + tuple(b["shape"])))
-              for b in cs["buffers"]}
+
+    def per_chunk(buffers: list[dict]) -> dict:
+        return {f"deltas_{b['name']}": binding.fresh(like.new_empty(rows + tuple(b["shape"]))) for b in buffers}
+    deltas = per_chunk(cs["buffers"])
     launch.launch_narrowing(module.delta_kernel, plan, "delta_launch", {**tokens, **deltas, **common},
                             may_fall_back, overrides)
     gate = {"lam_ptr": lam} if lam is not None else {}
@@ -330,8 +339,7 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
         launch.launch_narrowing(module.scan_kernel, plan, "scan_launch",
                                 {**lower, **deltas, **gate, **fixed, **ONE_LEVEL, "group_len": rows[2]},
                                 may_fall_back, overrides)
-        increments = {f"deltas_{b['name']}": binding.fresh(like.new_empty(rows + tuple(b["shape"])))
-                      for b in stage["buffers"]}
+        increments = per_chunk(stage["buffers"])
         reads = {f"starts_{s['name']}": state_args[f"starts_{s['name']}"] for s in stage["reads"]}
         for part in range(len(stage["delta_code"])):   # one launch an upper state (triton_gen._second_stage)
             launch.launch_narrowing(module.stage_kernel, plan, "stage_launch",
@@ -371,10 +379,14 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     return {**deltas, **{f"group_deltas_{n}": x for n, x in totals.items()}}
 
 
+def _names(states: list[dict]) -> tuple[str, ...]:
+    return tuple(s["name"] for s in states)
+
+
 def _states_args(state_args: dict, states: list[dict]) -> dict:
     """The entries of ``state_args`` (init_ / final_ / starts_ buffers, HAS_INIT) for the
     ``states`` one stage of a two-stage scan walks."""
-    names = {s["name"] for s in states}
+    names = set(_names(states))
     return {k: v for k, v in state_args.items()
             if not k.startswith(("init_", "final_", "starts_")) or k.split("_", 1)[1] in names}
 
