@@ -161,14 +161,19 @@ def test_two_stage_scan_matches_torch_float64(params, gated, with_init, varlen, 
         {f"starts_{n}" for n in (("SK", "SQ", "P", "m") if params else ("SK", "SQ", "P"))}
 
 
-@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
-def test_two_stage_scan_over_two_value_blocks(gated, launched):
+@pytest.mark.parametrize("gated,by_term", [(False, False), (True, False), (True, True)],
+                         ids=["plain", "gated", "gated-by-term"])
+def test_two_stage_scan_over_two_value_blocks(gated, by_term, launched, monkeypatch):
     """The two-stage scan's kernels split the value dim (two blocks of 16): the lower states
     without it (SK, SQ) are read whole by every block of the increments; chunk starts and
-    outputs against the float64 torch program."""
+    outputs against the float64 torch program. ``by_term``: the increments one term a launch
+    (``triton_gen.STAGE_PARTS_BY_TERM``, off by default), each adding its state's earlier ones."""
+    from hladsl.codegen import triton_gen
     from hladsl.runtime.chunk_torch import outputs, state_pass
     from hladsl.runtime.triton_forward import forward_triton
     from test_triton_backward import _inputs
+    monkeypatch.setattr(triton_gen, "STAGE_PARTS_BY_TERM", by_term)
+    monkeypatch.setattr(triton_gen, "_MODULES", {})
     alg = hladsl.compile_spec("hla3")
     program = chunk_program(alg, 16, (("d", 8), ("dv", 32)), gated)
     tiles, lam, init, _, _ = _inputs(program, False, seed=4)
@@ -177,6 +182,7 @@ def test_two_stage_scan_over_two_value_blocks(gated, launched):
     o, got = forward_triton(program, {k: v.float() for k, v in tiles.items()}, None if lam is None else lam.float(),
                             {k: v.float() for k, v in init.items()}, alg.eps, schedule="scan", state_block=16)
     assert ("stage_kernel", (3, 2, 2)) in launched.grids and ("stage_scan_kernel", (2, 2)) in launched.grids
+    assert launched.count("stage_kernel") == (12 if by_term else 3)   # G1, G2, G3: 4 terms each
     assert (o.double() - want).norm() / want.norm() < 1e-5
     for s in final:
         assert (got[s].double() - final[s]).norm() / final[s].norm() < 1e-5, s

@@ -73,6 +73,13 @@ def constexprs(program: ChunkProgram) -> dict[str, int]:
 # the GPU suite verified are those with it off.
 STATE_PASS_READS_DELTAS = os.environ.get("HLADSL_STATE_PASS_READS_DELTAS") == "1"
 
+# A two-stage scan's increments one *term* a launch (each later term of a state adds its state's
+# running total back from HBM) instead of one state a launch: HLA3's 12 terms alone compile for
+# sm_90 at 4 warps without spills (160-236 registers), its 3 states spill 800-1688 B a thread.
+# Off until timed on the GPU (HLADSL_STAGE_PARTS=term turns it on for an A/B run); tested under
+# the interpreter (tests/test_chunk_scan.py).
+STAGE_PARTS_BY_TERM = os.environ.get("HLADSL_STAGE_PARTS") == "term"
+
 
 class _Lowering:
     """Walks one chunk program and collects the pieces of the template context."""
@@ -692,11 +699,13 @@ def _second_stage(low: _Lowering, program: ChunkProgram, states: list[dict], sta
     buffers = _delta_buffers(program, states, staged.upper)
     defs, code_of, chained = {}, [], False
     for (name, terms), buffer in zip(upper, buffers):   # one launch a state (``PART``), above
-        low.region()
         keep = positions(name, terms, ("delta", "scan", "walk"))
-        code_of.append({"name": name, "buffer": buffer,
-                        "code": low.terms(terms, f"nx_{name}", defs, scale_end=True, only=keep)["pre"]})
-        chained = chained or low.block.chained
+        parts = [frozenset([n]) for n in sorted(keep)] if STAGE_PARTS_BY_TERM else [keep]
+        for k, part in enumerate(parts):   # (a later part adds its state's earlier ones: ``accumulate``)
+            low.region()
+            code_of.append({"name": name, "buffer": buffer, "accumulate": k > 0,
+                            "code": low.terms(terms, f"nx_{name}", defs, scale_end=True, only=part)["pre"]})
+            chained = chained or low.block.chained
     carry_only = lambda name, terms, roles: positions(name, terms, ("carry",))   # noqa: E731
     scan_code, scan_chained = _scan_code(low, upper, carry_only, [], staged.upper,
                                          "the chunk's increment (stage_kernel)")
