@@ -692,13 +692,13 @@ def _second_stage(low: _Lowering, program: ChunkProgram, states: list[dict], sta
     upper state but its carry, per chunk from the lower states' chunk starts (the walking
     state pass's own code for those terms, their precision included), then the walk of the
     upper states' carries plus those increments. The increments are lowered one state at a
-    time and launched so (``PART``, a constexpr: one compiled variant a state): held in one
-    program, HLA3's G1, G2, G3 spill 4280 B a thread at 255 registers (sm_90, 8 warps,
-    ``benchmarks/compile_probe.py hla3 --schedule scan``)."""
+    time (one term, ``STAGE_PARTS_BY_TERM``) and launched so (``PART``, a constexpr: one
+    compiled variant a part): held in one program, HLA3's G1, G2, G3 spill 4280 B a thread at
+    255 registers (sm_90, 8 warps, ``benchmarks/compile_probe.py hla3 --schedule scan``)."""
     upper = [(name, terms) for name, terms in program.states if name in staged.upper]
     buffers = _delta_buffers(program, states, staged.upper)
     defs, code_of, chained = {}, [], False
-    for (name, terms), buffer in zip(upper, buffers):   # one launch a state (``PART``), above
+    for (name, terms), buffer in zip(upper, buffers):
         keep = positions(name, terms, ("delta", "scan", "walk"))
         parts = [frozenset([n]) for n in sorted(keep)] if STAGE_PARTS_BY_TERM else [keep]
         for k, part in enumerate(parts):   # (a later part adds its state's earlier ones: ``accumulate``)
