@@ -103,6 +103,7 @@ class _Lowering:
         # (the chunk-parallel state pass, ``_chunk_scan``, loads those deltas instead)
         packed = {n for n, _ in program.states if program.is_packed(n)}
         self.scan_plan = scan_plan(program)
+        self.staged = staged_scan(program, self.scan_plan)   # None where one stage (or none) does
         terms = self.scan_plan.terms
         self.scan = {(t.state, t.index): t for t in terms
                      if t.role == "scan" and t.delta not in packed and t.state not in packed}
@@ -450,12 +451,12 @@ def kernel_context(program: ChunkProgram) -> dict:
         return [low.input_info(x) for x in names]
 
     out_terms = program.output + program.normalizer
-    staged = None if has_chunk_scan(program, low.scan_plan) else staged_scan(program, low.scan_plan)
     # states with chunk-start buffers: those the output kernel reads, and those a two-stage
     # scan's second stage reads (``_second_stage``)
+    stage_reads = low.staged.reads if low.staged else ()
     read = dict.fromkeys([o.name for t in out_terms for o in t.operands if o.kind is Kind.CARRY]
                          + [f.name for d in program.derived for m in d.poly.terms
-                            for f in m.factors] + list(staged.reads if staged else ()))
+                            for f in m.factors] + list(stage_reads))
     (o_index,) = alg.output.free
     o_dim = low.index_dims(program.output[0].operands)[o_index]
     splits = _state_splits(low, o_dim)
@@ -493,8 +494,9 @@ def kernel_context(program: ChunkProgram) -> dict:
                 "code": "\n\n".join(c for c in (num["loop"], den["loop"]) if c)}
     output_text = "\n".join([derived_code, num["pre"], num["loop"], num["post"],
                              den["pre"], den["loop"], den["post"]])
-    for st in states:
-        st["starts_sdot"] = read_only_as_sdot(output_text, f"st_{st['name']}")
+    for st in states:   # (the second stage's reads stay fp32: its products are the state pass's)
+        st["starts_sdot"] = (read_only_as_sdot(output_text, f"st_{st['name']}")
+                             and st["name"] not in stage_reads)
     chunk_scan = _chunk_scan(low, program, states, splits)   # fresh kernel regions
     if chunk_scan:   # (a two-stage scan holds a derived carry's states in two kernels: none there)
         chunk_scan.update(dict(NO_DERIVED_STARTS) if chunk_scan["stage"] else _derived_starts(
@@ -612,10 +614,8 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram, states: list[dict], split
     stored chunk starts) and ``stage_scan_kernel``. None where neither applies or a state is
     packed. Chunk summaries no state holds (``ir.scan.AuxDelta``: AHLA's Σ k qᵀ) are per-chunk
     buffers beside the deltas (``buffers``: every one the delta kernel writes)."""
-    plan = low.scan_plan
-    one_stage = has_chunk_scan(program, plan)
-    staged = None if one_stage else staged_scan(program, plan)
-    if staged is None and not one_stage:
+    plan, staged = low.scan_plan, low.staged
+    if staged is None and not has_chunk_scan(program, plan):
         return None
     role = {(t.state, t.index): t.role for t in plan.terms}
     def positions(name, terms, roles):

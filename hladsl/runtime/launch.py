@@ -630,8 +630,8 @@ def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict,
     narrow = narrow_ok(first, chained)
     lead = tuple(programs) if isinstance(programs, tuple) else (programs,)
     widths, n = {}, math.prod(lead)
-    one_per_sm = scan and wide_value_free(program, splits, states)
     held_states = [s.name for s in program.algebra.streaming] if states is None else states
+    one_per_sm = scan and wide_value_free(program, splits, held_states)
     for dim in splits:
         if dim in packed:
             w = common[f"B_{dim}"]

@@ -144,8 +144,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     sdot = {**common, **plan.output_dot, **(output_options or {})}["SDOT"]
     # the final states alone: a one-level scan writes no chunk starts (the walk always does; a
     # two-stage scan's first stage does, for its second stage's increments)
-    staged = plan.chunk_scan and bool(ctx["chunk_scan"]["stage"])
     store_chunks = not (states_only and plan.chunk_scan and plan.scan_groups == 1)
+    staged = plan.chunk_scan and ctx["chunk_scan"]["stage"]
     first_stage = set(_names(ctx["chunk_scan"]["states"])) if staged else set()
     # the one-level scan may store the output's derived carries instead of the states read only
     # through them (triton_gen._derived_starts: HLA2's W0 = S C - G instead of C and G)
@@ -155,7 +155,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
         if s["read"]:
             init = state_args[f"init_{s['name']}"]
             starts = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]),
-                                                      dtype=launch.starts_dtype(s["starts_sdot"] and not staged, sdot)) \
+                                                      dtype=launch.starts_dtype(s["starts_sdot"], sdot)) \
                 if (store_chunks or s["name"] in first_stage) and s["name"] not in derived_only \
                 else final[s["name"]]   # (never written)
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
