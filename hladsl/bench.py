@@ -84,7 +84,7 @@ def parse_spec(text: str) -> tuple[str, dict]:
         key, eq, value = item.partition("=")
         if not eq:
             raise ValueError(f"--specs {text}: expected key=value after the colon, got '{item}'")
-        params[key.strip()] = _value(value.strip())
+        params[key.strip()] = launch.parse_value(value.strip())
     return name, params
 
 
@@ -95,24 +95,13 @@ def parse_switches(items: list[str]) -> dict:
         name, eq, text = item.partition("=")
         if not eq:
             raise ValueError(f"--launch {item}: expected NAME=VALUE")
-        value = None if text.strip().lower() == "none" else _value(text.strip())
+        value = launch.parse_value(text.strip())
         try:
             launch.check_switch(name.strip(), value)
         except ValueError as exc:
             raise ValueError(f"--launch {item}: {exc}") from None
         out[name.strip()] = value
     return out
-
-
-def _value(text):
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    raise ValueError(f"'{text}' is not a number or true/false")
 
 
 def _inputs(B, T, H, d, dtype, device, gated, grad=False, seed=0):

@@ -249,7 +249,7 @@ def _chunk_bwd(spec, params, out_dir):
                    "or more: its d-states cancel in each token's gradient)",) + tuple(reasons)
     text = backward_text(bwd) + "\n".join(reverse_scan_lines(bwd)) + "\n"
     if reasons:   # where the backward keeps cotangent products fp32-accurate, and why
-        text += "\n" + "\n".join(["precision: cotangent products stay fp32-accurate (tf32x3) in:"]
+        text += "\n" + "\n".join(["precision: cotangent products stay fp32-accurate in:"]
                                   + [f"  {r}" for r in reasons]) + "\n"
     return text
 

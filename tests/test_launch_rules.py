@@ -354,3 +354,32 @@ def test_split_walkers_of_wide_value_free_states_run_one_a_sm(gpu_of_132_sms):
     hla3 = program_for(hladsl.load("hla3", normalize=True).compilation, 64, (("d", 64), ("dv", 64)), False)
     assert launch.wide_value_free(hla3, ("dv",))
     assert not launch.wide_value_free(hla3, ("dv",), ("G1", "G2", "G3", "h1", "h2", "h3"))
+
+
+def test_launch_switches_from_the_environment_are_checked_and_typed():
+    assert launch.switches_from_env("EXACT_STATE_DOTS=bf16x3 STAGE_WARPS=8, STAGE_BLOCK=none FORWARD_CHUNK=64") == {
+        "EXACT_STATE_DOTS": "bf16x3", "STAGE_WARPS": 8, "STAGE_BLOCK": None, "FORWARD_CHUNK": 64}
+    assert launch.switches_from_env("") == {} and launch.switches_from_env(None) == {}
+    for bad, says in (("NO_SUCH_RULE=1", "no launch rule constant"), ("STAGE_WARPS", "NAME=VALUE"),
+                      ("KEEP_STATE_PASS=4", "is a bool"), ("STAGE_WARPS=many", "is a int"),
+                      ("KEEP_STATE_PASS=treu", "is a bool")):
+        with pytest.raises(ValueError, match=says) as err:
+            launch.switches_from_env(bad)
+        assert bad in str(err.value) and "HLADSL_LAUNCH" in str(err.value)
+
+
+def test_exact_products_per_kernel_role_and_never_bf16x3_under_the_interpreter():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    with launch.switched(EXACT_DOTS="tf32x3", EXACT_STATE_DOTS="bf16x3"):
+        assert launch.exact_precision(cuda) == "tf32x3"
+        assert launch.exact_precision(cuda, state_pass=True) == "bf16x3"
+        assert launch.exact_precision(cpu, state_pass=True) == "tf32x3"   # the interpreter's set
+    with launch.switched(EXACT_DOTS="bf16x2"), pytest.raises(ValueError, match="EXACT_DOTS: 'bf16x2'"):
+        launch.exact_precision(cuda)
+
+
+def test_output_kernel_takes_eight_warps_at_wide_dims_unless_told():
+    assert launch.output_warps({"B_d": 64, "B_dv": 64}) == {}
+    assert launch.output_warps({"B_d": 128, "B_dv": 64}) == {"num_warps": 8}
+    with launch.switched(OUTPUT_WARPS=4):
+        assert launch.output_warps({"B_d": 128, "B_dv": 128}) == {"num_warps": 4}

@@ -159,7 +159,7 @@ def test_marked_networks_read_the_output_cotangents_in_fp32():
     (tl.float32), and only there; linear normalised keeps every one in the input dtype."""
     hla2 = triton_bwd_source(compile_spec("hla2", normalize=True).program)
     linear = triton_bwd_source(compile_spec("linear", normalize=True).program)
-    assert re.search(r"_dot\(raw_num, \w+, tl\.float32, PREC\)", hla2)
+    assert re.search(r"_dot\(raw_num, \w+, tl\.float32, PREC(, DOT)?\)", hla2)   # (, DOT: against a token tile)
     assert not re.search(r"_dot\(raw_num, [^)]*tl\.float32", linear)
     unnormalised = triton_bwd_source(compile_spec("hla2").program)
     assert not re.search(r"_dot\(raw_num, [^)]*tl\.float32", unnormalised)
@@ -179,7 +179,9 @@ def _kernel(source: str, kernel: str) -> str:
 def test_states_of_a_cubic_cancellation_keep_their_token_products_fp32():
     """Rule 3: HLA3's W = SK SQ P - G1 - G2 - G3 multiplies three states, so every state it
     reads (and what their updates read) sums even its token products fp32-accurately, in
-    the state pass and the fused kernel; the output kernel still runs tokens in bf16."""
+    the state pass and the fused kernel: in fp32, or in the input dtype where both sides
+    are token tiles as loaded (exact on the tensor cores); the output kernel still runs
+    tokens in bf16."""
     plan = _plan("hla3")
     assert set(plan.exact_tokens) == {"SK", "SQ", "P", "G1", "G2", "G3"}
     source = generate(compile_spec("hla3").program)
@@ -187,8 +189,13 @@ def test_states_of_a_cubic_cancellation_keep_their_token_products_fp32():
         updates = re.findall(r"# ---- (\w+): state at the end of this chunk\n(.*?)(?=# ----|\Z)",
                              _kernel(source, kernel), re.S)
         assert {name for name, _ in updates} == set(plan.exact_tokens), kernel
+        body = _kernel(source, kernel)
+        tokens = {"raw_k", "raw_q", "raw_v"} | set(re.findall(
+            r"loaded transposed in the input dtype\n\s+(t\d+) = ", body))
         for name, code in updates:
-            assert "_dot(" in code and ", DOT, PREC)" not in code and ", SDOT, PREC)" not in code, name
+            assert "_dot(" in code and ", SDOT, PREC)" not in code, name
+            for a, b in re.findall(r"_dot\(([^,]+), ([^,]+), DOT, PREC\)", code):
+                assert {a, b} <= tokens, (name, a, b)
     assert ", DOT, PREC)" in _kernel(source, "output_kernel")
     assert "token products of G1, G2, G3, P, SK, SQ" in "\n".join(plan.describe())
 

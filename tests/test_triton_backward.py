@@ -252,7 +252,10 @@ def test_varlen_calls_remember_the_width_that_did_not_fit(monkeypatch):
 def test_state_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch):
     """The state pass (forward, and recomputed by the backward) over shared memory at every
     launch fallback (injected above width 16) runs narrower value blocks instead of the
-    whole call halving its chunk, with the same results as blocks of 16 asked for."""
+    whole call halving its chunk: the forward with the same results as blocks of 16 asked
+    for, the backward (which takes no state block) matching float64. (Not bitwise against
+    its unnarrowed self: the interpreter's matmuls of [.., 16] and [.., 32] tiles may round
+    differently, as numpy 2.4's do.)"""
     from hladsl.runtime import triton_forward
     from hladsl.runtime.triton_backward import backward_triton
     alg = hladsl.compile_spec("hla3")
@@ -261,14 +264,19 @@ def test_state_pass_that_does_not_fit_runs_narrower_blocks(monkeypatch):
     args = ({k: v.float() for k, v in tiles.items()}, lam.float(), {k: v.float() for k, v in init.items()})
     want_o, want_f = triton_forward.forward_triton(program, *args, alg.eps, schedule="two_pass",
                                                    state_block=16)
-    want_g = backward_triton(program, *args, grad_o.float(), None, alg.eps, reverse_block=16)
+    ref = backward_torch(program, {k: v.double() for k, v in tiles.items()}, lam.double(),
+                         {k: v.double() for k, v in init.items()}, grad_o.double(), None, alg.eps)
     widths = _too_little_shared_memory(monkeypatch, "state_pass_kernel")
     o, f = triton_forward.forward_triton(program, *args, alg.eps, schedule="two_pass", state_block=32)
     assert widths[0] == 32 and widths[-1] == 16
     assert torch.equal(o, want_o) and all(torch.equal(f[n], want_f[n]) for n in f)
     widths.clear()
     got = backward_triton(program, *args, grad_o.float(), None, alg.eps, reverse_block=16)
-    assert 16 in widths and all(torch.equal(got[0][x], want_g[0][x]) for x in tiles)
+    assert 16 in widths
+    for x in tiles:
+        assert _rel(got[0][x], ref[0][x]) <= 1e-4, x
+    for s in init:
+        assert _rel(got[2][s], ref[2][s]) <= 1e-4, s
 
 
 def _varlen_reference(program, tiles, lam, init, grad_o, grad_final, eps, seq_chunks):

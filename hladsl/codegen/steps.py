@@ -22,10 +22,15 @@ could end a comment line).
 """
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 from dataclasses import dataclass
 
+# An exact product (ir.precision) of a token tile as loaded and an fp32 tile: the fp32 side as
+# three bf16 pieces against the bf16 tokens (_dot's TOKENS), else one tf32x3 / bf16x3 dot
+# (HLADSL_SPLIT_AGAINST_TOKENS=0: for A/B runs).
+SPLIT_AGAINST_TOKENS = os.environ.get("HLADSL_SPLIT_AGAINST_TOKENS", "1") != "0"
 _TEMP = re.compile(r"\bt\d+\b")
 _STATE = re.compile(r"\b(st|dr|nx|ct_end|ct_dr)_\w+")   # states and their gradients stay fp32
 
@@ -72,6 +77,7 @@ class Block:
         # transpose, whose layout change goes through shared memory every chunk
         self.raw: dict[str, str] = {}
         self.transposed: dict[str, str] = {}
+        self.tokens_as_loaded: set[str] = set()   # input-dtype tiles of token inputs (exact in DOT)
         self._elementwise: dict[str, tuple] = {}   # a 2-D product temp -> (factors, its indices)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -156,6 +162,8 @@ class Block:
             raw = self.define(self.transposed[var], f"{var}ᵀ, loaded transposed in the input dtype")
             out = self.define(f"{raw}.to(tl.float32)")
             self.raw[out] = raw
+            if self.raw[var] in self.tokens_as_loaded:
+                self.tokens_as_loaded.add(raw)
         self.section = section
         return out
 
@@ -214,6 +222,7 @@ class Block:
         left = self.arrange(a, free_a + summed)
         right = self.arrange(b, summed + free_b)
         left, right = self.raw.get(left, left), self.raw.get(right, right)
+        tokens = (left in self.tokens_as_loaded) + (right in self.tokens_as_loaded)
         if len(free_a) > 1 or len(summed) > 1:
             left = f"tl.reshape({left}, ({self._group(free_a)}, {self._group(summed)}))"
         if len(free_b) > 1 or len(summed) > 1:
@@ -230,7 +239,13 @@ class Block:
             self.reads_output_cotangent(x) for x in (a.var, b.var, left, right))
         exact = (self.exact and reads) or exact_ct or self.exact_tokens
         dtype = "tl.float32" if exact else ("SDOT" if reads else "DOT")
-        expr = f"_dot({left}, {right}, {dtype}, PREC)"
+        # an exact product of two token tiles as loaded is exact on the tensor cores in their
+        # dtype (products of bf16 values are exact in the fp32 accumulator); with one, the
+        # other side goes as three bf16 pieces (_dot's TOKENS)
+        if exact and tokens == 2:
+            dtype = "DOT"
+        split = ", DOT" if exact and tokens == 1 and SPLIT_AGAINST_TOKENS else ""
+        expr = f"_dot({left}, {right}, {dtype}, PREC{split})"
         idx = tuple(free_a + free_b)
         if len(free_a) > 1 or len(free_b) > 1:
             expr = f"tl.reshape({expr}, ({', '.join(self.sizes[i] for i in idx)}))"

@@ -179,6 +179,7 @@ class _Lowering:
         x, dim = o.name, self.input_dim[o.name]
         var = f"in_{x}"
         self.block.raw[var] = f"raw_{x}"      # the template loads both (load_chunk)
+        self.block.tokens_as_loaded.add(f"raw_{x}")
         self.block.transposed[var] = self.scaled_load(x, (
             f"tl.load(in_{x}_ptr + base_{x} + offs_{dim}[:, None] + offs_t[None, :] * str_{x}_t, "
             f"mask=offs_{dim}[:, None] < D_{dim}, other=0.0)"))

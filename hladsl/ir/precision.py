@@ -25,6 +25,15 @@ destroys it. So:
    degree-two sum (HLA2's C S - G: o 2.4e-3 there) amplifies far less and keeps them bf16;
 4. every other product runs on the tensor cores in the input dtype.
 
+How an fp32-accurate product runs (``codegen.steps``, the template's ``_dot``): two token
+tiles as loaded (bf16) multiply in bf16, exactly (their products fit the fp32
+accumulator); a token tile against an fp32 tile takes the fp32 side as three bf16 pieces
+(hi + mid + lo, its 24 bits), three bf16 dots; two fp32 tiles one tf32x3 dot (three tf32
+passes at half the bf16 rate; ``launch.exact_precision``). Measured (H100, HLA3, bf16,
+B = 2, H = 16, d = 64): the forward 8.35 -> 3.84 ms at T = 16384 with o at T = 65536
+unchanged (2.47e-3 ungated against fp64); bf16x3 (a 16-bit split) for the fp32 pairs too
+gives 3.35 ms but o 4.36e-3 (8.6e-3 with it in the output kernel), so it is not the rule.
+
 The backward inherits rules 1 and 2: a gradient network is exact iff the forward sum
 whose cotangent it consumes is; rule 3 applies to the state updates (forward, and the
 backward's recomputed chunk-start states), and to the backward as a whole:
@@ -65,9 +74,11 @@ class PrecisionPlan:
         if not self.reasons:
             return ["precision: every product runs on the tensor cores in the input dtype "
                     "(no sum has carry-reading terms of opposite sign)"]
-        return (["precision: products reading carried states are fp32-accurate (tf32x3) in:"]
+        return (["precision: products reading carried states are fp32-accurate in:"]
                 + [f"  {r}" for r in self.reasons]
-                + ["  every other product runs on the tensor cores in the input dtype"])
+                + ["  (two token tiles as loaded: in the input dtype, exact; one: the fp32 side as three "
+                   "bf16 pieces; none: tf32x3)",
+                   "  every other product runs on the tensor cores in the input dtype"])
 
 
 _FACTORS = (Kind.TOKEN, Kind.POWER, Kind.CARRY, Kind.DERIVED)

@@ -22,11 +22,14 @@ Rules:
   reverse pass that fits no launch fallback at its width runs narrower blocks
   (``narrower``) before the chunk is halved.
 * fp32 tiles for chains of bf16/fp16 dots at a narrow chunk or block (``dot_override``).
+* how the precision plan's fp32-accurate products run on the tensor cores, in the state
+  passes and in the output and gradient kernels: tf32x3, bf16x3 (``exact_precision``).
 * what the kernels read and write: the query scale applied as query tiles are loaded
   (``SCALE_QUERIES_IN_KERNEL``); the forward's chunk-start states in the output kernel's
   state-dot dtype where it only feeds them to such dots (``starts_dtype``).
 * warps and pipeline stages of a state-pass / reverse-pass program from the fp32 state
-  elements it holds (``walker_options``).
+  elements it holds (``walker_options``); the forward output kernel's at wide dims
+  (``output_warps``).
 * schedule: fused (one kernel) when there are enough (sequence, head) pairs to
   fill the GPU without chunk parallelism and more than one chunk, else two-pass
   (``use_fused``); its state pass chunk-parallel (deltas, then a scan over them) where
@@ -40,6 +43,8 @@ Rules:
   (``grad_target_sets``), so that one target's tiles are live at a time; the packed
   dim they loop over in narrow tiles (``grad_loop_tile``); a target with many
   networks over several programs (``grad_parts``).
+* A/B runs in separate processes: ``HLADSL_LAUNCH="NAME=VALUE ..."`` sets rule constants
+  at import (``switches_from_env``), as ``hladsl bench --launch`` does within one.
 * autotuning (optional, ``runtime.autotune``): the candidates a tuned launch times
   (``tune_candidates``: warps, stages, and the state-pass / reverse-pass value-dim
   block where ``split_blocks`` allows splitting); the schedule is tuned by the runners.
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,6 +91,49 @@ def state_dot_dtype(dtype: torch.dtype, device=None, exact: bool = False):
     import triton.language as tl
     return tl.bfloat16 if dot_dtype(dtype, device) == tl.bfloat16 and not exact else tl.float32
 STARTS_IN_SDOT = True
+
+
+OUTPUT_WARPS = None        # the forward's output kernel at these warps whatever the rule says (A/B)
+WIDE_OUTPUT_DIM = 128
+WIDE_OUTPUT_WARPS = 8
+
+
+def output_warps(features: dict) -> dict:
+    """The forward output kernel's warps where they differ from the call's (4): 8 where a
+    feature dim is at least 128 (``features``: ``feature_blocks``), whose tiles spill at 4
+    (hla2's 1896 B a thread, compiled for sm_90). Measured (runs 158, 159, H100, bf16,
+    B = 2, H = 16, T = 16384, 4 -> 8 warps): at d = 128 hla2 3.785 -> 3.415 ms, ahla 2.036 ->
+    1.707, linear 0.6725 -> 0.6394, hla3_masked 6.012 -> 6.096; at d = 64 slower (hla2
+    0.714 -> 0.737, hla3 3.83 -> 4.29)."""
+    if OUTPUT_WARPS:
+        return {"num_warps": OUTPUT_WARPS}
+    if max(features.values(), default=0) >= WIDE_OUTPUT_DIM:
+        return {"num_warps": WIDE_OUTPUT_WARPS}
+    return {}
+
+
+EXACT_DOTS = "tf32x3"
+EXACT_STATE_DOTS = "tf32x3"
+EXACT_DOT_MODES = ("tf32x3", "bf16x3", "bf16x6", "ieee")
+
+
+def exact_precision(device, state_pass: bool = False) -> str:
+    """tl.dot's ``input_precision`` for fp32 tiles: the precision plan's fp32-accurate
+    products (``ir.precision``), fp16's state products, the power gradient's one-hot
+    gathers. "tf32x3": three tf32 dots (hi*hi + hi*lo + lo*hi), ~21 bits, each tf32 pass
+    at half the bf16 rate; "bf16x3": three bf16 dots of a 16-bit hi + lo split, ~16 bits
+    at twice tf32x3's speed; "bf16x6": ~24 bits at tf32x3's cost. ``state_pass``: the
+    state passes' kernels (``EXACT_STATE_DOTS``: the chunk-start and final states, the
+    backward's recomputed ones), else the kernels that form outputs and gradients
+    (``EXACT_DOTS``: where the cancelling sums are). The Triton interpreter (CPU tensors)
+    knows tf32x3 only (and computes it in fp32)."""
+    if torch.device(device).type != "cuda":
+        return "tf32x3"
+    mode = EXACT_STATE_DOTS if state_pass else EXACT_DOTS
+    if mode not in EXACT_DOT_MODES:
+        raise ValueError(f"launch.EXACT_{'STATE_' if state_pass else ''}DOTS: '{mode}' is not one of "
+                         f"{', '.join(EXACT_DOT_MODES)}")
+    return mode
 
 
 def starts_dtype(read_only_as_sdot: bool, sdot) -> torch.dtype:
@@ -526,10 +575,41 @@ def plan_cache() -> dict:
     return cache
 
 
+def parse_value(text: str):
+    """A rule constant's value from text: true / false, none, an int, a float, else the text."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def switches_from_env(text: str | None) -> dict:
+    """``HLADSL_LAUNCH="NAME=VALUE ..."`` -> {NAME: value}, each checked (ValueError naming
+    the variable and the item otherwise)."""
+    out = {}
+    for item in (text or "").replace(",", " ").split():
+        name, eq, value = item.partition("=")
+        try:
+            if not eq:
+                raise ValueError("expected NAME=VALUE")
+            out[name] = parse_value(value)
+            check_switch(name, out[name])
+        except ValueError as exc:
+            raise ValueError(f"HLADSL_LAUNCH: {item}: {exc}") from None
+    return out
+
+
 def rule_constants() -> dict:
     """This module's scalar rule constants (what ``switch`` may set), by name."""
     return {k: v for k, v in vars(sys.modules[__name__]).items()
-            if k.isupper() and isinstance(v, (bool, int, float, type(None)))}
+            if k.isupper() and isinstance(v, (bool, int, float, str, type(None)))}
 
 
 def check_switch(name: str, value):
@@ -938,3 +1018,7 @@ def step_value_block(size: int, splittable: bool, shared: bool, bridged: bool = 
     if shared and not splittable and STEP_SHARED_BLOCK:
         return min(width, STEP_SHARED_BLOCK)
     return width
+
+
+for _name, _value in switches_from_env(os.environ.get("HLADSL_LAUNCH")).items():
+    setattr(sys.modules[__name__], _name, _value)

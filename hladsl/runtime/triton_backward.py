@@ -20,7 +20,7 @@ from hladsl.runtime.backward_torch import check_backward_args
 def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                     init_states: dict[str, torch.Tensor], grad_o: torch.Tensor,
                     grad_final: dict[str, torch.Tensor] | None, eps: float,
-                    precision: str = "tf32x3", num_warps: int = 4, reverse_block: int | None = None,
+                    precision: str | None = None, num_warps: int = 4, reverse_block: int | None = None,
                     schedule: str = "auto", targets_per_program: int | None = None,
                     grad_dtype: torch.dtype = torch.float32, seq_chunks: torch.Tensor | None = None,
                     grad_scales: dict[str, float] | None = None,
@@ -197,13 +197,13 @@ class KeptStates:
 def _state_pass_form(plan) -> tuple:
     """What decides what a backward plan reads of its state pass, and their values."""
     return (plan.chunk_scan, plan.scan_groups, plan.fused, getattr(plan, "reverse_scan", False),
-            plan.common["PREC"], plan.common["num_warps"])
+            plan.state_common["PREC"], plan.common["num_warps"])
 
 
 def keep_state_pass(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                     init_states: dict[str, torch.Tensor] | None, schedule: str = "auto",
                     seq_chunks: torch.Tensor | None = None, scales: dict[str, float] | None = None,
-                    precision: str = "tf32x3", num_warps: int = 4) -> tuple[KeptStates, dict, dict]:
+                    precision: str | None = None, num_warps: int = 4) -> tuple[KeptStates, dict, dict]:
     """The backward's step (a), run by a forward under autograd (``launch.KEEP_STATE_PASS``;
     arguments as ``backward_triton``'s, for the backward's default reverse block and target
     sets): (what the backward
@@ -405,11 +405,11 @@ class _BackwardPlan:
         self.common = common = dict(
             H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype, device),
             SDOT=launch.state_dot_dtype(first.dtype, device, ctx["exact_state_reads"]),
-            PREC=precision, num_warps=num_warps,
+            PREC=precision or launch.exact_precision(device), num_warps=num_warps,
             **constexprs(program))
         features = launch.feature_blocks(program, common)
         self.packed = _packed_tables(program, device)
-        plan_state_pass(self, program, fwd, common, first, schedule, "backward")
+        plan_state_pass(self, program, fwd, common, first, schedule, "backward", precision=precision)
         self.cotangent_dot = launch.dot_override(first, fwd["output_chained_dots"], {}, features)
         # (not for the reverse pass alone: the fused kernel computes every gradient too)
         self.fused = fused_ok and seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device,

@@ -76,7 +76,7 @@ def token_layout(n_seq: int, heads: int, n_chunks: int, chunk: int, dim: int, dt
 
 @autotune.tunes_schedule(lambda a: kernels(a["program"])[0].__name__)
 def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
-                   init_states: dict[str, torch.Tensor], eps: float, precision: str = "tf32x3",
+                   init_states: dict[str, torch.Tensor], eps: float, precision: str | None = None,
                    state_block: int | None = None, num_warps: int = 4,
                    num_stages: int | None = None, packed_block: int | None = None,
                    state_options: dict | None = None, output_options: dict | None = None,
@@ -88,7 +88,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     init_states: summary -> [N, H, *shape] as the program holds it (program.state_shape), or None
     (zeros, made by the kernels). precision: how fp32 tiles are
     multiplied (tl.dot input_precision: "ieee" exact but slow to compile and run,
-    "tf32x3" about fp32-accurate on tensor cores, "tf32" fastest). state_block: the
+    "tf32x3" / "bf16x3" about fp32-accurate on tensor cores, "tf32" fastest; None:
+    ``launch.exact_precision``). state_block: the
     width of the value-dim block one state-pass program owns, where the program
     allows splitting (default: small enough to fill the GPU). packed_block: the tile
     of a packed symmetric dim (default triton_gen.PACKED_TILE). state_options /
@@ -223,7 +224,8 @@ class _ForwardPlan:
         n_seq, heads, n_chunks = first.shape[:3]
         device = first.device
         common = dict(H=heads, n_chunks=n_chunks, DOT=launch.dot_dtype(first.dtype, device),
-                      SDOT=launch.state_dot_dtype(first.dtype, device), PREC=precision,
+                      SDOT=launch.state_dot_dtype(first.dtype, device),
+                      PREC=precision or launch.exact_precision(device),
                       num_warps=num_warps, **constexprs(program))
         if num_stages is not None:
             common["num_stages"] = num_stages
@@ -240,20 +242,24 @@ class _ForwardPlan:
             self.fused_launch = launch.split_blocks(n_seq * heads, [f["split"]] if f["split"] else [],
                                                     program, common, first, f["chained_dots"], state_block)
         self.packed = _packed_tables(program, device)
-        plan_state_pass(self, program, ctx, common, first, schedule, "forward", state_block)
-        self.output_dot = launch.dot_override(first, ctx["output_chained_dots"], {},
-                                              launch.feature_blocks(program, common))
+        plan_state_pass(self, program, ctx, common, first, schedule, "forward", state_block, precision)
+        features = launch.feature_blocks(program, common)
+        self.output_dot = {**launch.dot_override(first, ctx["output_chained_dots"], {}, features),
+                           **launch.output_warps(features)}
 
 
 def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first, schedule: str,
-                    direction: str, state_block: int | None = None) -> None:
+                    direction: str, state_block: int | None = None, precision: str | None = None) -> None:
     """A plan's state-pass launches (``direction`` "forward", or "backward": its
-    recomputation): the walking kernel's (``state_launch``), and where
+    recomputation): the constexprs they share (``state_common``: ``common`` with the state
+    passes' exact-product precision, ``precision`` or ``launch.exact_precision``'s), the
+    walking kernel's (``state_launch``), and where
     ``launch.use_chunk_scan`` takes the chunk-parallel pass, the delta and scan kernels'
     (``delta_launch``, ``scan_launch``), in two stages the second's (``stage_launch``,
     ``stage_scan_launch``) and, where ``launch.scan_groups`` walks the scan in
     ``scan_groups`` groups, the groups' walks (``group_scan_launch``)."""
     n_seq, heads, n_chunks = first.shape[:3]
+    plan.state_common = {**common, "PREC": precision or launch.exact_precision(first.device, state_pass=True)}
     plan.state_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common, first,
                                             ctx["state_chained_dots"], state_block)
     cs = ctx["chunk_scan"]
@@ -312,7 +318,7 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     reverse pass reads some and reuses the others' memory. ``store_chunks`` False: a
     one-level scan writes no chunk starts (the final states alone). ``derived_args``: the scan
     kernel's derived-starts arguments (``triton_gen._derived_starts``; none: not stored)."""
-    walk, common = plan.walk, plan.common
+    walk, common = plan.walk, plan.state_common
     like = state_args[next(k for k in state_args if k.startswith("init_"))]
     no_derived = derived_start_args(ctx, like)   # the scan kernel's parameters: stored only where asked
     if no_derived:
