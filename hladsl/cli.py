@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from hladsl.emit import EMIT_KINDS, check_report, emit
-from hladsl.errors import SpecError
+from hladsl.errors import SettingError, SpecError
 from hladsl.version import __version__
 
 
@@ -58,8 +58,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
     try:
+        args = _build_parser().parse_args(argv)   # (imports the launch layer: HLADSL_LAUNCH)
         if args.command == "bench":
             from hladsl import bench
             return bench.run(args)
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    except OSError as exc:
+    except (OSError, SettingError) as exc:
         print(f"hladsl: {exc}", file=sys.stderr)
         return 1
 

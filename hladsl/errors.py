@@ -71,3 +71,8 @@ class SpecErrors(SpecError):
 
     def __str__(self) -> str:
         return "\n".join(str(e) for e in self.errors)
+
+
+class SettingError(ValueError):
+    """A bad ``HLADSL_*`` environment setting (e.g. ``HLADSL_LAUNCH``): the message names the
+    variable, the item and what was expected; the CLI prints it without a traceback."""

@@ -383,3 +383,14 @@ def test_output_kernel_takes_eight_warps_at_wide_dims_unless_told():
     assert launch.output_warps({"B_d": 128, "B_dv": 64}) == {"num_warps": 8}
     with launch.switched(OUTPUT_WARPS=4):
         assert launch.output_warps({"B_d": 128, "B_dv": 128}) == {"num_warps": 4}
+
+
+def test_a_bad_launch_setting_in_the_environment_is_one_line_from_the_cli():
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "HLADSL_LAUNCH": "STAGE_WARPS=many"}
+    proc = subprocess.run([sys.executable, "-m", "hladsl", "compile", "linear", "--emit", "chunk"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "hladsl: HLADSL_LAUNCH: STAGE_WARPS=many: launch.STAGE_WARPS is a int, got 'many'"

@@ -65,6 +65,7 @@ from dataclasses import dataclass
 
 import torch
 from hladsl.codegen.triton_gen import block_size
+from hladsl.errors import SettingError
 from hladsl.runtime import autotune, binding, direct, progress
 
 # triton is imported inside the rules that need it: the torch path never imports it
@@ -591,8 +592,8 @@ def parse_value(text: str):
 
 
 def switches_from_env(text: str | None) -> dict:
-    """``HLADSL_LAUNCH="NAME=VALUE ..."`` -> {NAME: value}, each checked (ValueError naming
-    the variable and the item otherwise)."""
+    """``HLADSL_LAUNCH="NAME=VALUE ..."`` -> {NAME: value}, each checked (``SettingError``, a
+    ValueError, naming the variable and the item otherwise)."""
     out = {}
     for item in (text or "").replace(",", " ").split():
         name, eq, value = item.partition("=")
@@ -602,7 +603,7 @@ def switches_from_env(text: str | None) -> dict:
             out[name] = parse_value(value)
             check_switch(name, out[name])
         except ValueError as exc:
-            raise ValueError(f"HLADSL_LAUNCH: {item}: {exc}") from None
+            raise SettingError(f"HLADSL_LAUNCH: {item}: {exc}") from None
     return out
 
 
