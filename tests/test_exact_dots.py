@@ -10,6 +10,7 @@ os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported anywhere
 
 import re  # noqa: E402
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import hladsl  # noqa: E402
@@ -54,6 +55,28 @@ def test_hla3_exact_products_by_what_their_sides_are():
         assert 1 in kinds, kernel    # each multiplies tokens with fp32 tiles
         if kernel == "stage_kernel":
             assert kinds == {0, 1, 2}
+
+
+@pytest.mark.parametrize("name,params", [("hla3", {}), ("hla3", {"normalize": True}), ("hla2", {}),
+                                         ("hla2", {"normalize": True}), ("hla3_masked", {}), ("ahla", {}),
+                                         ("linear", {}), ("power", {"p": 2})])
+def test_every_exact_product_forward_and_backward_takes_the_dot_its_sides_allow(name, params):
+    """In every kernel, forward and backward: an fp32 product never has two token tiles as
+    loaded (they go in their dtype), is split exactly when one side is a token tile, and
+    nothing else is split. (An exact product of two token tiles reads DOT like a plain one:
+    the per-kernel test above tells them apart where every product is exact.)"""
+    from hladsl.api import compile_spec
+    from hladsl.codegen.triton_bwd import triton_bwd_source
+    from hladsl.codegen.triton_gen import generate
+    program = compile_spec(name, **params).program
+    for source in (generate(program), triton_bwd_source(program)):
+        for kernel in re.findall(r"def (\w+_kernel)\(", source):
+            for region in _regions(source, kernel):
+                tokens = _token_tiles(region)
+                for a, b, dtype, split in _dots(region):
+                    sides = (a in tokens) + (b in tokens)
+                    assert split == (dtype == "tl.float32" and sides == 1), (kernel, a, b, dtype)
+                    assert not (dtype == "tl.float32" and sides == 2), (kernel, a, b)
 
 
 def test_products_outside_the_plan_keep_their_dtypes():

@@ -362,7 +362,8 @@ def test_launch_switches_from_the_environment_are_checked_and_typed():
     assert launch.switches_from_env("") == {} and launch.switches_from_env(None) == {}
     for bad, says in (("NO_SUCH_RULE=1", "no launch rule constant"), ("STAGE_WARPS", "NAME=VALUE"),
                       ("KEEP_STATE_PASS=4", "is a bool"), ("STAGE_WARPS=many", "is a int"),
-                      ("KEEP_STATE_PASS=treu", "is a bool")):
+                      ("KEEP_STATE_PASS=treu", "is a bool"), ("FORWARD_CHUNK=abc", "takes a number or none"),
+                      ("EXACT_DOTS=bf16x2", "is one of tf32x3"), ("EXACT_STATE_DOTS=none", "is one of")):
         with pytest.raises(ValueError, match=says) as err:
             launch.switches_from_env(bad)
         assert bad in str(err.value) and "HLADSL_LAUNCH" in str(err.value)
@@ -374,8 +375,8 @@ def test_exact_products_per_kernel_role_and_never_bf16x3_under_the_interpreter()
         assert launch.exact_precision(cuda) == "tf32x3"
         assert launch.exact_precision(cuda, state_pass=True) == "bf16x3"
         assert launch.exact_precision(cpu, state_pass=True) == "tf32x3"   # the interpreter's set
-    with launch.switched(EXACT_DOTS="bf16x2"), pytest.raises(ValueError, match="EXACT_DOTS: 'bf16x2'"):
-        launch.exact_precision(cuda)
+    with pytest.raises(ValueError, match="EXACT_DOTS is one of"):
+        launch.switch("EXACT_DOTS", "bf16x2")
 
 
 def test_output_kernel_takes_eight_warps_at_wide_dims_unless_told():

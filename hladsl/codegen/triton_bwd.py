@@ -366,7 +366,8 @@ def backward_context(program: ChunkProgram) -> dict:
         "grad_defs": _defs(gdefs),
         "grad_loop_dim": loop_dim,
         # a tensor-core dtype dot on the loop's tiles (launch.dot_override guards narrow ones)
-        "grad_loop_dot": any(", DOT, PREC)" in c["loop"] for g in groups for c in (g["whole"], g["parted"])),
+        "grad_loop_dot": any(re.search(r", DOT, PREC\)|, PREC, DOT\)", c["loop"])   # (a split: bf16 dots too)
+                             for g in groups for c in (g["whole"], g["parted"])),
         "grad_groups": groups,
         "fused": None if fused is None else {**fused, "reads": [info(n) for n in fused["reads"]]},
         "reverse_scan": _reverse_scan(low, bwd, fwd, info),   # fresh kernel regions

@@ -106,8 +106,8 @@ def output_warps(features: dict) -> dict:
     B = 2, H = 16, T = 16384, 4 -> 8 warps): at d = 128 hla2 3.785 -> 3.415 ms, ahla 2.036 ->
     1.707, linear 0.6725 -> 0.6394, hla3_masked 6.012 -> 6.096; at d = 64 slower (hla2
     0.714 -> 0.737, hla3 3.83 -> 4.29)."""
-    if OUTPUT_WARPS:
-        return {"num_warps": OUTPUT_WARPS}
+    if OUTPUT_WARPS:    # (a forward_triton num_warps does not reach the output kernel at wide
+        return {"num_warps": OUTPUT_WARPS}   # dims: its output_options do, and autotuning)
     if max(features.values(), default=0) >= WIDE_OUTPUT_DIM:
         return {"num_warps": WIDE_OUTPUT_WARPS}
     return {}
@@ -126,8 +126,10 @@ def exact_precision(device, state_pass: bool = False) -> str:
     at twice tf32x3's speed; "bf16x6": ~24 bits at tf32x3's cost. ``state_pass``: the
     state passes' kernels (``EXACT_STATE_DOTS``: the chunk-start and final states, the
     backward's recomputed ones), else the kernels that form outputs and gradients
-    (``EXACT_DOTS``: where the cancelling sums are). The Triton interpreter (CPU tensors)
-    knows tf32x3 only (and computes it in fp32)."""
+    (``EXACT_DOTS``: where the cancelling sums are; the fused kernels, one PREC for their
+    states and outputs, too). Products with a token side do not use it (``codegen.steps``:
+    in the input dtype, or three bf16 dots). The Triton interpreter (CPU tensors) knows
+    tf32x3 only (and computes it in fp32)."""
     if torch.device(device).type != "cuda":
         return "tf32x3"
     mode = EXACT_STATE_DOTS if state_pass else EXACT_DOTS
@@ -623,6 +625,10 @@ def check_switch(name: str, value):
     if not (value is None or old is None or type(value) is type(old)
             or (type(old) is float and type(value) is int)):
         raise ValueError(f"launch.{name} is a {type(old).__name__}, got {value!r}")
+    if old is None and isinstance(value, str):   # the optional sizes and counts
+        raise ValueError(f"launch.{name} takes a number or none, got {value!r}")
+    if name in ("EXACT_DOTS", "EXACT_STATE_DOTS") and value not in EXACT_DOT_MODES:
+        raise ValueError(f"launch.{name} is one of {', '.join(EXACT_DOT_MODES)}, got {value!r}")
     return old
 
 
