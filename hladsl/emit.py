@@ -228,10 +228,12 @@ def _triton_step(spec, params, out_dir):
 def reverse_scan_lines(bwd) -> list[str]:
     """How the chunk-parallel reverse pass (``ir.scan.reverse_scan``) splits the d-state
     updates, or why there is none."""
-    from hladsl.ir.scan import has_chunk_scan, reverse_scan
+    from hladsl.ir.scan import has_chunk_scan, reverse_scan, staged_reverse
     split = reverse_scan(bwd) if has_chunk_scan(bwd.forward) else None
     if split is None:
-        return ["reverse scan: none (the forward has no one-stage chunk scan, or a d-state update walks the tokens)"]
+        staged = staged_reverse(bwd)
+        return (["reverse scan: none (the forward has no one-stage chunk scan, or a d-state update walks the tokens)"]
+                + (staged.describe() if staged else []))
     lines = [f"reverse scan: {len(split.parallel)} d-state networks every chunk at once (no chunk-end "
              f"cotangent), then a scan of {len(split.carry)} carry networks"
              + (f" and {len(split.scan)} reading forward chunk deltas:" if split.scan else "")]

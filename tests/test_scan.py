@@ -230,3 +230,96 @@ def test_staged_scan_is_the_state_pass(params, gated):
         assert torch.allclose(final[s], want_final[s], rtol=1e-12, atol=1e-12), s
         if s in want_starts:
             assert torch.allclose(torch.stack(starts[s], 2), want_starts[s], rtol=1e-12, atol=1e-12), s
+
+
+@pytest.mark.parametrize("name,params,split", [
+    ("hla3", {}, (("G1", "G2", "G3"), ("SK", "SQ", "P"))),
+    ("hla3", {"normalize": True}, (("G1", "G2", "G3", "h1", "h2", "h3"), ("SK", "SQ", "P", "m"))),
+    ("hla2", {}, None), ("ahla", {}, None), ("hla3_masked", {}, None), ("linear", {}, None),
+    ("power", {"p": 2}, None)])
+def test_staged_reverse_of_the_shipped_specs(name, params, split):
+    """The reverse pass's two stages transpose the forward's: the forward's upper states'
+    d-states only decay and collect parallel networks (lower in reverse), and the d-states of
+    the lower states they read take the cross networks (upper in reverse: the forward's
+    ``reads``). Where the one-stage reverse scan applies (or, power, a state is packed): none."""
+    from hladsl.ir.backward import backward_program
+    from hladsl.ir.scan import staged_reverse, staged_scan
+    program = compile_spec(name, **params).program
+    got = staged_reverse(backward_program(program))
+    assert (None if got is None else (got.lower, got.upper)) == split
+    if got is not None:
+        assert got.upper == staged_scan(program).reads and got.reads == got.lower
+        assert all(g.cotangent.name[len("end_"):] in got.lower for g in got.cross)
+
+
+@pytest.mark.parametrize("params", [{}, {"normalize": True}], ids=["plain", "norm"])
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+def test_staged_reverse_is_the_reverse_pass(params, gated):
+    """The two-stage reverse pass in float64 torch: the lower d-states scanned over their
+    parallel networks, storing every chunk end; each chunk's increment of every upper d-state
+    (its parallel and cross networks, reading the stored lower ends, the upper ends NaN);
+    the upper d-states scanned over those -- the initial-state gradients of
+    ``backward_torch`` (which walks every d-state together), and every chunk's ends of the walk."""
+    from hladsl.ir.backward import backward_program, cotangent_name
+    from hladsl.ir.scan import staged_reverse
+    from hladsl.runtime.backward_torch import _output_cotangents, backward_torch
+    alg = hladsl.compile_spec("hla3", **params)
+    program = chunk_program(alg, C, tuple(sorted((d, 4) for d in alg.dims)), gated)
+    bwd = backward_program(program)
+    staged = staged_reverse(bwd)
+    tokens, lam, init = _inputs(program, seed=3)
+    if params:   # a positive normaliser
+        tokens = {k: v.abs() + 0.1 for k, v in tokens.items()}
+        init = {k: v.abs() for k, v in init.items()}
+    gen = torch.Generator().manual_seed(4)
+    names = [n for n, _ in program.states]
+    d_final = {s: torch.randn(1, 2, *program.state_shape(s), generator=gen, dtype=torch.float64) for s in names}
+    grad_o = torch.randn(1, 2, N_CHUNKS, C, 4, generator=gen, dtype=torch.float64)
+    _, _, want_d_init = backward_torch(program, tokens, lam, init, grad_o, d_final, alg.eps)
+    starts, _ = chunk_torch.state_pass(program, tokens, lam, init, torch.float64)
+    output_cts = _output_cotangents(program, tokens, lam, starts, grad_o, alg.eps, torch.float64)
+
+    def chunk_env(c, ends):
+        return GradEnv({k: v[:, :, c] for k, v in tokens.items()}, None if lam is None else lam[:, :, c],
+                       {k: v[:, :, c] for k, v in starts.items()}, C, torch.float64,
+                       cotangents={**{k: v[:, :, c] for k, v in output_cts.items()},
+                                   **{cotangent_name("end", n): x for n, x in ends.items()}})
+
+    def networks(nets, c, ends):
+        """{d-state: sum of ``nets`` into it} at chunk c (derived carries' cotangents first)."""
+        env, out = chunk_env(c, ends), {}
+        for g in nets:
+            if g.target is Target.DERIVED:
+                key = cotangent_name("derived", g.name)
+                env.cotangents[key] = env.cotangents.get(key, 0) + evaluate(g, env)
+        for g in nets:
+            if g.target is Target.CARRY:
+                out[g.name] = out.get(g.name, 0) + evaluate(g, env)
+        return out
+
+    def scan(group, increments):
+        d_end, ends = {n: d_final[n] for n in group}, {n: [None] * N_CHUNKS for n in group}
+        for c in reversed(range(N_CHUNKS)):
+            for n in group:
+                ends[n][c] = d_end[n]
+            decayed = networks([g for g in staged.carry if g.name in group], c, d_end)
+            d_end = {n: decayed[n] + increments[c].get(n, 0) for n in group}
+        return d_end, ends
+
+    lower_parallel = [g for g in staged.parallel if g.target is Target.DERIVED or g.name in staged.lower]
+    d_lower, lower_ends = scan(staged.lower, [networks(lower_parallel, c, {}) for c in range(N_CHUNKS)])
+    nan = {n: torch.full_like(d_final[n], float("nan")) for n in staged.upper}
+    upper_nets = list(staged.parallel) + list(staged.cross)
+    increments = [{n: x for n, x in networks(upper_nets, c, {**{n: lower_ends[n][c] for n in staged.lower},
+                                                                **nan}).items() if n in staged.upper}
+                  for c in range(N_CHUNKS)]
+    d_upper, upper_ends = scan(staged.upper, increments)
+    d_init, ends = {**d_lower, **d_upper}, {**lower_ends, **upper_ends}
+    for n in names:
+        assert torch.allclose(d_init[n], want_d_init[n], rtol=1e-12, atol=1e-12), n
+    walk = dict(d_final)   # every d-state walked together, as backward_torch does
+    for c in reversed(range(N_CHUNKS)):
+        for n in names:
+            assert torch.allclose(ends[n][c], walk[n], rtol=1e-12, atol=1e-12), (n, c)
+        every = networks([g for g in bwd.all_terms() if g.target in (Target.CARRY, Target.DERIVED)], c, walk)
+        walk = {n: every.get(n, torch.zeros_like(walk[n])) for n in names}

@@ -349,3 +349,62 @@ def reverse_scan(bwd: BackwardProgram) -> ReverseScan | None:
     if set(deltas_read) & set(starts_read):
         return None         # one tile name per chunk-wise operand (see above)
     return ReverseScan(tuple(parallel), tuple(carry), tuple(scan), deltas_read, starts_read)
+
+
+@dataclass(frozen=True)
+class StagedReverse:
+    """The reverse pass in two stages, the transpose of ``StagedScan`` (a plan: the kernels
+    still walk it, docs/design/staged_reverse_pass.md). In reverse the chunk-end d-state
+    (cotangent ``end_Y``) is what is carried; the forward's chunk-start states are per-chunk
+    constants like the tokens. So each d-state network is ``parallel`` (no chunk-end
+    cotangent: d num, d den, a derived carry's), ``carry`` (``end_X`` alone, into dX: the
+    decayed d-state) or ``cross`` (``end_Y`` times tokens and / or start states, into dX).
+    *Lower* d-states get only parallel and carry networks and scan first, storing their chunk
+    ends; every chunk's increment of the *upper* ones (cross targets) then reads those ends
+    only, every chunk at once; then the upper carries scan. HLA3: dG1, dG2, dG3 first, then
+    dSK, dSQ, dP -- the forward's ``StagedScan.reads``."""
+    lower: tuple[str, ...]
+    upper: tuple[str, ...]
+    reads: tuple[str, ...]        # lower d-states whose chunk ends the upper increments read
+    starts: tuple[str, ...]       # forward states whose chunk starts the cross networks read
+    parallel: tuple[GradTerm, ...]
+    carry: tuple[GradTerm, ...]
+    cross: tuple[GradTerm, ...]
+
+    def describe(self) -> list[str]:
+        d = lambda names: ", ".join(f"d{n}" for n in names)   # noqa: E731
+        return [f"staged reverse scan (planned; the reverse kernel walks): {d(self.lower)} scanned first; "
+                f"then every chunk's increment of {d(self.upper)} at once ({len(self.cross)} networks read "
+                f"only {d(self.reads)} at the chunk end), then their carries scanned"]
+
+
+def staged_reverse(bwd: BackwardProgram) -> StagedReverse | None:
+    """The two-stage split of ``bwd``'s reverse pass, or None: where the one-stage
+    ``reverse_scan`` applies, a state is packed, nothing crosses, or the d-states do not
+    split so -- a carry network into another d-state, a cross network reading an upper
+    d-state's end or a derived carry."""
+    program = bwd.forward
+    if program.packed or reverse_scan(bwd) is not None:
+        return None
+    parallel, carry, cross = [], [], []
+    for g in bwd.all_terms():
+        if g.target not in REVERSE:
+            continue
+        if not g.cotangent.name.startswith("end_"):
+            parallel.append(g)
+        elif all(o.kind is Kind.COTANGENT for o in g.term.operands):
+            if g.cotangent.name != f"end_{g.name}":
+                return None
+            carry.append(g)
+        else:
+            cross.append(g)
+    upper = {g.name for g in cross}
+    read = {g.cotangent.name[len("end_"):] for g in cross}
+    others = [o for g in cross for o in g.term.operands if o.kind is not Kind.COTANGENT]
+    if not cross or read & upper or any(o.kind is Kind.DERIVED for o in others):
+        return None
+    order = [name for name, _ in program.states]
+    return StagedReverse(tuple(n for n in order if n not in upper), tuple(n for n in order if n in upper),
+                         tuple(n for n in order if n in read),
+                         tuple(n for n in order if n in {o.name for o in others if o.kind is Kind.CARRY}),
+                         tuple(parallel), tuple(carry), tuple(cross))
