@@ -372,10 +372,10 @@ class StagedReverse:
     cross: tuple[GradTerm, ...]
 
     def describe(self) -> list[str]:
-        d = lambda names: ", ".join(f"d{n}" for n in names)   # noqa: E731
-        return [f"staged reverse scan (planned; the reverse kernel walks): {d(self.lower)} scanned first; "
-                f"then every chunk's increment of {d(self.upper)} at once ({len(self.cross)} networks read "
-                f"only {d(self.reads)} at the chunk end), then their carries scanned"]
+        lower, upper, reads = (", ".join(f"d{n}" for n in names) for names in (self.lower, self.upper, self.reads))
+        return [f"staged reverse scan (planned; the reverse kernel walks): {lower} scanned first; then every "
+                f"chunk's increment of {upper} at once ({len(self.cross)} networks read only {reads} at the "
+                f"chunk end), then their carries scanned"]
 
 
 def staged_reverse(bwd: BackwardProgram) -> StagedReverse | None:
