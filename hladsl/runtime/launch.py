@@ -132,11 +132,7 @@ def exact_precision(device, state_pass: bool = False) -> str:
     tf32x3 only (and computes it in fp32)."""
     if torch.device(device).type != "cuda":
         return "tf32x3"
-    mode = EXACT_STATE_DOTS if state_pass else EXACT_DOTS
-    if mode not in EXACT_DOT_MODES:
-        raise ValueError(f"launch.EXACT_{'STATE_' if state_pass else ''}DOTS: '{mode}' is not one of "
-                         f"{', '.join(EXACT_DOT_MODES)}")
-    return mode
+    return EXACT_STATE_DOTS if state_pass else EXACT_DOTS   # (one of EXACT_DOT_MODES: check_switch)
 
 
 def starts_dtype(read_only_as_sdot: bool, sdot) -> torch.dtype:

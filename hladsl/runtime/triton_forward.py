@@ -142,7 +142,7 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
 
     state_args, final = _state_buffers(ctx, program, init_states, (plan.walkers, heads), device)
     out_args = {}
-    sdot = {**common, **plan.output_dot, **(output_options or {})}["SDOT"]
+    sdot = {**common, **plan.output_launch, **(output_options or {})}["SDOT"]
     # the final states alone: a one-level scan writes no chunk starts (the walk always does; a
     # two-stage scan's first stage does, for its second stage's increments)
     store_chunks = not (states_only and plan.chunk_scan and plan.scan_groups == 1)
@@ -185,7 +185,7 @@ def _output(module, ctx, plan, program, tiles, lam, starts_args: dict, eps, out_
     args = {**starts_args, **_token_args(ctx["output_inputs"], tiles, lam, program.gated, scales),
             **plan.packed, **out}
     launch.launch(module.output_kernel, (n_chunks, n_seq * heads),
-                  {**args, **plan.common, **plan.output_dot, **(options or {})}, may_fall_back)
+                  {**args, **plan.common, **plan.output_launch, **(options or {})}, may_fall_back)
     return o
 
 
@@ -216,7 +216,7 @@ _PLANS = launch.plan_cache()    # launch plans of recent shape classes (launch.r
 class _ForwardPlan:
     """The launch choices of one forward shape class, made once: the constexprs and
     launch options every kernel shares, the schedule, the state pass's grid / blocks /
-    tiling, the output kernel's dot dtypes, the packed tables and walk arguments."""
+    tiling, the output kernel's dot dtypes and warps, the packed tables and walk arguments."""
 
     def __init__(self, program, ctx, first, precision, state_block, num_warps, num_stages,
                  packed_block, schedule, seq_chunks, fused_ok: bool = True):
@@ -244,8 +244,8 @@ class _ForwardPlan:
         self.packed = _packed_tables(program, device)
         plan_state_pass(self, program, ctx, common, first, schedule, "forward", state_block, precision)
         features = launch.feature_blocks(program, common)
-        self.output_dot = {**launch.dot_override(first, ctx["output_chained_dots"], {}, features),
-                           **launch.output_warps(features)}
+        self.output_launch = {**launch.dot_override(first, ctx["output_chained_dots"], {}, features),
+                              **launch.output_warps(features)}   # the output kernel's dot dtypes, warps
 
 
 def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first, schedule: str,
