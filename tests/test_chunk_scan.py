@@ -1,7 +1,7 @@
 """The chunk-parallel state pass (``schedule="scan"``: ``delta_kernel`` over every chunk at
 once, then ``scan_kernel`` walking the deltas; ``codegen.triton_gen._chunk_scan``) and the
-backward's chunk-parallel reverse pass (``rdelta_kernel``, ``rscan_kernel``;
-``codegen.triton_bwd._reverse_scan``) under the Triton interpreter (CPU, float32) against
+backward's chunk-parallel reverse pass (``rdelta_kernel``, ``rscan_kernel``; in two stages
+``rstage_kernel``, ``rstage_scan_kernel`` too; ``codegen.triton_bwd._reverse_scan``) under the Triton interpreter (CPU, float32) against
 the float64 torch backend: outputs, final states and every gradient, dense and varlen,
 with and without an initial state, over one and two value blocks."""
 import os
@@ -145,20 +145,33 @@ def test_two_stage_scan_matches_torch_float64(params, gated, with_init, varlen, 
     """HLA3's chunk scan in two stages (``ir.scan.staged_scan``): SK, SQ, P (m) scanned, every
     chunk's increment of G1, G2, G3 (h1, h2, h3) at once from their stored chunk starts, then
     those scanned -- outputs, final states and every gradient against the float64 torch
-    program, as the one-stage scans above. The backward's reverse pass walks (it reads no
-    deltas of a two-stage pass)."""
+    program, as the one-stage scans above. The backward's reverse pass runs in two stages
+    too (``ir.scan.staged_reverse``, the transpose): dG1, dG2, dG3 (dh1, dh2, dh3) scanned,
+    every chunk's increment of dSK, dSQ, dP (dm) from their stored chunk ends, then those
+    scanned; no forward delta read, nothing walks the tokens."""
     _check_scan_schedule("hla3", params, gated, with_init, 8, (1, 70, 2, 8) if varlen else (2, 53, 2, 8), 11,
                          torch.tensor([0, 21, 22, 70]) if varlen else None)
     upper = 6 if params else 3   # G1, G2, G3 (h1, h2, h3): one stage_kernel launch each
+    lower = ("SK", "SQ", "P", "m") if params else ("SK", "SQ", "P")   # the forward's (its upper's reads)
     for kernel, launches in (("delta_kernel", 2), ("scan_kernel", 2), ("stage_kernel", 2 * upper),
-                             ("stage_scan_kernel", 2)):
+                             ("stage_scan_kernel", 2), ("rdelta_kernel", 1), ("rscan_kernel", 1),
+                             ("rstage_kernel", len(lower)), ("rstage_scan_kernel", 1)):
         assert launched.count(kernel) == launches, kernel
     parts = [args["PART"] for name, args in launched.args if name == "stage_kernel"]
     assert parts == list(range(upper)) * 2
-    assert "state_pass_kernel" not in launched and "reverse_kernel" in launched
+    assert [args["PART"] for name, args in launched.args if name == "rstage_kernel"] == list(range(len(lower)))
+    assert "state_pass_kernel" not in launched and "reverse_kernel" not in launched
     args = dict(launched.args)
-    assert {k for k in args["stage_kernel"] if k.startswith("starts_")} == \
-        {f"starts_{n}" for n in (("SK", "SQ", "P", "m") if params else ("SK", "SQ", "P"))}
+    assert {k for k in args["stage_kernel"] if k.startswith("starts_")} == {f"starts_{n}" for n in lower}
+    # the reverse stages: the forward's upper states are the reverse's lower ones and back
+    firsts = ("G1", "G2", "G3", "h1", "h2", "h3") if params else ("G1", "G2", "G3")
+    assert {k[len("dends_"):] for k in args["rscan_kernel"] if k.startswith("dends_")} == set(firsts)
+    assert {k for k in args["rstage_kernel"] if k.startswith("starts_")} == {f"starts_{n}" for n in lower}
+    assert {k[len("dends_"):] for k in args["rstage_kernel"] if k.startswith("dends_")} == set(firsts)
+    assert {k[len("rdeltas_"):] for k in args["rstage_kernel"] if k.startswith("rdeltas_")} == set(lower)
+    # the lower d-states' ends the increments read are the ones the first scan wrote
+    for n in firsts:
+        assert args["rstage_kernel"][f"dends_{n}"] is args["rscan_kernel"][f"dends_{n}"]
 
 
 @pytest.mark.parametrize("gated,by_term", [(False, False), (True, False), (True, True)],
@@ -285,16 +298,19 @@ def test_auto_takes_the_chunk_scan_where_the_walk_cannot_split(monkeypatch):
 TWO_BLOCK_CASES = [(name, params, varlen, True) for name, params in
                    [("hla2", {}), ("hla2", {"normalize": True}), ("ahla", {})] for varlen in (False, True)]
 TWO_BLOCK_CASES.append(("hla2", {}, False, False))   # launch.REVERSE_IN_PLACE off
+# the two-stage reverse pass: both of its scans split (dSK, dSQ whole in every block)
+TWO_BLOCK_CASES += [("hla3", {}, varlen, True) for varlen in (False, True)]
 
 
 @pytest.mark.parametrize("name,params,varlen,in_place", TWO_BLOCK_CASES,
                          ids=[f"{c[0]}{'-norm' if c[1] else ''}-{'varlen' if c[2] else 'dense'}"
                               f"{'' if c[3] else '-separate'}" for c in TWO_BLOCK_CASES])
 def test_scan_kernels_over_two_value_blocks(name, params, varlen, in_place, launched, monkeypatch):
-    """scan_kernel and rscan_kernel split the value dim (two blocks of 16 here): states
-    without it (S, m) and chunk summaries without it (AHLA's Σ k qᵀ) are read whole by every
-    block, states written by block 0; against the float64 torch programs (forward and
-    backward), with the reverse scan's cotangents over its parts or in buffers of their own."""
+    """scan_kernel and rscan_kernel (and in two stages, rstage_scan_kernel) split the value
+    dim (two blocks of 16 here): states without it (S, m; HLA3's SK, SQ) and chunk summaries
+    without it (AHLA's Σ k qᵀ) are read whole by every block, states written by block 0;
+    against the float64 torch programs (forward and backward), with the reverse scan's
+    cotangents over its parts or in buffers of their own."""
     monkeypatch.setattr(launch, "REVERSE_IN_PLACE", in_place)
     from hladsl.runtime.chunk_torch import outputs, state_pass
     from hladsl.runtime.triton_backward import backward_triton
@@ -317,6 +333,8 @@ def test_scan_kernels_over_two_value_blocks(name, params, varlen, in_place, laun
                           alg.eps, schedule="scan", reverse_block=16, seq_chunks=seq_chunks)
     walkers = 4 if varlen else 2     # (sequences, heads) walked; two value blocks each
     assert ("scan_kernel", (walkers, 2)) in launched.grids and ("rscan_kernel", (walkers, 2)) in launched.grids
+    staged = name == "hla3"
+    assert (("rstage_scan_kernel", (walkers, 2)) in launched.grids) == staged
     ref = _varlen_reference(program, tiles, lam, init, grad_o, grad_final, alg.eps, seq_chunks)
     if seq_chunks is None:
         starts, want_final = state_pass(program, tiles, lam, init, torch.float64)
@@ -335,14 +353,17 @@ def test_scan_kernels_over_two_value_blocks(name, params, varlen, in_place, laun
         assert rel(got[2][s], ref[2][s]) <= 1e-4, s
     # a d-state with the value dim is written over its own parts (each block reads and
     # writes only its columns); one without it (read whole by every block) never is
-    args = dict(launched.args)["rscan_kernel"]
-    shared = {n for n in init if f"rdeltas_{n}" in args
-              and args[f"dends_{n}"].data_ptr() == args[f"rdeltas_{n}"].data_ptr()}
     with_value_dim = {n for n, x in init.items() if x.shape[-1] == 32}   # dv = 32, d = 8
-    own = set() if varlen or not in_place else with_value_dim & {n for n in init if f"rdeltas_{n}" in args}
-    assert shared == own
-    assert args.get("IN_PLACE") == bool(own)
-    assert varlen or not in_place or shared
+    for kernel in ("rscan_kernel", "rstage_scan_kernel") if staged else ("rscan_kernel",):
+        args = dict(launched.args)[kernel]
+        shared = {n for n in init if f"rdeltas_{n}" in args
+                  and args[f"dends_{n}"].data_ptr() == args[f"rdeltas_{n}"].data_ptr()}
+        own = set() if varlen or not in_place else with_value_dim & {n for n in init if f"rdeltas_{n}" in args}
+        assert shared == own, kernel
+        assert args.get("IN_PLACE") == bool(own)
+        assert varlen or not in_place or shared
+    if staged:   # dP (with dv) over its parts, dSK and dSQ (without) in buffers of their own
+        assert {n for n in init if f"rdeltas_{n}" in args} == {"SK", "SQ", "P"}
 
 
 def test_the_reverse_scan_follows_the_chunk_scan():
@@ -355,6 +376,10 @@ def test_the_reverse_scan_follows_the_chunk_scan():
     assert not launch.use_reverse_scan("two_pass", True, rs)
     assert not launch.use_reverse_scan("auto", False, rs)      # walking state pass: no deltas
     assert not launch.use_reverse_scan("scan", True, None)     # the program has none
+    staged = {"states": [], "stage": {"states": []}}           # in two stages (HLA3)
+    assert launch.use_reverse_scan("auto", True, staged)
+    with launch.switched(STAGED_REVERSE=False):                # the A/B switch: the walk
+        assert not launch.use_reverse_scan("auto", True, staged) and launch.use_reverse_scan("auto", True, rs)
 
 
 @pytest.mark.parametrize("name,params,varlen", [("hla2", {"normalize": True, "ridge": 0.3}, True),
@@ -398,39 +423,49 @@ def test_split_delta_kernels_on_a_many_sm_gpu(name, params, varlen, monkeypatch,
     assert grids["delta_kernel"][2] > 1 and grids["scan_kernel"][1] > 1, f"nothing was split: {grids}"
 
 
-def test_a_reverse_scan_that_does_not_fit_runs_the_walking_pass(monkeypatch):
+@pytest.mark.parametrize("name,kernel", [("hla2", "rdelta_kernel"), ("hla3", "rstage_kernel")])
+def test_a_reverse_scan_that_does_not_fit_runs_the_walking_pass(name, kernel, monkeypatch):
     """rdelta_kernel holds every d-state whole (hla2's at d = 128 needs 262144 B of shared
-    memory on sm_90); where no launch fallback fits, the backward runs the walking reverse
-    pass, which narrows, and the gradients are the same."""
+    memory on sm_90), as does the second stage's rstage_kernel; where no launch fallback fits,
+    the backward runs the walking reverse pass, which narrows, and the gradients are the same."""
     from triton.runtime.errors import OutOfResources
     from hladsl.runtime import progress, triton_backward, triton_forward
     from test_triton_backward import _inputs
     from hladsl.runtime.backward_torch import backward_torch
     real = progress.first_launch
 
-    def small_smem(kernel, options, fn):
-        if kernel.fn.__name__ == "rdelta_kernel":
+    def small_smem(kernel_of, options, fn):
+        if kernel_of.fn.__name__ == kernel:
             raise OutOfResources(262144, 232448, "shared memory")
-        return real(kernel, options, fn)
+        return real(kernel_of, options, fn)
     monkeypatch.setattr(progress, "first_launch", small_smem)
     monkeypatch.setattr(launch, "_WORKING", {})
     monkeypatch.setattr(launch, "_TOO_WIDE", set())
     monkeypatch.setattr(triton_backward, "_PLANS", {})
-    alg = hladsl.compile_spec("hla2")
+    alg = hladsl.compile_spec(name)
     program = chunk_program(alg, 16, (("d", 8), ("dv", 8)), True)
     tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=2)
     ref = backward_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps)
+    seen = []
+    monkeypatch.setattr(triton_backward, "_reverse_pass", _spy(triton_backward._reverse_pass, seen))
 
     def f32(d):
         return {k: v.float() for k, v in d.items()}
     got = triton_backward.backward_triton(program, f32(tiles), lam.float(), f32(init), grad_o.float(),
                                           f32(grad_final), alg.eps, schedule="scan")
-    assert not next(iter(triton_backward._PLANS.values())).reverse_scan
+    assert not next(iter(triton_backward._PLANS.values())).reverse_scan and len(seen) == 1
     for x in tiles:
         assert ((got[0][x].double() - ref[0][x]).norm() / ref[0][x].norm()).item() < 1e-4, x
     for s in init:
         assert ((got[2][s].double() - ref[2][s]).norm() / ref[2][s].norm()).item() < 1e-4, s
     assert triton_forward is not None
+
+
+def _spy(fn, calls: list):
+    def spied(*args, **kwargs):
+        calls.append(fn.__name__)
+        return fn(*args, **kwargs)
+    return spied
 
 
 def test_auto_leaves_scans_of_summaries_no_state_holds_to_the_tuner(monkeypatch):

@@ -119,6 +119,9 @@ def test_emit_chunk_prints_the_scan_plan():
     text = emit("hla3", "chunk", {}, None)
     assert ("staged chunk scan: SK, SQ, P scanned first; then every chunk's increment of G1, G2, G3 at once "
             "(their terms read only SK, SQ, P at the chunk start), then their carries scanned") in text
+    text = emit("hla3", "chunk_bwd", {}, None)
+    assert ("staged reverse scan: dG1, dG2, dG3 scanned first; then every chunk's increment of dSK, dSQ, dP "
+            "at once (12 networks read only dG1, dG2, dG3 at the chunk end), then their carries scanned") in text
 
 
 @pytest.mark.parametrize("name,gated,dv,block", [("hla2", True, 8, None), ("hla2", False, 8, None),
@@ -250,6 +253,20 @@ def test_staged_reverse_of_the_shipped_specs(name, params, split):
     if got is not None:
         assert got.upper == staged_scan(program).reads and got.reads == got.lower
         assert all(g.cotangent.name[len("end_"):] in got.lower for g in got.cross)
+        # the kernels' networks (codegen.triton_bwd._reverse_scan): the first stage's part, each
+        # upper d-state's increment (d W0 from d num before the networks reading it), the scans
+        from hladsl.ir.backward import Target
+        first = got.networks(got.lower)
+        parts = [got.networks([n]) for n in got.upper]
+        targets = [g for p in [first] + parts for g in p if g.target is Target.CARRY]
+        assert sorted(map(id, targets)) == sorted(map(id, [g for g in got.parallel + got.cross
+                                                           if g.target is Target.CARRY]))
+        for p in [first] + parts:
+            derived = [g for g in p if g.target is Target.DERIVED]
+            assert p[:len(derived)] == tuple(derived) and (bool(derived) == any(
+                g.cotangent.name.startswith("dr_") for g in p))
+        assert got.carries(got.lower) + got.carries(got.upper) == tuple(
+            g for n in got.lower + got.upper for g in got.carry if g.name == n)
 
 
 @pytest.mark.parametrize("params", [{}, {"normalize": True}], ids=["plain", "norm"])

@@ -16,6 +16,11 @@ state-pass kernel (recomputes the chunk-start states), and
                     of a packed dim. Groups reuse nothing from each other, and parts
                     nothing from each other, so a program holds only its own tiles
                     (all targets in one program spilled registers on sm_90)
+  rdelta_kernel,    (the chunk-parallel reverse pass, ``_reverse_scan``) every chunk's
+  rscan_kernel      own part of its d-states at once, then a walk applying only the carry
+                    (and forward-delta) networks; in two stages (HLA3) those for the lower
+  rstage_kernel,    d-states, then every chunk's increment of the upper ones from the
+  rstage_scan_kernel  lower ones' stored chunk ends, then their carries' walk
   fused_bwd_kernel  (programs without packed states) grid (N*H), per set of target
                     groups: the reverse pass and, in the same walk, each chunk's token
                     and Λ gradients from the d-states in registers: no per-chunk
@@ -48,7 +53,7 @@ from hladsl.ir.backward import (
 )
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.ir.operands import Kind
-from hladsl.ir.scan import reverse_scan
+from hladsl.ir.scan import reverse_scan, staged_reverse
 from hladsl.version import __version__
 
 TEMPLATE = "chunk_bwd_kernels.py.jinja"
@@ -375,58 +380,97 @@ def backward_context(program: ChunkProgram) -> dict:
 
 
 def _reverse_scan(low: _BwdLowering, bwd, fwd: dict, info) -> dict | None:
-    """The chunk-parallel reverse pass (``ir.scan.reverse_scan``), beside the forward's chunk
-    scan whose per-chunk deltas it reads: ``rdelta_kernel`` sums every chunk's parallel
-    d-state networks at once (d num / d den through the outputs and derived carries, reading
-    the chunk-start states), then ``rscan_kernel`` walks the chunks last to first applying only
-    the carry networks and the scan networks (chunk-end cotangent x a forward chunk delta: no
-    token load, no chained dot, so its value dim can be split). None where the forward has
-    no one-stage chunk scan (a two-stage one keeps no deltas) or a d-state update walks the
-    tokens otherwise."""
+    """The chunk-parallel reverse pass: ``rdelta_kernel`` sums every chunk's parallel d-state
+    networks at once (d num / d den through the outputs and derived carries, reading the
+    chunk-start states), then ``rscan_kernel`` walks the chunks last to first applying only
+    the carry networks and, in one stage (``ir.scan.reverse_scan``), the scan networks
+    (chunk-end cotangent x a forward chunk delta: no token load, no chained dot, so its value
+    dim can be split). In two stages (``ir.scan.staged_reverse``: HLA3), those two kernels
+    run the lower d-states alone and ``stage`` holds the second's: ``rstage_kernel``, every
+    chunk's increment of each upper d-state (its parallel and cross networks, the latter
+    reading the lower d-states' stored chunk ends and the chunk-start states), one launch a
+    state (``PART``), and ``rstage_scan_kernel``, the upper carries' walk; no forward delta
+    is read. None where neither split applies, or one stage's forward deltas do not exist
+    (the forward has no one-stage chunk scan)."""
     split = reverse_scan(bwd) if fwd["chunk_scan"] and not fwd["chunk_scan"]["stage"] else None
-    if split is None:
+    states = [s["name"] for s in fwd["states"]]
+    if split is not None:
+        buffers = {b["name"]: b for b in fwd["chunk_scan"]["buffers"]}
+        first = _rdelta_context(low, list(split.parallel), states, info)
+        ctx = {**first, **_rscan_context(low, bwd, list(split.carry + split.scan), states, first["written"],
+                                         info, [buffers[n] for n in split.deltas])}
+        # a group's map d(end) -> d(start) is one step's at the group's forward delta, where
+        # a step reads forward deltas alone (no start states) that the forward groups
+        # and every d-state has a part buffer (a group's own part of each is what it passes on)
+        ctx.update(starts=[info(n) for n in states if n in split.starts], stage=None,
+                   groupable=fwd["chunk_scan"]["groupable"] and not split.starts and set(states) <= set(
+                       s["name"] for s in ctx["written"]))
+        return ctx
+    staged = staged_reverse(bwd)
+    if staged is None:
         return None
+    lower, upper = list(staged.lower), list(staged.upper)
+    first = _rdelta_context(low, list(staged.networks(lower)), states, info)
+    ctx = {**first, **_rscan_context(low, bwd, list(staged.carries(lower)), lower, first["written"], info),
+           "starts": [], "groupable": False}
+    # the second stage: one part a state, each in a region of its own (their tiles never
+    # live together; d W0 is recomputed by each part that reads it)
+    defs: dict = {}
+    parts, chained = [], False
+    for name in upper:
+        low.region()
+        derived, code, _ = _reverse_code(low, list(staged.networks([name])), defs)
+        parts.append({"name": name, "state": info(name), "code": "\n\n".join(c for c in (derived, code) if c)})
+        chained = chained or low.block.chained
+    read = _carried(staged.networks(upper))
+    stage = {"reads": [info(n) for n in states if n in read], "cts": [info(n) for n in staged.reads],
+             "written": [info(n) for n in upper], "parts": True, "delta_defs": _defs(defs), "derived": "",
+             "delta_code": parts, "delta_chained_dots": chained, "deltas": [], "starts": [], "groupable": False}
+    stage.update(_rscan_context(low, bwd, list(staged.carries(upper)), upper, stage["written"], info))
+    ctx["stage"] = stage
+    return ctx
+
+
+def _rdelta_context(low: _BwdLowering, parallel: list, states: list, info) -> dict:
+    """``rdelta_kernel``'s code: every chunk's own part of the d-states that ``parallel``
+    writes, at once."""
     low.region()
     defs: dict = {}
-    derived, code, written = _reverse_code(low, list(split.parallel), defs)
-    delta_chained = low.block.chained
+    derived, code, written = _reverse_code(low, parallel, defs)
+    read = _carried(parallel)
+    return {"reads": [info(n) for n in states if n in read], "cts": [], "parts": False,
+            "written": [info(n) for n in states if n in written], "delta_defs": _defs(defs), "derived": derived,
+            "delta_code": code, "delta_chained_dots": low.block.chained}
+
+
+def _rscan_context(low: _BwdLowering, bwd, walked: list, states: list, written: list, info,
+                   deltas: list | None = None) -> dict:
+    """A reverse scan kernel's code: its d-states ``states`` walked last to first through the
+    ``walked`` networks (carry, and one stage's scan networks reading the forward chunk
+    ``deltas``), each chunk's own part (``written``, by the delta kernel before it) added."""
     low.region()
     scan_defs: dict = {}
-    buffers = {b["name"]: b for b in fwd["chunk_scan"]["buffers"]}
-    for name in split.deltas:   # a forward chunk summary no state holds: its axes' dims
-        low.state_dims.setdefault(name, tuple(buffers[name]["dims"]))
-    _, scan_code, scan_written = _reverse_code(low, list(split.carry + split.scan), scan_defs)
+    for b in deltas or []:   # a forward chunk summary no state holds: its axes' dims
+        low.state_dims.setdefault(b["name"], tuple(b["dims"]))
+    _, scan_code, scan_written = _reverse_code(low, walked, scan_defs)
     if scan_defs:
         raise ValueError(f"{bwd.forward.algebra.name}: a carry or scan network of the reverse pass "
                          f"reads the tokens")
-    states = [s["name"] for s in fwd["states"]]
+    has_part = {s["name"] for s in written}
     ends = {}
     for name in states:
-        parts = ([f"ds_{name}"] if name in scan_written else []) + \
-                ([f"rdl_{name}"] if name in written else [])
+        parts = ([f"ds_{name}"] if name in scan_written else []) + ([f"rdl_{name}"] if name in has_part else [])
         ends[name] = " + ".join(parts) if parts else f"tl.zeros_like(ct_end_{name})"
     o = low.o_dim
     splits = [o] if all(list(low.state_dims[n]).count(o) <= 1 for n in states) and all(
-        low.keeps_free(g, o) for g in split.carry + split.scan) else []
-
-    def own(name):
-        return owned_mask(name, low.state_dims[name], splits)
+        low.keeps_free(g, o) for g in walked) else []
     # a d-state every program of the scan reads and writes in its own tiles alone (it has
     # every split dim) may have its chunk-end cotangents written over its parts: each chunk's
     # part is loaded before a barrier, its cotangent stored after it (run-time's choice)
-    in_place = [n for n in states if n in written and all(d in low.state_dims[n] for d in splits)]
-    return {"reads": [info(n) for n in states if n in _carried(split.parallel)],
-            "written": [info(n) for n in states if n in written], "in_place": in_place,
-            "deltas": [buffers[n] for n in split.deltas],   # read into st_<name>
-            "starts": [info(n) for n in states if n in split.starts],   # and these, st_<state>
-            # a group's map d(end) -> d(start) is one step's at the group's forward delta, where
-            # a step reads forward deltas alone (no start states) that the forward groups
-            # and every d-state has a part buffer (a group's own part of each is what it passes on)
-            "groupable": fwd["chunk_scan"]["groupable"] and not split.starts and set(states) <= set(written),
-            "states": [info(n, own=own(n), end=ends[n]) for n in states],
-            "splits": splits, "delta_defs": _defs(defs), "derived": derived, "delta_code": code,
-            "delta_chained_dots": delta_chained, "scan_code": scan_code,
-            "scan_chained_dots": low.block.chained}
+    in_place = [n for n in states if n in has_part and all(d in low.state_dims[n] for d in splits)]
+    return {"deltas": deltas or [], "in_place": in_place, "splits": splits, "scan_code": scan_code,
+            "scan_chained_dots": low.block.chained,
+            "states": [info(n, own=owned_mask(n, low.state_dims[n], splits), end=ends[n]) for n in states]}
 
 
 def _sums_split_partially(low: _BwdLowering, reverse, dim: str) -> bool:

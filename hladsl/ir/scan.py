@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass, replace
 from itertools import permutations
 
-from hladsl.ir.backward import REVERSE, BackwardProgram, GradTerm
+from hladsl.ir.backward import REVERSE, BackwardProgram, GradTerm, Target, cotangent_name
 from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.operands import Kind, Operand
@@ -353,8 +353,8 @@ def reverse_scan(bwd: BackwardProgram) -> ReverseScan | None:
 
 @dataclass(frozen=True)
 class StagedReverse:
-    """The reverse pass in two stages, the transpose of ``StagedScan`` (a plan: the kernels
-    still walk it, docs/design/staged_reverse_pass.md). In reverse the chunk-end d-state
+    """The reverse pass in two stages, the transpose of ``StagedScan``
+    (docs/design/staged_reverse_pass.md; kernels: ``codegen.triton_bwd._reverse_scan``). In reverse the chunk-end d-state
     (cotangent ``end_Y``) is what is carried; the forward's chunk-start states are per-chunk
     constants like the tokens. So each d-state network is ``parallel`` (no chunk-end
     cotangent: d num, d den, a derived carry's), ``carry`` (``end_X`` alone, into dX: the
@@ -371,9 +371,21 @@ class StagedReverse:
     carry: tuple[GradTerm, ...]
     cross: tuple[GradTerm, ...]
 
+    def networks(self, names) -> tuple[GradTerm, ...]:
+        """A stage's per-chunk part of the d-states ``names``: their parallel and cross
+        networks, after the derived carries' networks whose d they read (d W0 from d num)."""
+        nets = tuple(g for g in self.parallel + self.cross if g.target is Target.CARRY and g.name in names)
+        read = {g.cotangent.name for g in nets}
+        return tuple(g for g in self.parallel if g.target is Target.DERIVED
+                     and cotangent_name("derived", g.name) in read) + nets
+
+    def carries(self, names) -> tuple[GradTerm, ...]:
+        """The carry networks of the d-states ``names`` (a stage's scan)."""
+        return tuple(g for g in self.carry if g.name in names)
+
     def describe(self) -> list[str]:
         lower, upper, reads = (", ".join(f"d{n}" for n in names) for names in (self.lower, self.upper, self.reads))
-        return [f"staged reverse scan (planned; the reverse kernel walks): {lower} scanned first; then every "
+        return [f"staged reverse scan: {lower} scanned first; then every "
                 f"chunk's increment of {upper} at once ({len(self.cross)} networks read only {reads} at the "
                 f"chunk end), then their carries scanned"]
 

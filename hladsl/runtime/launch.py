@@ -434,8 +434,17 @@ def use_reverse_scan(schedule: str, chunk_scan: bool, reverse_scan: dict | None)
     walking pass's to three digits (``benchmarks/schedule_check.py``). It holds the forward
     deltas and every chunk's d-state parts beside the chunk-end cotangents: 3.12x fla's peak
     memory for hla2 fwd + bwd (run 73; the walking pass 2.45x), 2.89x once the d-states it
-    splits are written over their own parts (run 74; 7.31 / 28.1 ms there, another lease)."""
-    return chunk_scan and bool(reverse_scan) and schedule in ("scan", "auto")
+    splits are written over their own parts (run 74; 7.31 / 28.1 ms there, another lease).
+    In two stages (``reverse_scan["stage"]``, HLA3) it reads no forward delta, only the chunk
+    starts; it runs while ``STAGED_REVERSE`` (the A/B switch against the walk)."""
+    staged_ok = STAGED_REVERSE or not (reverse_scan or {}).get("stage")
+    return chunk_scan and bool(reverse_scan) and staged_ok and schedule in ("scan", "auto")
+
+
+# The reverse pass in two stages (``ir.scan.staged_reverse``) where a program has it, instead
+# of the walking ``reverse_kernel`` whose one program per (sequence, head) runs every d-state
+# network of every chunk: HLA3's was 64 % of its fwd + bwd at T = 4096 (run 157).
+STAGED_REVERSE = True
 
 
 def reverse_in_place(candidates: list, seq_chunks) -> list:

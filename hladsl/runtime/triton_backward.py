@@ -260,39 +260,18 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
                   grad_final, seq_chunks, lam, rows: tuple) -> tuple[dict, dict, int]:
     """The chunk-parallel reverse pass (``triton_bwd._reverse_scan``): every chunk's own part
     of its d-states at once, then the scan over them, reading the forward's per-chunk deltas
-    ``deltas`` (those it does not read lend their memory to the d-state parts). Returns what
-    ``_reverse_pass`` returns, each d-state whole (one slot: the reverse pass's partial sums
-    are its walking kernel's)."""
+    ``deltas`` (those it does not read lend their memory to the d-state parts); in two stages
+    (``stage``: no forward delta read), then every chunk's increment of the upper d-states
+    from the lower ones' chunk ends, and their scan. Returns what ``_reverse_pass`` returns,
+    each d-state whole (one slot: the reverse pass's partial sums are its walking kernel's)."""
     rs = ctx["reverse_scan"]
     read = {f"deltas_{s['name']}" for s in rs["deltas"]}
     spare = [x for k, x in deltas.items() if k not in read and k.startswith("deltas_")]
-    parts = {}
-    for s in rs["written"]:
-        init = state_args[f"init_{s['name']}"]
-        shape = rows + tuple(init.shape[2:])
-        reuse = next((x for x in spare if tuple(x.shape) == shape), None)
-        spare = [x for x in spare if x is not reuse]
-        parts[f"rdeltas_{s['name']}"] = reuse if reuse is not None else init.new_empty(shape)
-    del spare
+    parts = _part_buffers(rs["written"], state_args, rows, spare)
     launch.launch_narrowing(module.rdelta_kernel, plan, "rdelta_launch",
                             {**fixed, **{f"starts_{s['name']}": starts[s["name"]] for s in rs["reads"]},
                              **parts, **plan.common}, True)
-    partial = set(ctx["reverse_partial"])
-    has_dfinal = _has_dfinal(grad_final)
-    in_place = launch.reverse_in_place(rs["in_place"], seq_chunks)
-    args, d_init, dends = {"HAS_DFINAL": has_dfinal, "IN_PLACE": bool(in_place)}, {}, {}
-    for s in rs["states"]:
-        name = s["name"]
-        init = state_args[f"init_{name}"]
-        slots = (1,) if name in partial else ()   # the gradient kernel's layout, one block
-        args[f"dfinal_{name}"] = _dfinal(grad_final, name, init, has_dfinal)
-        args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
-        shape = rows + slots + tuple(init.shape[2:])
-        if name in in_place:   # written over its part, chunk by chunk, after the part is read
-            dends[name] = parts[f"rdeltas_{name}"].view(shape)
-        else:
-            dends[name] = per_chunk_alloc(init, seq_chunks)(shape)
-        args[f"dends_{name}"] = dends[name]
+    args, d_init, dends = _rscan_buffers(ctx, rs, parts, state_args, grad_final, seq_chunks, rows)
     gate = {"lam_ptr": lam} if lam is not None else {}
     walking = {**plan.walk, **plan.common, **{f"starts_{s['name']}": starts[s["name"]] for s in rs["starts"]}}
     n_groups = plan.scan_groups if rs["groupable"] else 1
@@ -300,6 +279,19 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
         launch.launch_narrowing(module.rscan_kernel, plan, "rscan_launch",
                                 {**args, **parts, **{k: deltas[k] for k in read}, **gate, **walking, **ONE_LEVEL,
                                  "group_len": rows[2]}, True)
+        stage = rs["stage"]
+        if stage:   # the upper d-states: each one's increment at every chunk, then their walk
+            parts = _part_buffers(stage["written"], state_args, rows, [])
+            inputs = {**fixed, **{f"starts_{s['name']}": starts[s["name"]] for s in stage["reads"]},
+                      **{f"dends_{s['name']}": dends[s["name"]] for s in stage["cts"]}, **parts, **plan.common}
+            for part in range(len(stage["delta_code"])):
+                launch.launch_narrowing(module.rstage_kernel, plan, "rstage_launch", {**inputs, "PART": part}, True)
+            args, upper_init, upper_ends = _rscan_buffers(ctx, stage, parts, state_args, grad_final, seq_chunks, rows)
+            launch.launch_narrowing(module.rstage_scan_kernel, plan, "rstage_scan_launch",
+                                    {**args, **parts, **gate, **plan.walk, **plan.common, **ONE_LEVEL,
+                                     "group_len": rows[2]}, True)
+            d_init.update(upper_init)
+            dends.update(upper_ends)
         return d_init, dends, 1
     # two levels (launch.scan_groups): each group's own part of its d(start) from zero, the walk
     # over the groups (each one step at its forward delta) to each group's d(end), the groups again
@@ -323,6 +315,43 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
                             {**args, "HAS_DFINAL": True, **{f"dfinal_{n}": x for n, x in ends.items()}, **parts,
                              **read_now, **gate, **walking, **again}, True)
     return d_init, dends, 1
+
+
+def _part_buffers(written: list, state_args: dict, rows: tuple, spare: list) -> dict:
+    """A delta kernel's per-chunk d-state parts (``rdeltas_``), in a ``spare`` buffer of the
+    same shape where one is left."""
+    parts = {}
+    for s in written:
+        init = state_args[f"init_{s['name']}"]
+        shape = rows + tuple(init.shape[2:])
+        reuse = next((x for x in spare if tuple(x.shape) == shape), None)
+        spare = [x for x in spare if x is not reuse]
+        parts[f"rdeltas_{s['name']}"] = reuse if reuse is not None else init.new_empty(shape)
+    return parts
+
+
+def _rscan_buffers(ctx, rs: dict, parts: dict, state_args: dict, grad_final, seq_chunks,
+                   rows: tuple) -> tuple[dict, dict, dict]:
+    """(a reverse scan kernel's d-state arguments, its d initial states, its chunk-end
+    d-states): the latter in the gradient kernel's layout (one slot for a partial-sum
+    d-state), written over their parts where ``launch.reverse_in_place`` allows."""
+    partial = set(ctx["reverse_partial"])
+    has_dfinal = _has_dfinal(grad_final)
+    in_place = launch.reverse_in_place(rs["in_place"], seq_chunks)
+    args, d_init, dends = {"HAS_DFINAL": has_dfinal, "IN_PLACE": bool(in_place)}, {}, {}
+    for s in rs["states"]:
+        name = s["name"]
+        init = state_args[f"init_{name}"]
+        slots = (1,) if name in partial else ()   # the gradient kernel's layout, one block
+        args[f"dfinal_{name}"] = _dfinal(grad_final, name, init, has_dfinal)
+        args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
+        shape = rows + slots + tuple(init.shape[2:])
+        if name in in_place:   # written over its part, chunk by chunk, after the part is read
+            dends[name] = parts[f"rdeltas_{name}"].view(shape)
+        else:
+            dends[name] = per_chunk_alloc(init, seq_chunks)(shape)
+        args[f"dends_{name}"] = dends[name]
+    return args, d_init, dends
 
 
 def _value_blocks(ctx, grid) -> int:
@@ -426,8 +455,16 @@ class _BackwardPlan:
         if self.reverse_scan:
             self.rdelta_launch = launch.split_blocks((n_chunks, n_seq * heads), [], program, common, first,
                                                      rs["delta_chained_dots"])
+            stage = rs["stage"]
             self.rscan_launch = launch.split_blocks(walkers * heads, rs["splits"], program, common, first,
-                                                    rs["scan_chained_dots"], reverse_block)
+                                                    rs["scan_chained_dots"], reverse_block,
+                                                    states=tuple(s["name"] for s in rs["states"]) if stage else None)
+            if stage:   # the second stage (triton_bwd._reverse_scan): increments as the forward's
+                self.rstage_launch = launch.split_blocks((n_chunks, n_seq * heads), [], program, common, first,
+                                                         stage["delta_chained_dots"], warps=launch.STAGE_WARPS)
+                self.rstage_scan_launch = launch.split_blocks(walkers * heads, stage["splits"], program, common,
+                                                              first, stage["scan_chained_dots"], reverse_block,
+                                                              states=tuple(s["name"] for s in stage["states"]))
             if self.scan_groups > 1 and rs["groupable"]:   # the groups' walks of the two-level scan
                 self.group_rscan_launch = launch.split_blocks(walkers * heads * self.scan_groups, rs["splits"],
                                                               program, common, first, rs["scan_chained_dots"],
