@@ -1,6 +1,7 @@
 """The gradient kernels' split by target group (launch.grad_target_sets) and of a
-target's networks into parts (launch.grad_parts): every grouping -- the default,
-two targets and one network a program, everything in one program -- gives the same
+target's networks into parts (launch.grad_parts; each part computes the products its
+networks read, once: triton_bwd._parted_code): every grouping -- the default, two targets
+and one network a program, runs of three, everything in one program -- gives the same
 gradients under the Triton interpreter (float32), matching the float64 torch backward."""
 import os
 
@@ -63,7 +64,8 @@ def test_every_target_grouping_gives_the_same_gradients(name, params, gated, sch
     def f32(d):
         return {k: v.float() for k, v in d.items()}
     results = []
-    for per, networks in ((None, None), (2, 1), (64, 1000)):   # one network a program .. all in one
+    # one network a program .. runs of three (parts sharing some products, not others) .. all in one
+    for per, networks in ((None, None), (2, 1), (1, 3), (64, 1000)):
         if networks:   # every group in parts of ``networks``
             monkeypatch.setattr(launch, "GRAD_WHOLE_MAX_MATMULS", -1)
             monkeypatch.setattr(launch, "GRAD_NETWORKS_PER_PROGRAM", networks)
@@ -81,3 +83,55 @@ def test_every_target_grouping_gives_the_same_gradients(name, params, gated, sch
         assert all(_rel(other_tiles[x], d_tiles[x].double()) <= 1e-6 for x in tiles)
         assert _rel(other_lam, d_lam.double()) <= 1e-6
         assert all(torch.equal(other_init[s], d_init[s]) for s in init)
+
+
+def _executed(code: str, part: int, parts: int) -> list[str]:
+    """The lines of a gradient group's code that part ``part`` of ``parts`` runs (its
+    constexpr tests evaluated as Triton folds them)."""
+    run, taken = [], True
+    for line in code.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith("if ") and line.rstrip().split("  #")[0].endswith(":"):
+            taken = bool(eval(line[3:].split("  #")[0].rstrip()[:-1], {"PARTS": parts, "PART": part}))
+        elif line.startswith("    "):
+            if taken:
+                run.append(line[4:])
+        else:
+            taken = True
+            run.append(line)
+    return [x for x in run if x.strip() and not x.lstrip().startswith("#")]
+
+
+@pytest.mark.parametrize("name,params", [("hla2", {}), ("hla3", {}), ("hla3_masked", {"normalize": True}),
+                                         ("ahla", {})])
+def test_each_part_defines_what_it_reads_and_adds_its_networks_once(name, params):
+    """For every PARTS a program may be launched with, each part's code defines every temp
+    before reading it (a product shared with a network of another part is computed again
+    there), adds each of the group's networks in exactly one part, and the parts together
+    compute no more products than the networks each on its own would."""
+    import re
+    from hladsl.codegen.triton_bwd import backward_context
+    program = chunk_program(hladsl.compile_spec(name, **params), 64, (("d", 64), ("dv", 64)), True)
+    for g in backward_context(program)["grad_groups"]:
+        code = g["code"]["pre"]
+        assert not g["code"]["loop"]
+        alone = 0
+        for parts in sorted({1, 2, 3, g["networks"]}):
+            adds, dots = [], 0
+            for part in range(parts):
+                defined = set()
+                for line in _executed(code, part, parts):
+                    target, _, value = line.partition(" = ")
+                    for t in re.findall(r"\bt\d+\b", value if value else line):
+                        assert t in defined, (g["input"], parts, part, line)
+                    if re.fullmatch(r"t\d+", target):
+                        defined.add(target)
+                    adds += [line] if re.match(r"(dx_\w+|dlam|dlam_end) [+-]= ", line) else []
+                    dots += line.count("_dot(")
+            assert sorted(adds) == sorted(x for x in _executed(code, 0, 1) if re.match(r"(dx_\w+|dlam|dlam_end) [+-]= ", x))
+            assert len(adds) >= g["networks"]
+            if parts == 1:
+                assert dots == g["matmuls"]
+            alone = dots if parts == g["networks"] else alone
+        assert g["matmuls"] <= alone

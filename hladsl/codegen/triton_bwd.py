@@ -371,8 +371,8 @@ def backward_context(program: ChunkProgram) -> dict:
         "grad_defs": _defs(gdefs),
         "grad_loop_dim": loop_dim,
         # a tensor-core dtype dot on the loop's tiles (launch.dot_override guards narrow ones)
-        "grad_loop_dot": any(re.search(r", DOT, PREC\)|, PREC, DOT\)", c["loop"])   # (a split: bf16 dots too)
-                             for g in groups for c in (g["whole"], g["parted"])),
+        "grad_loop_dot": any(re.search(r", DOT, PREC\)|, PREC, DOT\)", g["code"]["loop"])   # (a split: bf16 dots too)
+                             for g in groups),
         "grad_groups": groups,
         "fused": None if fused is None else {**fused, "reads": [info(n) for n in fused["reads"]]},
         "reverse_scan": _reverse_scan(low, bwd, fwd, info),   # fresh kernel regions
@@ -531,14 +531,15 @@ def _grad_code(low: _BwdLowering, parallel, defs, tiled) -> tuple[list[str], lis
     return accs, inits
 
 
-def _parted_code(low: _BwdLowering, grads, defs, tiled) -> tuple[list[str], list[str], list[str], list[str]]:
-    """(accumulators, their zeroing lines, code before the loop over ``tiled``, code in it)
-    of one target group, each network behind a constexpr test of whether it is in this
-    program's part (PART of PARTS: contiguous runs of the group's networks, the rest of
-    them summed by the launcher). A network reuses nothing from another one: the two
-    may run in different programs."""
+def _parted_code(low: _BwdLowering, grads, defs, tiled) -> tuple[list[str], list[str], dict]:
+    """(accumulators, their zeroing lines, code by section -- before the loop over ``tiled``
+    and in it) of one target group, for the program computing part PART of PARTS
+    (contiguous runs of the group's networks; the launcher sums the parts' gradients).
+    The networks are lowered in order, each product once (a network reuses what the ones
+    before it computed), and each line runs under a constexpr test of whether a network of
+    this part needs it -- its own, or a later one reusing it: a program computes exactly
+    its networks' products, those they share once. PARTS == 1: the whole group."""
     block = low.block
-    shared = block.mark()
     accs, inits = [], []
     for g in grads:
         acc = _ACC[g.target].format(g.name)
@@ -547,17 +548,73 @@ def _parted_code(low: _BwdLowering, grads, defs, tiled) -> tuple[list[str], list
             init = "tl.sum(tl.zeros((C,), dtype=tl.float32), axis=0)" if g.target is Target.LAM_END else \
                 f"tl.zeros(({low.target_shape(g)},), dtype=tl.float32)"
             inits.append(f"{acc} = {init}")
-    pre, loop = [], []
+    sections = ("pre", "loop")
+    first = {sec: len(block.sections[sec]) for sec in sections}
+    owner: dict = {sec: [] for sec in sections}
     for n, g in enumerate(grads):
-        block.rewind(shared)
-        marks = {sec: len(block.sections[sec]) for sec in ("pre", "loop")}
+        before = {sec: len(block.sections[sec]) for sec in sections}
         low.grads([g], _ACC[g.target].format(g.name), defs, tiled)
-        for sec, out in (("pre", pre), ("loop", loop)):
-            body = [line for line in block.sections[sec][marks[sec]:] if line.strip()]
-            if any(not line.startswith("#") for line in body):
-                out.append(f"if ({n} * PARTS) // {len(grads)} == PART:  # network {n + 1} of {len(grads)}")
-                out.extend("    " + line for line in body)
-    return accs, inits, pre, loop
+        for sec in sections:
+            owner[sec] += [n] * (len(block.sections[sec]) - before[sec])
+    lines = {sec: block.sections[sec][first[sec]:] for sec in sections}
+    return accs, inits, _guarded(lines, owner, len(grads))
+
+
+_DEFINES = re.compile(r"(t\d+) = ")
+_TEMPS = re.compile(r"\bt\d+\b")
+
+
+def _guarded(lines: dict, owner: dict, count: int) -> dict:
+    """``lines`` (by section; ``owner``: the network that emitted each) with each run of
+    lines needed by the same networks under one test of PART (none where every network
+    needs them). A line is needed by its network and by every network needing a temp it
+    defines; the loop's lines are read first (they read temps of the section before it)."""
+    need: dict[str, set] = {}
+    needed: dict = {}
+    for sec in ("loop", "pre"):
+        sets: list = [None] * len(lines[sec])
+        for i in reversed(range(len(lines[sec]))):
+            line = lines[sec][i].strip()
+            if not line or line.startswith("#"):
+                continue
+            defined = _DEFINES.match(line)
+            nets = {owner[sec][i]} | (need.get(defined.group(1), set()) if defined else set())
+            sets[i] = frozenset(nets)
+            for t in _TEMPS.findall(line[defined.end():] if defined else line):
+                need.setdefault(t, set()).update(nets)
+        following = frozenset(range(count))   # a comment goes with the line after it
+        for i in reversed(range(len(sets))):
+            following = sets[i] = sets[i] if sets[i] is not None else following
+        needed[sec] = sets
+    out = {}
+    for sec in lines:
+        body: list[str] = []
+        current = None
+        for line, nets in zip(lines[sec], needed[sec]):
+            if nets != current:
+                current = nets
+                if len(nets) < count:
+                    body.append(f"if {_part_test(nets, count)}:  # network{'s' if len(nets) > 1 else ''} "
+                                f"{', '.join(str(n + 1) for n in sorted(nets))} of {count}")
+            indent = "    " if len(nets) < count else ""
+            body.append(indent + line if line.strip() else "")
+        out[sec] = "\n".join(body).strip("\n")
+    return out
+
+
+def _part_test(nets, count: int) -> str:
+    """A constexpr test of whether part PART of PARTS holds a network of ``nets`` (network n
+    is in part (n * PARTS) // count): per run of consecutive networks, whether PART lies
+    between the parts of its first and last; a sum of those (a constexpr int) for several."""
+    runs: list[list[int]] = []
+    for n in sorted(nets):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    tests = [f"({a} * PARTS) // {count} == PART" if a == b else
+             f"(({a} * PARTS) // {count} <= PART) * (PART <= ({b} * PARTS) // {count})" for a, b in runs]
+    return tests[0] if len(tests) == 1 else " + ".join(f"({t})" for t in tests)
 
 
 def _group_keys(inputs, gated) -> list[tuple]:
@@ -580,8 +637,8 @@ def _group_info(low: _BwdLowering, key, accs) -> dict:
 def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated) -> list[dict]:
     """One gradient target group per token input (its dx) and, where gated, one for Λ
     (dΛ and dΛ_end): each group's code (derived carries, accumulators, the networks
-    before and inside the loop over ``tiled``) lowered in a fresh region. A group
-    without networks stores zeros."""
+    before and inside the loop over ``tiled``, for part PART of PARTS: ``_parted_code``)
+    lowered in a fresh region. A group without networks stores zeros."""
     by_key = _group(parallel, _group_key)
     groups, temps = [], 0
     for key in _group_keys(inputs, gated):
@@ -590,19 +647,11 @@ def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated) -> lis
         grads = by_key.get(key, [])
         reads_derived = any(o.kind is Kind.DERIVED for g in grads for o in g.term.operands)
         derived = low.derived() if reads_derived else ""
-        shared = low.block.mark()
-        accs, inits, pre, loop = _parted_code(low, grads, defs, tiled)
-        # the whole group in one program (PARTS == 1): networks reuse each other's products
-        low.block.rewind(shared)
-        marks = {sec: len(low.block.sections[sec]) for sec in ("pre", "loop")}
-        _grad_code(low, grads, defs, tiled)
-        whole = {sec: "\n".join(low.block.sections[sec][marks[sec]:]).strip("\n") for sec in marks}
+        accs, inits, code = _parted_code(low, grads, defs, tiled)
         groups.append({**_group_info(low, key, accs), "derived": derived, "networks": len(grads),
                        # full-width matmuls of the whole group (the loop's run on narrow tiles)
-                       "matmuls": whole["pre"].count("_dot("),
-                       "inits": "\n".join(inits), "whole": whole,
-                       "parted": {"pre": "\n".join(pre), "loop": "\n".join(loop)},
-                       "chained": low.block.chained})
+                       "matmuls": code["pre"].count("_dot("),
+                       "inits": "\n".join(inits), "code": code, "chained": low.block.chained})
         temps = low.block._temps
     return groups
 

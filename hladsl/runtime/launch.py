@@ -921,8 +921,10 @@ def grad_parts(networks: int, matmuls: int) -> int:
     """How many programs share one gradient target's ``networks``. A group whose
     code (its networks reusing each other's products) has at most
     GRAD_WHOLE_MAX_MATMULS full-width matmuls runs whole, in one program; a larger
-    one in contiguous runs of GRAD_NETWORKS_PER_PROGRAM networks, each computing its
-    own products, their partial gradients summed afterwards (one more [C, dim] fp32
+    one in contiguous runs of GRAD_NETWORKS_PER_PROGRAM networks, each run computing the
+    products its networks read (once, shared among them: ``triton_bwd._parted_code``; before
+    round 22 each network its own: ungated hla3 320 dots a chunk, 245 now, 184 whole),
+    their partial gradients summed afterwards (one more [C, dim] fp32
     write and read each). Round 4 chose runs of 2 by sm_90 stack bytes (whole -> runs
     of 2: hla2 dq (15 matmuls) 2216 -> <= 176, dΛ (22) 3800 -> <= 248). Timed on the H100
     (runs 75, 76; B = 2, H = 16, d = 64, bf16, fwd + bwd at T = 64k): runs of 4 beat runs
