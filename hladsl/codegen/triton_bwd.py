@@ -308,7 +308,13 @@ def backward_context(program: ChunkProgram) -> dict:
         raise ValueError(f"the gradient kernel loops over one packed dim; {program.algebra.name} "
                          f"needs {tiled}")
     gdefs: dict = {}
-    groups = _grad_groups(low, parallel, gdefs, frozenset(tiled), list(low.input_dim), program.gated)
+    ct_states = {o.name[4:] for g in parallel for o in g.term.operands
+                 if o.kind is Kind.COTANGENT and o.name.startswith("end_")}
+    # without a loop over tiles, every state and d-state the networks read whole is loaded
+    # where a part first reads it, under that part's test (``_guarded``), not at the kernel's
+    # top: a part's [d, dv] fp32 tiles are live only from their first use
+    lazy = {} if tiled else _lazy_loads(fwd["states"], read_parallel, ct_states - set(partial))
+    groups = _grad_groups(low, parallel, gdefs, frozenset(tiled), list(low.input_dim), program.gated, lazy)
 
     # -- the fused schedule (no packed states): one program per (sequence, head) walks the
     # chunks last to first, each chunk's token gradients from the d-states in registers ----
@@ -333,8 +339,6 @@ def backward_context(program: ChunkProgram) -> dict:
                  "groups": f_groups, "chained_dots": low.block.chained,
                  "reads": sorted(read_reverse | read_parallel)}
 
-    ct_states = {o.name[4:] for g in parallel for o in g.term.operands
-                 if o.kind is Kind.COTANGENT and o.name.startswith("end_")}
     loop_dim = tiled[0] if tiled else None
 
     def info(name, **extra):
@@ -366,8 +370,8 @@ def backward_context(program: ChunkProgram) -> dict:
         "reverse_written": written,
         "reverse_chained_dots": reverse_chained,
         "grad_chained_dots": any(g["chained"] for g in groups),
-        "grad_reads": [info(n) for n in states if n in read_parallel],
-        "grad_cts": [info(n) for n in states if n in ct_states],
+        "grad_reads": [info(n, lazy=f"st_{n}" in lazy) for n in states if n in read_parallel],
+        "grad_cts": [info(n, lazy=f"ct_end_{n}" in lazy) for n in states if n in ct_states],
         "grad_defs": _defs(gdefs),
         "grad_loop_dim": loop_dim,
         # a tensor-core dtype dot on the loop's tiles (launch.dot_override guards narrow ones)
@@ -531,14 +535,15 @@ def _grad_code(low: _BwdLowering, parallel, defs, tiled) -> tuple[list[str], lis
     return accs, inits
 
 
-def _parted_code(low: _BwdLowering, grads, defs, tiled) -> tuple[list[str], list[str], dict]:
+def _parted_code(low: _BwdLowering, grads, defs, tiled, loads: dict) -> tuple[list[str], list[str], dict]:
     """(accumulators, their zeroing lines, code by section -- before the loop over ``tiled``
     and in it) of one target group, for the program computing part PART of PARTS
     (contiguous runs of the group's networks; the launcher sums the parts' gradients).
     The networks are lowered in order, each product once (a network reuses what the ones
     before it computed), and each line runs under a constexpr test of whether a network of
     this part needs it -- its own, or a later one reusing it: a program computes exactly
-    its networks' products, those they share once. PARTS == 1: the whole group."""
+    its networks' products, those they share once. PARTS == 1: the whole group. ``loads``:
+    state tiles loaded (their lines) before the first line reading them, under its test."""
     block = low.block
     accs, inits = [], []
     for g in grads:
@@ -557,18 +562,22 @@ def _parted_code(low: _BwdLowering, grads, defs, tiled) -> tuple[list[str], list
         for sec in sections:
             owner[sec] += [n] * (len(block.sections[sec]) - before[sec])
     lines = {sec: block.sections[sec][first[sec]:] for sec in sections}
-    return accs, inits, _guarded(lines, owner, len(grads))
+    return accs, inits, _guarded(lines, owner, len(grads), loads)
 
 
 _DEFINES = re.compile(r"(t\d+) = ")
 _TEMPS = re.compile(r"\bt\d+\b")
 
 
-def _guarded(lines: dict, owner: dict, count: int) -> dict:
+def _guarded(lines: dict, owner: dict, count: int, loads: dict | None = None) -> dict:
     """``lines`` (by section; ``owner``: the network that emitted each) with each run of
     lines needed by the same networks under one test of PART (none where every network
     needs them). A line is needed by its network and by every network needing a temp it
-    defines; the loop's lines are read first (they read temps of the section before it)."""
+    defines; the loop's lines are read first (they read temps of the section before it).
+    ``loads``: a tile name -> the lines loading it, put before the first line reading it
+    and needed by every network that reads it."""
+    loads = loads or {}
+    lazy = re.compile(r"\b(" + "|".join(map(re.escape, loads)) + r")\b") if loads else None
     need: dict[str, set] = {}
     needed: dict = {}
     for sec in ("loop", "pre"):
@@ -580,17 +589,30 @@ def _guarded(lines: dict, owner: dict, count: int) -> dict:
             defined = _DEFINES.match(line)
             nets = {owner[sec][i]} | (need.get(defined.group(1), set()) if defined else set())
             sets[i] = frozenset(nets)
-            for t in _TEMPS.findall(line[defined.end():] if defined else line):
+            read = line[defined.end():] if defined else line
+            for t in _TEMPS.findall(read) + (lazy.findall(read) if lazy else []):
                 need.setdefault(t, set()).update(nets)
         following = frozenset(range(count))   # a comment goes with the line after it
         for i in reversed(range(len(sets))):
             following = sets[i] = sets[i] if sets[i] is not None else following
         needed[sec] = sets
-    out = {}
+    out, loaded = {}, set()
     for sec in lines:
+        placed = []
+        for line, nets in zip(lines[sec], needed[sec]):
+            first = [v for v in dict.fromkeys(lazy.findall(line)) if v not in loaded] if lazy and \
+                not line.lstrip().startswith("#") else []
+            at = len(placed)   # before the first reader and the comments that go with it
+            while at and (not placed[at - 1][0].strip() or placed[at - 1][0].lstrip().startswith("#")):
+                at -= 1
+            for v in first:   # loaded just before its first reader, for every network reading it
+                loaded.add(v)
+                placed[at:at] = [(x, frozenset(need[v])) for x in loads[v]]
+                at += len(loads[v])
+            placed.append((line, nets))
         body: list[str] = []
         current = None
-        for line, nets in zip(lines[sec], needed[sec]):
+        for line, nets in placed:
             if nets != current:
                 current = nets
                 if len(nets) < count:
@@ -600,6 +622,21 @@ def _guarded(lines: dict, owner: dict, count: int) -> dict:
             body.append(indent + line if line.strip() else "")
         out[sec] = "\n".join(body).strip("\n")
     return out
+
+
+def _lazy_loads(states: list[dict], reads, cts) -> dict:
+    """The gradient kernel's load lines of the chunk-start states ``reads`` (``st_``) and
+    the chunk-end d-states ``cts`` (``ct_end_``, whole: no per-block slots), by tile name."""
+    loads = {}
+    for s in states:
+        n = s["name"]
+        layout = [f"off_{n} = {s['off']}", f"msk_{n} = {s['msk']}"]
+        at = f"(crow * n_chunks + i_c) * {s['numel']} + off_{n}, mask=msk_{n}, other=0.0)"
+        if n in reads:
+            loads[f"st_{n}"] = layout + [f"st_{n} = tl.load(starts_{n} + {at}  # {n} at the chunk start"]
+        if n in cts:
+            loads[f"ct_end_{n}"] = layout + [f"ct_end_{n} = tl.load(dends_{n} + {at}  # d{n} at the chunk end"]
+    return loads
 
 
 def _part_test(nets, count: int) -> str:
@@ -634,11 +671,13 @@ def _group_info(low: _BwdLowering, key, accs) -> dict:
             "lam_end": "dlam_end" in accs, "zero": acc not in accs}
 
 
-def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated) -> list[dict]:
+def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated, lazy: dict) -> list[dict]:
     """One gradient target group per token input (its dx) and, where gated, one for Λ
     (dΛ and dΛ_end): each group's code (derived carries, accumulators, the networks
     before and inside the loop over ``tiled``, for part PART of PARTS: ``_parted_code``)
-    lowered in a fresh region. A group without networks stores zeros."""
+    lowered in a fresh region. A group without networks stores zeros. ``lazy``: the
+    load lines of the state tiles the code loads where it reads them (before the derived
+    carries those read)."""
     by_key = _group(parallel, _group_key)
     groups, temps = [], 0
     for key in _group_keys(inputs, gated):
@@ -647,7 +686,9 @@ def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated) -> lis
         grads = by_key.get(key, [])
         reads_derived = any(o.kind is Kind.DERIVED for g in grads for o in g.term.operands)
         derived = low.derived() if reads_derived else ""
-        accs, inits, code = _parted_code(low, grads, defs, tiled)
+        early = [v for v in lazy if re.search(rf"\b{v}\b", derived)]
+        derived = "\n".join([line for v in early for line in lazy[v]] + ([derived] if derived else []))
+        accs, inits, code = _parted_code(low, grads, defs, tiled, {v: x for v, x in lazy.items() if v not in early})
         groups.append({**_group_info(low, key, accs), "derived": derived, "networks": len(grads),
                        # full-width matmuls of the whole group (the loop's run on narrow tiles)
                        "matmuls": code["pre"].count("_dot("),
