@@ -4,6 +4,7 @@ networks read, once: triton_bwd._parted_code): every grouping -- the default, tw
 and one network a program, runs of three, everything in one program -- gives the same
 gradients under the Triton interpreter (float32), matching the float64 torch backward."""
 import os
+import re
 
 os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported anywhere
 
@@ -111,19 +112,19 @@ def test_each_part_defines_what_it_reads_and_adds_its_networks_once(name, params
     network of another part is computed again there), adds each of the group's networks in
     exactly one part, and the parts together
     compute no more products than the networks each on its own would."""
-    import re
     from hladsl.codegen.triton_bwd import backward_context
     program = chunk_program(hladsl.compile_spec(name, **params), 64, (("d", 64), ("dv", 64)), True)
     ctx = backward_context(program)
     # state tiles the kernel loads where a part first reads them (triton_bwd._lazy_loads)
     lazy = {f"st_{s['name']}" for s in ctx["grad_reads"] if s["lazy"]} | \
         {f"ct_end_{s['name']}" for s in ctx["grad_cts"] if s["lazy"]}
-    assert lazy or name == "hla2"   # (hla2's derived carry reads every state it loads first)
+    assert lazy
     for g in ctx["grad_groups"]:
         code = g["code"]["pre"]
         assert not g["code"]["loop"]
         alone = 0
-        for parts in sorted({1, 2, 3, g["networks"]}):
+        # (PARTS past the group's networks: a launch's PARTS follows its largest group)
+        for parts in range(1, g["networks"] + 3):
             adds, dots = [], 0
             for part in range(parts):
                 defined = {v for v in lazy if re.search(rf"\b{v} = ", g["derived"])}
@@ -135,9 +136,29 @@ def test_each_part_defines_what_it_reads_and_adds_its_networks_once(name, params
                         defined.add(target)
                     adds += [line] if re.match(r"(dx_\w+|dlam|dlam_end) [+-]= ", line) else []
                     dots += line.count("_dot(")
-            assert sorted(adds) == sorted(x for x in _executed(code, 0, 1) if re.match(r"(dx_\w+|dlam|dlam_end) [+-]= ", x))
+            every = [x for x in _executed(code, 0, 1) if re.match(r"(dx_\w+|dlam|dlam_end) [+-]= ", x)]
+            assert sorted(adds) == sorted(every)
             assert len(adds) >= g["networks"]
             if parts == 1:
                 assert dots == g["matmuls"]
             alone = dots if parts == g["networks"] else alone
         assert g["matmuls"] <= alone
+
+
+def test_part_test_is_membership():
+    """triton_bwd._part_test(nets, count) evaluated (as Triton folds it) is true for every
+    part holding a network of ``nets`` and, while PARTS <= count, for no other part; past
+    count, true only for parts holding no network at all besides those (wasted work there,
+    no network added twice)."""
+    import itertools
+    from hladsl.codegen.triton_bwd import _part_test
+    for count in range(1, 8):
+        for size in range(1, count + 1):
+            for nets in itertools.combinations(range(count), size):
+                test = _part_test(nets, count)
+                for parts in range(1, count + 4):
+                    for part in range(parts):
+                        want = any(n * parts // count == part for n in nets)
+                        got = bool(eval(test, {"PARTS": parts, "PART": part}))
+                        empty = not any(n * parts // count == part for n in range(count))
+                        assert got == want or (parts > count and got and empty), (nets, count, parts, part)

@@ -310,9 +310,10 @@ def backward_context(program: ChunkProgram) -> dict:
     gdefs: dict = {}
     ct_states = {o.name[4:] for g in parallel for o in g.term.operands
                  if o.kind is Kind.COTANGENT and o.name.startswith("end_")}
-    # without a loop over tiles, every state and d-state the networks read whole is loaded
-    # where a part first reads it, under that part's test (``_guarded``), not at the kernel's
-    # top: a part's [d, dv] fp32 tiles are live only from their first use
+    # without a loop over tiles, the states and whole d-states the networks read are loaded
+    # where a part first reads them, under the test of the networks reading them (``_guarded``),
+    # not at the kernel's top: a part's [d, dv] fp32 tiles are live only from their first use.
+    # (A derived carry's states load at its group's start; partial-sum d-states at the top.)
     lazy = {} if tiled else _lazy_loads(fwd["states"], read_parallel, ct_states - set(partial))
     groups = _grad_groups(low, parallel, gdefs, frozenset(tiled), list(low.input_dim), program.gated, lazy)
 
@@ -429,7 +430,7 @@ def _reverse_scan(low: _BwdLowering, bwd, fwd: dict, info) -> dict | None:
     read = _carried(staged.networks(upper))
     stage = {"reads": [info(n) for n in states if n in read], "cts": [info(n) for n in staged.reads],
              "written": [info(n) for n in upper], "parts": True, "delta_defs": _defs(defs), "derived": "",
-             "delta_code": parts, "delta_chained_dots": chained, "deltas": [], "starts": [], "groupable": False}
+             "delta_code": parts, "delta_chained_dots": chained, "starts": [], "groupable": False}
     stage.update(_rscan_context(low, bwd, list(staged.carries(upper)), upper, stage["written"], info))
     ctx["stage"] = stage
     return ctx
@@ -541,8 +542,9 @@ def _parted_code(low: _BwdLowering, grads, defs, tiled, loads: dict) -> tuple[li
     (contiguous runs of the group's networks; the launcher sums the parts' gradients).
     The networks are lowered in order, each product once (a network reuses what the ones
     before it computed), and each line runs under a constexpr test of whether a network of
-    this part needs it -- its own, or a later one reusing it: a program computes exactly
-    its networks' products, those they share once. PARTS == 1: the whole group. ``loads``:
+    this part needs it -- its own, or a later one reusing it: a program computes its
+    networks' products (exactly those while PARTS <= the networks: ``_part_test``), those
+    they share once. PARTS == 1: the whole group. ``loads``:
     state tiles loaded (their lines) before the first line reading them, under its test."""
     block = low.block
     accs, inits = [], []
@@ -641,8 +643,11 @@ def _lazy_loads(states: list[dict], reads, cts) -> dict:
 
 def _part_test(nets, count: int) -> str:
     """A constexpr test of whether part PART of PARTS holds a network of ``nets`` (network n
-    is in part (n * PARTS) // count): per run of consecutive networks, whether PART lies
-    between the parts of its first and last; a sum of those (a constexpr int) for several."""
+    is in part (n * PARTS) // count, a monotone map): per run a..b of consecutive networks,
+    whether PART lies between the parts of a and b; a sum (a constexpr int) over the runs.
+    Exact while PARTS <= count (every part holds a network); past it (a launch's PARTS
+    follows its largest group) a part between two holding no network of its own may run a
+    run's shared lines too: wasted work, never a wrong sum (it adds no network)."""
     runs: list[list[int]] = []
     for n in sorted(nets):
         if runs and n == runs[-1][1] + 1:

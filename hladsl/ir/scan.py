@@ -354,15 +354,15 @@ def reverse_scan(bwd: BackwardProgram) -> ReverseScan | None:
 @dataclass(frozen=True)
 class StagedReverse:
     """The reverse pass in two stages, the transpose of ``StagedScan``
-    (docs/design/staged_reverse_pass.md; kernels: ``codegen.triton_bwd._reverse_scan``). In reverse the chunk-end d-state
-    (cotangent ``end_Y``) is what is carried; the forward's chunk-start states are per-chunk
-    constants like the tokens. So each d-state network is ``parallel`` (no chunk-end
-    cotangent: d num, d den, a derived carry's), ``carry`` (``end_X`` alone, into dX: the
-    decayed d-state) or ``cross`` (``end_Y`` times tokens and / or start states, into dX).
-    *Lower* d-states get only parallel and carry networks and scan first, storing their chunk
-    ends; every chunk's increment of the *upper* ones (cross targets) then reads those ends
-    only, every chunk at once; then the upper carries scan. HLA3: dG1, dG2, dG3 first, then
-    dSK, dSQ, dP -- the forward's ``StagedScan.reads``."""
+    (docs/design/staged_reverse_pass.md; kernels: ``codegen.triton_bwd._reverse_scan``). In reverse
+    the chunk-end d-state (cotangent ``end_Y``) is what is carried; the forward's chunk-start states
+    are per-chunk constants like the tokens. So each d-state network is ``parallel`` (no chunk-end
+    cotangent: d num, d den, a derived carry's), ``carry`` (``end_X`` alone, into dX: the decayed
+    d-state) or ``cross`` (``end_Y`` times tokens and / or start states, into dX). *Lower* d-states
+    get only parallel and carry networks and scan first, storing their chunk ends; every chunk's
+    increment of the *upper* ones (cross targets) then reads those ends only, every chunk at once;
+    then the upper carries scan. HLA3: dG1, dG2, dG3 first, then dSK, dSQ, dP -- the forward's
+    ``StagedScan.reads``."""
     lower: tuple[str, ...]
     upper: tuple[str, ...]
     reads: tuple[str, ...]        # lower d-states whose chunk ends the upper increments read

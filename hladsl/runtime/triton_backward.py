@@ -104,8 +104,9 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                                       state_args, grad_final, seq_chunks, lam, (n_seq, heads, n_chunks))
         except triton.runtime.errors.OutOfResources:
             # rdelta_kernel holds every d-state whole (hla2 at d = 128: 262144 B of shared
-            # memory on sm_90, the H100 has 232448) and has no value split to narrow: the
-            # walking pass, which narrows, runs instead (the plan keeps it)
+            # memory on sm_90, the H100 has 232448), as rstage_kernel does its part's, and
+            # neither has a value split to narrow: the walking pass, which narrows, runs
+            # instead (the plan keeps it)
             plan.reverse_scan = False
     if reversed_ is not None:
         d_init, dends, blocks = reversed_
@@ -281,7 +282,9 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
                                  "group_len": rows[2]}, True)
         stage = rs["stage"]
         if stage:   # the upper d-states: each one's increment at every chunk, then their walk
-            parts = _part_buffers(stage["written"], state_args, rows, [])
+            # (the first stage's parts no chunk-end cotangent was written over are free now)
+            free = [x for x in parts.values() if all(x.data_ptr() != y.data_ptr() for y in dends.values())]
+            parts = _part_buffers(stage["written"], state_args, rows, free)
             inputs = {**fixed, **{f"starts_{s['name']}": starts[s["name"]] for s in stage["reads"]},
                       **{f"dends_{s['name']}": dends[s["name"]] for s in stage["cts"]}, **parts, **plan.common}
             for part in range(len(stage["delta_code"])):
