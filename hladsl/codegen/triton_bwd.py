@@ -524,15 +524,22 @@ _ACC = {Target.TOKEN: "dx_{}", Target.POWER: "dx_{}", Target.LAM: "dlam", Target
 def _grad_code(low: _BwdLowering, parallel, defs, tiled) -> tuple[list[str], list[str]]:
     """Appends the token and Λ gradient code to the current block; returns the
     accumulators and the lines that zero them (for the caller to place)."""
-    accs, inits = [], []
+    accs, inits = _accumulators(low, parallel)
     for (target, name), grads in _group(parallel, lambda g: (g.target, g.name)).items():
-        acc = _ACC[target].format(name)
+        low.grads(grads, _ACC[target].format(name), defs, tiled)
+    return accs, inits
+
+
+def _accumulators(low: _BwdLowering, grads) -> tuple[list[str], list[str]]:
+    """The accumulators ``grads`` add into, in order of first use, and the lines zeroing them."""
+    accs, inits = [], []
+    for g in grads:
+        acc = _ACC[g.target].format(g.name)
         if acc not in accs:
             accs.append(acc)
-            init = "tl.sum(tl.zeros((C,), dtype=tl.float32), axis=0)" if target is Target.LAM_END else \
-                f"tl.zeros(({low.target_shape(grads[0])},), dtype=tl.float32)"
+            init = "tl.sum(tl.zeros((C,), dtype=tl.float32), axis=0)" if g.target is Target.LAM_END else \
+                f"tl.zeros(({low.target_shape(g)},), dtype=tl.float32)"
             inits.append(f"{acc} = {init}")
-        low.grads(grads, acc, defs, tiled)
     return accs, inits
 
 
@@ -547,14 +554,7 @@ def _parted_code(low: _BwdLowering, grads, defs, tiled, loads: dict) -> tuple[li
     they share once. PARTS == 1: the whole group. ``loads``:
     state tiles loaded (their lines) before the first line reading them, under its test."""
     block = low.block
-    accs, inits = [], []
-    for g in grads:
-        acc = _ACC[g.target].format(g.name)
-        if acc not in accs:
-            accs.append(acc)
-            init = "tl.sum(tl.zeros((C,), dtype=tl.float32), axis=0)" if g.target is Target.LAM_END else \
-                f"tl.zeros(({low.target_shape(g)},), dtype=tl.float32)"
-            inits.append(f"{acc} = {init}")
+    accs, inits = _accumulators(low, grads)
     sections = ("pre", "loop")
     first = {sec: len(block.sections[sec]) for sec in sections}
     owner: dict = {sec: [] for sec in sections}
