@@ -33,8 +33,8 @@ def test_grad_target_sets_partition_the_groups():
 
 def test_grad_loop_tile_narrows_to_the_element_budget():
     from hladsl.runtime.launch import grad_loop_tile
-    assert grad_loop_tile(64, 64) == 16 and grad_loop_tile(32, 64) == 32 and grad_loop_tile(16, 64) == 64
-    assert grad_loop_tile(64, 16) == 16 and grad_loop_tile(128, 64) == 16   # never below tl.dot's 16
+    assert grad_loop_tile(64, 64) == 64 and grad_loop_tile(128, 64) == 32 and grad_loop_tile(256, 64) == 16
+    assert grad_loop_tile(64, 16) == 16 and grad_loop_tile(512, 64) == 16   # never below tl.dot's 16
 
 
 CASES = [("linear", {}, True, "fused"), ("hla2", {}, True, "two_pass"), ("hla2", {}, True, "fused"),

@@ -323,3 +323,44 @@ def test_triton_bwd_source_names_every_gradient_term():
     for g in backward_program(program).all_terms():
         assert comment(g.term.source) in src, g.term.source
     assert "one-hot" in src    # the packed power's gradient goes back through one-hot dots
+
+
+@pytest.mark.parametrize("p,dims", [(2, (16, 8)), (3, (8, 8))], ids=["p2", "p3"])
+def test_power_factors_picked_by_one_hot_dots_equal_gathered_loads(p, dims, monkeypatch):
+    """The packed power factors x[T, α_r] are picked from the loaded token tile by one-hot
+    dots (``triton_gen.slot_columns``); the gathered loads they replaced read the same
+    values, so forward and backward agree bitwise in float32 (one value times 1 per output),
+    and both match float64."""
+    from hladsl.codegen import triton_gen
+    from hladsl.codegen.triton_bwd import triton_bwd_source
+    from hladsl.runtime import launch
+    from hladsl.runtime.triton_backward import backward_triton
+    from hladsl.runtime.triton_forward import forward_triton
+    alg = hladsl.compile_spec("power", p=p, normalize=True)
+    program = chunk_program(alg, C, (("d", dims[0]), ("dv", dims[1])), True)
+    tiles, lam, init, grad_o, grad_final = _inputs(program, True, seed=11)
+
+    def f32(d):
+        return {k: v.float() for k, v in d.items()}
+    runs = {}
+    for gathered in (False, True):
+        monkeypatch.setattr(triton_gen, "POWER_GATHERED_LOADS", gathered)
+        launch.forget_plans()
+        src = triton_gen.generate(program) + triton_bwd_source(program)
+        token_gathers = src.count("offs_t[:, None] * str_k_t + t")   # a gathered load of k's columns
+        assert (token_gathers > 0) == gathered and ("the tile's columns picked by a dot" in src) != gathered
+        o, final = forward_triton(program, f32(tiles), lam.float(), f32(init), alg.eps)
+        grads = backward_triton(program, f32(tiles), lam.float(), f32(init), grad_o.float(),
+                                f32(grad_final), alg.eps)
+        runs[gathered] = (o, final, *grads)
+    launch.forget_plans()
+    (o, final, d_tiles, d_lam, d_init), old = runs[False], runs[True]
+    assert torch.equal(o, old[0]) and torch.equal(d_lam, old[3])
+    for got, ref in ((final, old[1]), (d_tiles, old[2]), (d_init, old[4])):
+        assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in got)
+    ref_tiles, ref_lam, ref_init = backward_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps)
+    for x in tiles:
+        assert _rel(d_tiles[x], ref_tiles[x]) <= 1e-4, x
+    assert _rel(d_lam, ref_lam) <= 1e-4
+    for s in init:
+        assert _rel(d_init[s], ref_init[s]) <= 1e-4, s

@@ -220,13 +220,7 @@ class _BwdLowering(_Lowering):
         pd, x = o.packed, o.name
         base = self.input_dim[x]
         valid = f"offs_{pd} < D_{pd}"
-        cols, vals = [], []
-        for r in range(int(o.power)):
-            cols.append(block.define(f"tl.load(pk_{pd}_idx + {r} * D_{pd} + offs_{pd}, mask={valid}, other=0)",
-                                     f"slot {r + 1} of each packed index of {pd}"))
-            vals.append(block.define(self.scaled_load(x, (
-                f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + {cols[-1]}[None, :], "
-                f"mask=({valid})[None, :], other=0.0)")) + ".to(tl.float32)"))
+        cols, vals = zip(*(self.slot_columns(x, pd, r) for r in range(int(o.power))))
         if o.weighted:
             dspow = block.define(f"{dspow} * tl.load(pk_{pd}_mult + offs_{pd}, mask={valid}, other=0.0)[None, :]",
                                  "times m(α)")

@@ -48,6 +48,8 @@ def block_size(n: int) -> int:
     return max(16, 1 << (int(n) - 1).bit_length())
 
 
+# Packed power factors from gathered loads of the token columns (the code before round 23; A/B runs)
+POWER_GATHERED_LOADS = os.environ.get("HLADSL_POWER_GATHER", "0") == "1"
 PACKED_TILE = 64   # entries of a packed symmetric dim per tile (state-pass block, output loop step)
 
 
@@ -224,23 +226,44 @@ class _Lowering:
         return Tile(f"ct_{o.name}", o.indices)
 
     def power(self, o: Operand) -> Tile:
-        """spow(x)[T, α] for the α of this program's block of the packed dim: p
-        gathered loads of x's tile (its columns α_1 .. α_p), multiplied in fp32."""
+        """spow(x)[T, α] for the α of this program's block of the packed dim: the product
+        of x's columns α_1 .. α_p in fp32, each selected from the tile as loaded by a dot
+        with a one-hot [dim, α] matrix (``slot_columns``)."""
         block, pd, x = self.block, _ident("packed dim", o.packed), o.name
         valid = f"offs_{pd} < D_{pd}"
-        parts = []
-        for r in range(int(o.power)):
-            col = block.define(f"tl.load(pk_{pd}_idx + {r} * D_{pd} + offs_{pd}, mask={valid}, other=0)",
-                               f"slot {r + 1} of each packed index of {pd}")
-            parts.append(block.define(self.scaled_load(x, (
-                f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + {col}[None, :], "
-                f"mask=({valid})[None, :], other=0.0)")) + ".to(tl.float32)"))
+        parts = [self.slot_columns(x, pd, r)[1] for r in range(int(o.power))]
         expr = " * ".join(parts)
         if o.weighted:
             expr += f" * tl.load(pk_{pd}_mult + offs_{pd}, mask={valid}, other=0.0)[None, :]"
         why = (f"{o.text()} = " + " ".join(f"{x}[{o.indices[0]},α_{r + 1}]" for r in range(o.power))
                + (" · m(α)" if o.weighted else "") + "   (packed symmetric power, never stored)")
         return Tile(block.define(expr, why), o.indices)
+
+    def slot_columns(self, x: str, pd: str, r: int) -> tuple[str, str]:
+        """(the packed indices' slot ``r`` [B_pd], x[T, α_r] [C, B_pd] in fp32) for this tile
+        of packed dim ``pd``. The columns come out of the [C, dim] tile already loaded, as
+        ``raw_x`` · onehot[dim, α] on the tensor cores: exact (each output sums one value
+        times 1; the tf32x3 of fp32 inputs on a GPU keeps 21 of its bits) and coalesced,
+        where gathered loads of x's columns from memory (POWER_GATHERED_LOADS, the A/B)
+        read them one element at a time. A dot reading the product is a chain of dots
+        (``Block.chained``): Triton 3.6 miscompiles such chains on narrow bf16 tiles on the
+        H100 (run 170: illegal addresses and wrong gradients with the selection exempted
+        and 16-wide tiles), so the narrow-tile rules (``launch.narrow_ok``,
+        ``dot_override``) apply as to any chain.
+        Measured (run 170, H100, power p = 2 gated, B = 2, H = 16, d = 64, bf16, forward):
+        15.85 -> 3.55 ms at T = 16k, 60.69 -> 13.99 at 64k (``retention`` 10.67 / 44.61)."""
+        block, dim = self.block, self.input_dim[x]
+        valid = f"offs_{pd} < D_{pd}"
+        col = block.define(f"tl.load(pk_{pd}_idx + {r} * D_{pd} + offs_{pd}, mask={valid}, other=0)",
+                           f"slot {r + 1} of each packed index of {pd}")
+        if POWER_GATHERED_LOADS:
+            return col, block.define(self.scaled_load(x, (
+                f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + {col}[None, :], "
+                f"mask=({valid})[None, :], other=0.0)")) + ".to(tl.float32)")
+        onehot = block.define(f"tl.where((offs_{dim}[:, None] == {col}[None, :]) & ({valid})[None, :], 1.0, 0.0)",
+                              f"one-hot [{dim}, α] of slot {r + 1}")
+        return col, block.define(f"_dot(raw_{x}, {onehot}, DOT, PREC)",
+                                 f"{x}[T, α_{r + 1}], the tile's columns picked by a dot")
 
     # -- code ---------------------------------------------------------------------------
     def region(self) -> None:

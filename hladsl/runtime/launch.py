@@ -938,17 +938,21 @@ def grad_parts(networks: int, matmuls: int) -> int:
     return max(1, -(-networks // GRAD_NETWORKS_PER_PROGRAM))
 
 
-GRAD_LOOP_TILE_ELEMENTS = 1024
+GRAD_LOOP_TILE_ELEMENTS = 4096
 
 
 def grad_loop_tile(chunk: int, width: int) -> int:
     """The gradient kernel's tile of the packed dim it loops over: at most ``width``
-    (the forward's), narrowed until a [C, tile] fp32 tile is at most 1024 elements
-    (8 registers a thread at 4 warps), not below 16 (tl.dot's minimum). The loop
-    body holds several such tiles at once (the gathered power factors, its
-    gradient, one [tile, dim] one-hot matrix per power slot, tf32x3's split
-    operands); measured on sm_90 (power p = 2, d = 64, C = 64): tile 64 spills
-    2064 bytes of stack, 32: 136, 16: none."""
+    (the forward's), narrowed until a [C, tile] fp32 tile is at most
+    GRAD_LOOP_TILE_ELEMENTS (32 registers a thread at 4 warps), not below 16 (tl.dot's
+    minimum). Round 4 chose 1024 by sm_90 stack bytes (power p = 2, d = 64, C = 64, the
+    factors then gathered from memory: tile 64 spilled 2064 bytes, 16 none). Since the
+    factors are picked from the loaded token tile by one-hot dots (``triton_gen.slot_columns``)
+    the loop's dots are chained, and below 64 ``dot_override`` makes them fp32; and the
+    narrow loop's small dots cost more than the spills. Measured (run 170, H100, power
+    p = 2 gated, B = 2, H = 16, d = 64, bf16, fwd + bwd, the loop's dots in bf16 at every
+    tile): tile 16 (1024) 60.17 ms at T = 4k, 235.4 at 16k; 32 (2048) 99.65, 396.4; **64
+    (4096) 5.481, 21.97** (``retention`` 7.405, 28.58)."""
     tile = width
     while tile > 16 and chunk * tile > GRAD_LOOP_TILE_ELEMENTS:
         tile //= 2
