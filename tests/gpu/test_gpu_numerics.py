@@ -26,7 +26,7 @@ import torch
 
 from hladsl.runtime import launch
 
-from gpu_support import (BY_ID, DEVICE, SPECS, TOL, Inputs, Ratios, check_against_reference,
+from gpu_support import (BY_ID, DEVICE, SPECS, TOL, Inputs, Ratios, Spec, check_against_reference,
                          cotangents, dtype_name, gates, generator, grads, group, initial_state,
                          load, loss, no_kernel_fits, schedule, tokens)
 
@@ -241,6 +241,24 @@ def test_triton_backend_and_named_inputs_equal_auto(spec):
     assert torch.isfinite(o).all()
     assert torch.equal(o_triton, o), "backend='triton' differs from 'auto' on CUDA"
     assert torch.equal(o_named, o), "token inputs by name differ from positional"
+
+
+# ------------------------------------------------------------------ power of degree 3 and 4 at d = 64
+@pytest.mark.parametrize("p", [3, pytest.param(4, marks=pytest.mark.slow)])   # p = 4: ~9 GB of reference
+def test_power_of_higher_degree_runs_at_d64(p, record_property):
+    """Power p = 3 and 4 at d = 64 (C(66, 3) = 45760 and C(67, 4) = 766480 packed rows: 11.7
+    and 196 MB of fp32 state a head), forward and backward, gated with an initial state,
+    against the fp32 reference. One short sequence (B = 1, T = 100, H = 1) keeps the
+    reference's [C, rows] feature tiles small; the suite's power3 runs at d = 32 and 16."""
+    spec = Spec(f"power{p}", "power", {"p": p}, fused=False)
+    gen = generator(2000 + p)
+    inputs = Inputs(tokens(spec, 1, 100, 1, 64, 64, BF16, False, gen), gates(1, 100, 1, gen),
+                    initial_state(spec, False, 1, 1, 64, 64, True, gen))
+    ratios = Ratios(record_property)
+    with no_kernel_fits() as fallbacks:
+        check_against_reference(load(spec), load(spec, "torch"), inputs, ratios, TOL[BF16], gen)
+    ratios.check()
+    assert not fallbacks, fallbacks
 
 
 @pytest.mark.parametrize("spec", [pytest.param(s, id=s.id, marks=PLAIN.kernels(s, s.d))
