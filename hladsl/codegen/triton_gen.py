@@ -250,8 +250,8 @@ class _Lowering:
         H100 (run 170: illegal addresses and wrong gradients with the selection exempted
         and 16-wide tiles), so the narrow-tile rules (``launch.narrow_ok``,
         ``dot_override``) apply as to any chain.
-        Measured (run 170, H100, power p = 2 gated, B = 2, H = 16, d = 64, bf16, forward):
-        15.85 -> 3.55 ms at T = 16k, 60.69 -> 13.99 at 64k (``retention`` 10.67 / 44.61)."""
+        Measured (H100, power p = 2 gated, B = 2, H = 16, d = 64, bf16, forward): 15.85 -> 3.50
+        ms at T = 16k, 60.69 -> 13.81 at 64k (runs 170, 171; ``retention`` 10.58 / 44.25)."""
         block, dim = self.block, self.input_dim[x]
         valid = f"offs_{pd} < D_{pd}"
         col = block.define(f"tl.load(pk_{pd}_idx + {r} * D_{pd} + offs_{pd}, mask={valid}, other=0)",

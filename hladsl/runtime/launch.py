@@ -41,7 +41,7 @@ Rules:
   where few (sequence, head) pairs walk many chunks (``scan_groups``).
 * gradient kernels: one gradient target group (a token input, or Λ) per program
   (``grad_target_sets``), so that one target's tiles are live at a time; the packed
-  dim they loop over in narrow tiles (``grad_loop_tile``); a target with many
+  dim they loop over in tiles of at most 4096 [C, tile] elements (``grad_loop_tile``); a target with many
   networks over several programs (``grad_parts``).
 * A/B runs in separate processes: ``HLADSL_LAUNCH="NAME=VALUE ..."`` sets rule constants
   at import (``switches_from_env``), as ``hladsl bench --launch`` does within one.
@@ -950,9 +950,10 @@ def grad_loop_tile(chunk: int, width: int) -> int:
     factors are picked from the loaded token tile by one-hot dots (``triton_gen.slot_columns``)
     the loop's dots are chained, and below 64 ``dot_override`` makes them fp32; and the
     narrow loop's small dots cost more than the spills. Measured (run 170, H100, power
-    p = 2 gated, B = 2, H = 16, d = 64, bf16, fwd + bwd, the loop's dots in bf16 at every
-    tile): tile 16 (1024) 60.17 ms at T = 4k, 235.4 at 16k; 32 (2048) 99.65, 396.4; **64
-    (4096) 5.481, 21.97** (``retention`` 7.405, 28.58)."""
+    p = 2 gated, B = 2, H = 16, d = 64, bf16, fwd + bwd, the selections not yet counted as
+    chains, so the loop's dots were bf16 at every tile -- and miscompiled below 64): tile 16
+    (1024) 60.17 ms at T = 4k, 235.4 at 16k; 32 (2048) 99.65, 396.4; 64 (4096) 5.481, 21.97;
+    as chains at 64 (run 171) 5.51, 21.78 (``retention`` 7.957, 28.34)."""
     tile = width
     while tile > 16 and chunk * tile > GRAD_LOOP_TILE_ELEMENTS:
         tile //= 2
