@@ -14,7 +14,7 @@ by its C(n+p-1, p) entries with non-decreasing indices (the storage layout of
 
 where spow(x)[T,α] = x[T,α_1]...x[T,α_p] and m(α) = p!/Π(multiplicities)! counts
 the full index tuples a packed entry stands for. The p token tiles become one
-[C, D_packed] tile that kernels form on the fly (a gather and p-1 products),
+[C, D_packed] tile that kernels form on the fly (p column selections and p-1 products),
 never the d^p tensor. A state with any other use (HLA2's S, read as S C) stays
 unpacked. Deciding is a greatest fixpoint: a packed state may only pass into a
 packed one.
