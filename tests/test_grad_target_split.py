@@ -52,7 +52,7 @@ def test_every_target_grouping_gives_the_same_gradients(name, params, gated, sch
     from hladsl.runtime import launch
     from hladsl.runtime.triton_backward import backward_triton
     # at the test's C = 16 the packed loop tile would stay 64: narrow it to 16 here so
-    # that the loop runs over many narrow tiles, as at C = 64 on a GPU
+    # that the loop runs over many narrow tiles (as at C = 256 on a GPU)
     monkeypatch.setattr(launch, "GRAD_LOOP_TILE_ELEMENTS", 256)
     if name == "probe":
         (tmp_path / "backward_probe.hla").write_text(PROBE)

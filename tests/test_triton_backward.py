@@ -325,33 +325,58 @@ def test_triton_bwd_source_names_every_gradient_term():
     assert "one-hot" in src    # the packed power's gradient goes back through one-hot dots
 
 
-@pytest.mark.parametrize("p,dims", [(2, (16, 8)), (3, (8, 8))], ids=["p2", "p3"])
-def test_power_factors_picked_by_one_hot_dots_equal_gathered_loads(p, dims, monkeypatch):
+# a power whose base dim is also the output's value dim (v[d]): kernels split over that dim
+SHARED_DIM_POWER = """mechanism powshared {
+  dims d
+  input q[d], k[d], v[d]
+  param p = 2, normalize = false, eps = 1e-6
+  state U[i^p, e] = k[i^p] v[e]  symmetric(i^p)
+  state z[i^p] = k[i^p]  symmetric(i^p)
+  output o[e] = q[i^p] U[i^p, e]
+  normalizer = q[i^p] z[i^p]
+}
+"""
+
+
+@pytest.mark.parametrize("p,dims,shared", [(2, (12, 8), False), (3, (8, 8), False), (2, (32,), True)],
+                         ids=["p2-d12", "p3", "p2-value-dim-split"])
+def test_power_factors_picked_by_one_hot_dots_equal_gathered_loads(p, dims, shared, monkeypatch, tmp_path):
     """The packed power factors x[T, α_r] are picked from the loaded token tile by one-hot
     dots (``triton_gen.slot_columns``); the gathered loads they replaced read the same
-    values, so forward and backward agree bitwise in float32 (one value times 1 per output),
-    and both match float64."""
-    from hladsl.codegen import triton_gen
-    from hladsl.codegen.triton_bwd import triton_bwd_source
+    values, so forward and backward agree bitwise in float32 (one value times 1 per output;
+    d = 12: a padded tile), and both match float64. Where x's dim is the output's value dim,
+    split here over blocks of 16 in the state and reverse passes (the loaded tile then holds
+    one block), the columns stay gathered loads."""
+    from hladsl.codegen import triton_bwd, triton_gen
     from hladsl.runtime import launch
     from hladsl.runtime.triton_backward import backward_triton
     from hladsl.runtime.triton_forward import forward_triton
-    alg = hladsl.compile_spec("power", p=p, normalize=True)
-    program = chunk_program(alg, C, (("d", dims[0]), ("dv", dims[1])), True)
+    name = "power"
+    if shared:
+        (tmp_path / "powshared.hla").write_text(SHARED_DIM_POWER)
+        name = str(tmp_path / "powshared.hla")
+    alg = hladsl.compile_spec(name, p=p, normalize=True)
+    sizes = (("d", dims[0]),) if shared else (("d", dims[0]), ("dv", dims[1]))
+    program = chunk_program(alg, C, sizes, True)
     tiles, lam, init, grad_o, grad_final = _inputs(program, True, seed=11)
+    blocks = {"state_block": 16} if shared else {}
 
     def f32(d):
         return {k: v.float() for k, v in d.items()}
     runs = {}
     for gathered in (False, True):
         monkeypatch.setattr(triton_gen, "POWER_GATHERED_LOADS", gathered)
+        monkeypatch.setattr(triton_gen, "_MODULES", {})    # the modules are rendered anew
+        monkeypatch.setattr(triton_bwd, "_MODULES", {})
         launch.forget_plans()
-        src = triton_gen.generate(program) + triton_bwd_source(program)
-        token_gathers = src.count("offs_t[:, None] * str_k_t + t")   # a gathered load of k's columns
-        assert (token_gathers > 0) == gathered and ("the tile's columns picked by a dot" in src) != gathered
-        o, final = forward_triton(program, f32(tiles), lam.float(), f32(init), alg.eps)
+        o, final = forward_triton(program, f32(tiles), lam.float(), f32(init), alg.eps, **blocks)
         grads = backward_triton(program, f32(tiles), lam.float(), f32(init), grad_o.float(),
-                                f32(grad_final), alg.eps)
+                                f32(grad_final), alg.eps, reverse_block=16 if shared else None)
+        src = "".join(open(hit[1].__file__).read()
+                      for hit in list(triton_gen._MODULES.values()) + list(triton_bwd._MODULES.values()))
+        token_gathers = src.count("offs_t[:, None] * str_k_t + t")   # a gathered load of k's columns
+        picked = "the tile's columns picked by a dot" in src
+        assert (token_gathers > 0) == (gathered or shared) and picked == (not gathered and not shared)
         runs[gathered] = (o, final, *grads)
     launch.forget_plans()
     (o, final, d_tiles, d_lam, d_init), old = runs[False], runs[True]

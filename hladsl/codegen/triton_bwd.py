@@ -120,8 +120,6 @@ class _BwdLowering(_Lowering):
         # the value dim over whose blocks the reverse pass holds partial sums (while its
         # code is generated): networks reading a whole cotangent (d den) run in block 0
         self.partial_dim: str | None = None
-        (o_index,) = p.algebra.output.free
-        self.o_dim = self.index_dims(p.output[0].operands)[o_index]
         self.ct_dims = {"num": (None, self.o_dim), "den": (None,)}
         for name, dims in self.state_dims.items():
             self.ct_dims[f"end_{name}"] = tuple(dims)

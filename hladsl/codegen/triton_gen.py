@@ -117,6 +117,9 @@ class _Lowering:
         for d in program.derived:
             _ident("derived", d.name)
             self.derived_dims[d.name] = self._poly_dims(d.poly)
+        (o_index,) = alg.output.free
+        # the output's value dim: the one non-packed dim a kernel may split over grid blocks
+        self.o_dim = self.index_dims(program.output[0].operands)[o_index]
         self.region()            # the current kernel region (temps, CSE)
 
     # -- sizes --------------------------------------------------------------------------
@@ -242,21 +245,23 @@ class _Lowering:
     def slot_columns(self, x: str, pd: str, r: int) -> tuple[str, str]:
         """(the packed indices' slot ``r`` [B_pd], x[T, α_r] [C, B_pd] in fp32) for this tile
         of packed dim ``pd``. The columns come out of the [C, dim] tile already loaded, as
-        ``raw_x`` · onehot[dim, α] on the tensor cores: exact (each output sums one value
-        times 1; the tf32x3 of fp32 inputs on a GPU keeps 21 of its bits) and coalesced,
-        where gathered loads of x's columns from memory (POWER_GATHERED_LOADS, the A/B)
-        read them one element at a time. A dot reading the product is a chain of dots
-        (``Block.chained``): Triton 3.6 miscompiles such chains on narrow bf16 tiles on the
-        H100 (run 170: illegal addresses and wrong gradients with the selection exempted
-        and 16-wide tiles), so the narrow-tile rules (``launch.narrow_ok``,
-        ``dot_override``) apply as to any chain.
+        ``raw_x`` · onehot[dim, α] on the tensor cores, coalesced, where gathered loads of
+        x's columns from memory (POWER_GATHERED_LOADS, the A/B) read them one element at a
+        time. Exact for bf16 / fp16 tokens (one value times 1 per output); fp32 tokens on a
+        GPU go through tf32x3 like every other fp32 token product (~22 bits). Where x's dim
+        is the output's value dim, which a kernel may split over blocks (``raw_x`` then holds
+        only this program's block of it), the columns are gathered from memory.
+        A dot reading the product is a chain of dots (``Block.chained``): Triton 3.6
+        miscompiles such chains on narrow bf16 tiles on the H100 (run 170: illegal addresses
+        and wrong gradients with the selection exempted and 16-wide tiles), so the
+        narrow-tile rules (``launch.narrow_ok``, ``dot_override``) apply as to any chain.
         Measured (H100, power p = 2 gated, B = 2, H = 16, d = 64, bf16, forward): 15.85 -> 3.50
         ms at T = 16k, 60.69 -> 13.81 at 64k (runs 170, 171; ``retention`` 10.58 / 44.25)."""
         block, dim = self.block, self.input_dim[x]
         valid = f"offs_{pd} < D_{pd}"
         col = block.define(f"tl.load(pk_{pd}_idx + {r} * D_{pd} + offs_{pd}, mask={valid}, other=0)",
                            f"slot {r + 1} of each packed index of {pd}")
-        if POWER_GATHERED_LOADS:
+        if POWER_GATHERED_LOADS or dim == self.o_dim:
             return col, block.define(self.scaled_load(x, (
                 f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + {col}[None, :], "
                 f"mask=({valid})[None, :], other=0.0)")) + ".to(tl.float32)")

@@ -120,8 +120,9 @@ EXACT_DOT_MODES = ("tf32x3", "bf16x3", "bf16x6", "ieee")
 
 def exact_precision(device, state_pass: bool = False) -> str:
     """tl.dot's ``input_precision`` for fp32 tiles: the precision plan's fp32-accurate
-    products (``ir.precision``), fp16's state products, the power gradient's one-hot
-    gathers. "tf32x3": three tf32 dots (hi*hi + hi*lo + lo*hi), ~21 bits, each tf32 pass
+    products (``ir.precision``), fp16's state products, the one-hot dots of packed power
+    factors (``triton_gen.slot_columns``) and of the power gradient's chain rule, for fp32
+    tokens or where ``dot_override`` makes them fp32. "tf32x3": three tf32 dots (hi*hi + hi*lo + lo*hi), ~21 bits, each tf32 pass
     at half the bf16 rate; "bf16x3": three bf16 dots of a 16-bit hi + lo split, ~16 bits
     at twice tf32x3's speed; "bf16x6": ~24 bits at tf32x3's cost. ``state_pass``: the
     state passes' kernels (``EXACT_STATE_DOTS``: the chunk-start and final states, the
@@ -948,12 +949,12 @@ def grad_loop_tile(chunk: int, width: int) -> int:
     minimum). Round 4 chose 1024 by sm_90 stack bytes (power p = 2, d = 64, C = 64, the
     factors then gathered from memory: tile 64 spilled 2064 bytes, 16 none). Since the
     factors are picked from the loaded token tile by one-hot dots (``triton_gen.slot_columns``)
-    the loop's dots are chained, and below 64 ``dot_override`` makes them fp32; and the
-    narrow loop's small dots cost more than the spills. Measured (run 170, H100, power
-    p = 2 gated, B = 2, H = 16, d = 64, bf16, fwd + bwd, the selections not yet counted as
-    chains, so the loop's dots were bf16 at every tile -- and miscompiled below 64): tile 16
-    (1024) 60.17 ms at T = 4k, 235.4 at 16k; 32 (2048) 99.65, 396.4; 64 (4096) 5.481, 21.97;
-    as chains at 64 (run 171) 5.51, 21.78 (``retention`` 7.957, 28.34)."""
+    the loop holds more dots, and below 64 ``dot_override`` runs them fp32 (the kernel has
+    chained dots anyway: its intra-chunk products); the narrow loop's small fp32 dots cost
+    more than the spills. Measured (run 170, H100, power p = 2 gated, B = 2, H = 16, d = 64,
+    bf16, fwd + bwd, the selections not yet counted as chains): tile 16 (1024) 60.17 ms at
+    T = 4k, 235.4 at 16k; 32 (2048) 99.65, 396.4; 64 (4096) 5.481, 21.97; as chains at 64
+    (run 171) 5.51, 21.78 (``retention`` 7.957, 28.34)."""
     tile = width
     while tile > 16 and chunk * tile > GRAD_LOOP_TILE_ELEMENTS:
         tile //= 2
