@@ -395,3 +395,20 @@ def test_a_bad_launch_setting_in_the_environment_is_one_line_from_the_cli():
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == "hladsl: HLADSL_LAUNCH: STAGE_WARPS=many: launch.STAGE_WARPS is a int, got 'many'"
+
+
+def test_output_kernels_narrow_tile_guard_sees_the_packed_loop_tile():
+    """The output / cotangent kernels loop over a packed dim: a packed tile below 64 makes
+    their chained bf16 dots fp32 (``dot_override``), as a narrow block or feature dim does."""
+    import triton.language as tl
+
+    import hladsl
+    from hladsl.ir.pipeline import chunk_program
+    from hladsl.runtime import launch
+    program = chunk_program(hladsl.compile_spec("power", p=2), 64, (("d", 64), ("dv", 64)), True)
+    first = torch.empty(1, 1, 4, 64, 64, dtype=torch.bfloat16)
+    features = {"B_d": 64, "B_dv": 64}
+    for tile, want in ((64, {}), (32, {"DOT": tl.float32, "SDOT": tl.float32})):
+        packed = launch.packed_blocks(program, {"B_d_pow2": tile})
+        assert packed == {"B_d_pow2": tile}
+        assert launch.dot_override(first, True, packed, features) == want

@@ -472,6 +472,12 @@ def feature_blocks(program, common: dict) -> dict:
     return {f"B_{d}": common[f"B_{d}"] for d in program.algebra.dims}
 
 
+def packed_blocks(program, common: dict) -> dict:
+    """The B_<dim> tiles of the program's packed dims (the output and cotangent kernels
+    loop over them: ``dot_override`` must see them)."""
+    return {f"B_{pd.name}": common[f"B_{pd.name}"] for pd in program.packed}
+
+
 def dot_override(first, chained_dots: bool, block: dict, features: dict | None = None) -> dict:
     """Chains of bf16/fp16 dots at a narrow chunk, block or feature dim run with fp32
     tiles: the Hopper miscompile of ``_state_block`` also strikes at C = 32 (hla3 at

@@ -442,8 +442,7 @@ class _BackwardPlan:
         features = launch.feature_blocks(program, common)
         self.packed = _packed_tables(program, device)
         plan_state_pass(self, program, fwd, common, first, schedule, "backward", precision=precision)
-        packed = {f"B_{pd.name}": common[f"B_{pd.name}"] for pd in program.packed}   # its loop's tile
-        self.cotangent_dot = launch.dot_override(first, fwd["output_chained_dots"], packed, features)
+        self.cotangent_dot = launch.dot_override(first, fwd["output_chained_dots"], launch.packed_blocks(program, common), features)
         # (not for the reverse pass alone: the fused kernel computes every gradient too)
         self.fused = fused_ok and seq_chunks is None and launch.use_fused(schedule, bool(ctx["fused"]), device,
                                                                           n_seq * heads, n_chunks)

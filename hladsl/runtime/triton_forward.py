@@ -244,8 +244,7 @@ class _ForwardPlan:
         self.packed = _packed_tables(program, device)
         plan_state_pass(self, program, ctx, common, first, schedule, "forward", state_block, precision)
         features = launch.feature_blocks(program, common)
-        packed = {f"B_{pd.name}": common[f"B_{pd.name}"] for pd in program.packed}   # its loop's tile
-        self.output_launch = {**launch.dot_override(first, ctx["output_chained_dots"], packed, features),
+        self.output_launch = {**launch.dot_override(first, ctx["output_chained_dots"], launch.packed_blocks(program, common), features),
                               **launch.output_warps(features)}   # the output kernel's dot dtypes, warps
 
 
