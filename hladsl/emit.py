@@ -180,6 +180,10 @@ def _program_text(prog) -> str:
     staged = staged_scan(prog, plan)
     if staged is not None:
         lines += staged.describe()
+    elif (alternative := staged_scan(prog, plan, complete=True)) is not None:
+        lines += [f"  or, for a forward with nothing to differentiate, where the scan's products reach "
+                  f"runtime.launch.STAGED_SCAN_MACS a chunk and head (or schedule \"staged\"): "
+                  f"{alternative.describe()[0]}"]
     flops = prog.flops()
     lines.append(f"# per chunk and head: {flops['output']} output MACs, {flops['state']} state MACs")
     return "\n".join(lines) + "\n"

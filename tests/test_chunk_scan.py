@@ -13,7 +13,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import hladsl  # noqa: E402
+from hladsl.codegen import triton_gen  # noqa: E402
 from hladsl.ir.pipeline import chunk_program  # noqa: E402
+from hladsl.ir.scan import staged_scan  # noqa: E402
 from hladsl.runtime import autotune, launch  # noqa: E402
 
 
@@ -70,8 +72,8 @@ def _loss_and_grads(op, tensors, init, w_o, w_s, cu, scale):
     return o, final, torch.autograd.grad(loss, wrt)
 
 
-def _check_scan_schedule(name, params, gated, with_init, dv, shapes, seed, cu=None):
-    """The "scan" schedule in fp32 under the interpreter against the float64 torch program:
+def _check_scan_schedule(name, params, gated, with_init, dv, shapes, seed, cu=None, schedule="scan"):
+    """The "scan" schedule (or ``schedule``) in fp32 under the interpreter against the float64 torch program:
     outputs (1e-5), final states (1e-5) and every gradient (1e-4); the outputs and final
     states of a call with nothing to differentiate too (the forward's own state pass: under
     autograd it runs the backward's, launch.KEEP_STATE_PASS)."""
@@ -85,7 +87,7 @@ def _check_scan_schedule(name, params, gated, with_init, dv, shapes, seed, cu=No
     n_seq = B if cu is None else cu.numel() - 1
     ref = hladsl.load(name, backend="torch", chunk_size=16, **params)
     op = hladsl.load(name, backend="triton", chunk_size=16, **params)
-    op.schedule = "scan"
+    op.schedule = schedule
     states = ref.state_shapes(d, dv)
     init = ({n: 0.2 * torch.randn(n_seq, H, *s, generator=gen, dtype=torch.float64).abs()
              for n, s in states.items()} if with_init else None)
@@ -173,6 +175,87 @@ def test_two_stage_scan_matches_torch_float64(params, gated, with_init, varlen, 
     # the lower d-states' ends the increments read are the ones the first scan wrote
     for n in firsts:
         assert args["rstage_kernel"][f"dends_{n}"] is args["rscan_kernel"][f"dends_{n}"]
+
+
+# (spec, params, gated, initial state, varlen): complete chunk scans that split in two stages
+COMPLETE_STAGED = [("hla2", {}, True, True, False), ("hla2", {"normalize": True, "ridge": 0.3}, False, False, True),
+                   ("ahla", {}, True, False, False), ("hla3_masked", {"normalize": True}, True, True, True)]
+
+
+@pytest.mark.parametrize("name,params,gated,with_init,varlen", COMPLETE_STAGED,
+                         ids=[f"{c[0]}{'-norm' if c[1] else ''}-{'gated' if c[2] else 'plain'}"
+                              f"{'-init' if c[3] else ''}{'-varlen' if c[4] else ''}" for c in COMPLETE_STAGED])
+def test_complete_scan_in_two_stages_matches_torch_float64(name, params, gated, with_init, varlen, launched):
+    """Schedule "staged": a forward with nothing to differentiate runs a complete chunk scan in
+    two stages (``launch.forward_module``, ``ir.scan.staged_scan(complete=True)``) -- the lower
+    states scanned, every chunk's increment of the upper ones from their stored starts, those
+    scanned; the output kernel forms the derived carries itself -- while the forward under
+    autograd and the backward keep the one-stage scan whose deltas the reverse scan reads.
+    Outputs, final states and gradients against the float64 torch program."""
+    _check_scan_schedule(name, params, gated, with_init, 8, (1, 70, 2, 8) if varlen else (2, 53, 2, 8), 11,
+                         torch.tensor([0, 21, 22, 70]) if varlen else None, schedule="staged")
+    program = chunk_program(hladsl.compile_spec(name, **params), 16, (("d", 8), ("dv", 8)), gated)
+    upper = staged_scan(program, complete=True).upper
+    assert upper and staged_scan(program) is None   # (one stage unless asked)
+    # the plain call: two stages (one stage_kernel launch an upper state); under autograd: one
+    # stage, read back by the reverse scan
+    for kernel, launches in (("delta_kernel", 2), ("scan_kernel", 2), ("stage_kernel", len(upper)),
+                             ("stage_scan_kernel", 1), ("rdelta_kernel", 1), ("rscan_kernel", 1)):
+        assert launched.count(kernel) == launches, kernel
+    plain = ["delta_kernel", "scan_kernel"] + ["stage_kernel"] * len(upper) + ["stage_scan_kernel"]
+    assert launched[:len(plain) + 2] == plain + ["delta_kernel", "scan_kernel"]
+    assert "state_pass_kernel" not in launched and "reverse_kernel" not in launched
+    args = dict(launched.args)
+    assert {k[len("starts_"):] for k in args["stage_kernel"] if k.startswith("starts_")} \
+        == set(staged_scan(program, complete=True).reads)
+
+
+def test_auto_stages_a_complete_scan_past_its_sequential_products():
+    """``launch.forward_module`` under "auto": two stages where the one-stage scan's carried x
+    delta products reach STAGED_SCAN_MACS a chunk and head -- HLA3-masked at d = 64 (4 d^3),
+    HLA2 at d = 128 (d^3) -- not HLA2 at d = 64 (d^3 = 2^18); never where the scan has no
+    second stage to split off (linear) or has only two stages (HLA3: its "scan")."""
+    def context(name, d):
+        program = chunk_program(hladsl.compile_spec(name), 64, (("d", d), ("dv", d)), False)
+        return triton_gen.kernel_context(program)
+    macs = {(name, d): context(name, d)["stageable_scan_macs"]
+            for name, d in (("hla2", 64), ("hla2", 128), ("hla3_masked", 64), ("linear", 64), ("hla3", 64))}
+    assert macs == {("hla2", 64): 64 ** 3, ("hla2", 128): 128 ** 3, ("hla3_masked", 64): 4 * 64 ** 3,
+                    ("linear", 64): 0, ("hla3", 64): 0}
+    taken = {key: launch.forward_module("auto", {"stageable_scan_macs": m})[1] for key, m in macs.items()}
+    assert taken == {("hla2", 64): False, ("hla2", 128): True, ("hla3_masked", 64): True,
+                     ("linear", 64): False, ("hla3", 64): False}
+    assert launch.forward_module("two_pass", {"stageable_scan_macs": 4 * 64 ** 3}) == ("two_pass", False)
+    assert launch.forward_module("staged", {"stageable_scan_macs": 64 ** 3}) == ("scan", True)
+    # no second stage to split off (linear) or two stages only (HLA3): "staged" is their "scan"
+    assert launch.forward_module("staged", {"stageable_scan_macs": 0}) == ("scan", False)
+    with launch.switched(AUTO_STAGED_SCAN=False):
+        assert launch.forward_module("auto", {"stageable_scan_macs": 4 * 64 ** 3}) == ("auto", False)
+
+
+def test_plans_of_one_and_two_stages_never_mix(launched, monkeypatch):
+    """A forward's launch plan is made for one module variant (one stage, or a complete scan in
+    two): calls of either kind in any order, with no plan forgotten between them, each run their
+    own kernels and match float64 (a one-stage plan once served a two-stage call: the scan's
+    plan, then "staged"; the forward under autograd's, then a call with nothing to differentiate)."""
+    gen = torch.Generator().manual_seed(5)
+    q, k = (0.5 * torch.randn(2, 53, 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(2, 53, 2, 8, generator=gen, dtype=torch.float64)
+    want = hladsl.load("hla2", backend="torch", chunk_size=16)(q, k, v)[0]
+    op = hladsl.load("hla2", backend="triton", chunk_size=16)
+    launch.forget_plans()
+    try:
+        for schedule, grad in (("staged", True), ("staged", False), ("scan", False), ("staged", False),
+                               ("scan", True), ("staged", False), ("auto", True), ("auto", False)):
+            op.schedule = schedule
+            launched.clear()
+            leaves = [x.float().requires_grad_(grad) for x in (q, k, v)]
+            with torch.set_grad_enabled(grad):
+                o = op(*leaves)[0]
+            assert ((o.detach().double() - want).norm() / want.norm()).item() < 1e-5, (schedule, grad)
+            assert ("stage_kernel" in launched) == (schedule == "staged" and not grad), (schedule, grad, launched)
+    finally:
+        op.schedule = "auto"
 
 
 @pytest.mark.parametrize("gated,by_term", [(False, False), (True, False), (True, True)],

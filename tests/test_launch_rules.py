@@ -361,7 +361,7 @@ def test_launch_switches_from_the_environment_are_checked_and_typed():
         "EXACT_STATE_DOTS": "bf16x3", "STAGE_WARPS": 8, "STAGE_BLOCK": None, "FORWARD_CHUNK": 64}
     assert launch.switches_from_env("") == {} and launch.switches_from_env(None) == {}
     for bad, says in (("NO_SUCH_RULE=1", "no launch rule constant"), ("STAGE_WARPS", "NAME=VALUE"),
-                      ("KEEP_STATE_PASS=4", "is a bool"), ("STAGE_WARPS=many", "is a int"),
+                      ("KEEP_STATE_PASS=4", "is a bool"), ("SCAN_GROUP=many", "is a int"),
                       ("KEEP_STATE_PASS=treu", "is a bool"), ("FORWARD_CHUNK=abc", "takes a number or none"),
                       ("EXACT_DOTS=bf16x2", "is one of tf32x3"), ("EXACT_STATE_DOTS=none", "is one of")):
         with pytest.raises(ValueError, match=says) as err:
@@ -386,15 +386,22 @@ def test_output_kernel_takes_eight_warps_at_wide_dims_unless_told():
         assert launch.output_warps({"B_d": 128, "B_dv": 128}) == {"num_warps": 4}
 
 
+def test_stage_kernels_take_eight_warps_at_wide_dims_unless_told():
+    assert launch.stage_warps({"B_d": 64, "B_dv": 64}) == 4
+    assert launch.stage_warps({"B_d": 128, "B_dv": 128}) == 8
+    with launch.switched(STAGE_WARPS=4):
+        assert launch.stage_warps({"B_d": 128, "B_dv": 128}) == 4
+
+
 def test_a_bad_launch_setting_in_the_environment_is_one_line_from_the_cli():
     import os
     import subprocess
     import sys
-    env = {**os.environ, "HLADSL_LAUNCH": "STAGE_WARPS=many"}
+    env = {**os.environ, "HLADSL_LAUNCH": "SCAN_GROUP=many"}
     proc = subprocess.run([sys.executable, "-m", "hladsl", "compile", "linear", "--emit", "chunk"],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == "hladsl: HLADSL_LAUNCH: STAGE_WARPS=many: launch.STAGE_WARPS is a int, got 'many'"
+    assert proc.stderr.strip() == "hladsl: HLADSL_LAUNCH: SCAN_GROUP=many: launch.SCAN_GROUP is a int, got 'many'"
 
 
 def test_output_kernels_narrow_tile_guard_sees_the_packed_loop_tile():

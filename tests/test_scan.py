@@ -115,7 +115,12 @@ def test_emit_chunk_prints_the_scan_plan():
     text = emit("hla2", "chunk", {}, None)
     assert "1855488 walking the tokens (today), 262144 as a scan over chunk deltas" in text
     assert "G term 1: carried states x delta of S" in text
-    assert "staged chunk scan" not in text
+    # a complete scan runs one stage; its two-stage split is the plain forward's alternative
+    assert ("  or, for a forward with nothing to differentiate, where the scan's products reach "
+            "runtime.launch.STAGED_SCAN_MACS a chunk and head (or schedule \"staged\"): staged chunk scan: S, C "
+            "scanned first; then every chunk's increment of G at once (their terms read only C at the chunk "
+            "start), then their carries scanned") in text
+    assert "\nstaged chunk scan" not in text
     text = emit("hla3", "chunk", {}, None)
     assert ("staged chunk scan: SK, SQ, P scanned first; then every chunk's increment of G1, G2, G3 at once "
             "(their terms read only SK, SQ, P at the chunk start), then their carries scanned") in text

@@ -86,7 +86,7 @@ STAGE_PARTS_BY_TERM = os.environ.get("HLADSL_STAGE_PARTS") == "term"
 class _Lowering:
     """Walks one chunk program and collects the pieces of the template context."""
 
-    def __init__(self, program: ChunkProgram):
+    def __init__(self, program: ChunkProgram, stage_complete: bool = False):
         self.p = program
         self.alg = alg = program.algebra
         c = program.chunk
@@ -105,7 +105,8 @@ class _Lowering:
         # (the chunk-parallel state pass, ``_chunk_scan``, loads those deltas instead)
         packed = {n for n, _ in program.states if program.is_packed(n)}
         self.scan_plan = scan_plan(program)
-        self.staged = staged_scan(program, self.scan_plan)   # None where one stage (or none) does
+        # None where one stage (or none) does; ``stage_complete``: a complete scan in two stages too
+        self.staged = staged_scan(program, self.scan_plan, stage_complete)
         terms = self.scan_plan.terms
         self.scan = {(t.state, t.index): t for t in terms
                      if t.role == "scan" and t.delta not in packed and t.state not in packed}
@@ -469,9 +470,11 @@ def _defs(defs: dict) -> list[dict]:
     return [{"var": var, "text": text, "expr": expr} for var, (text, expr) in defs.items()]
 
 
-def kernel_context(program: ChunkProgram) -> dict:
-    """Everything the template needs, as plain data (also the cache key's program part)."""
-    low = _Lowering(program)
+def kernel_context(program: ChunkProgram, stage_complete: bool = False) -> dict:
+    """Everything the template needs, as plain data (also the cache key's program part).
+    ``stage_complete``: a complete chunk scan runs in two stages (``ir.scan.staged_scan``; the
+    module a forward with nothing to differentiate takes where ``launch.forward_module`` says)."""
+    low = _Lowering(program, stage_complete)
     alg = program.algebra
 
     def inputs_of(terms):
@@ -557,6 +560,7 @@ def kernel_context(program: ChunkProgram) -> dict:
         "output_chained_dots": output_chained,
         "fused": fused,
         "chunk_scan": chunk_scan,
+        "stageable_scan_macs": _stageable_scan_macs(program, low.scan_plan) if not stage_complete else 0,
         "output_text": comment(f"{alg.output_name}[{o_index}] = {alg.output.text()}"),
         "normalizer_text": comment(alg.normalizer.text()) if alg.normalizer is not None else "",
     }
@@ -689,6 +693,15 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram, states: list[dict], split
             "stage": _second_stage(low, program, states, staged, positions) if staged else None}
 
 
+def _stageable_scan_macs(program: ChunkProgram, plan) -> int:
+    """A complete chunk scan's sequential MACs a chunk and head (its carried states x delta
+    products, ``ir.scan.ScanTerm.macs``) where it also splits into two stages, else 0: what
+    ``launch.forward_module`` weighs to take the two-stage module."""
+    if not has_chunk_scan(program, plan) or staged_scan(program, plan, complete=True) is None:
+        return 0
+    return sum(t.macs for t in plan.terms if t.role == "scan")
+
+
 def _delta_buffers(program: ChunkProgram, states: list[dict], names) -> list[dict]:
     """The per-chunk buffers of the states ``names`` (a delta or increment each, laid out as
     the state)."""
@@ -807,19 +820,20 @@ def generate(program: ChunkProgram) -> str:
     return render(kernel_context(program), __version__)
 
 
-_MODULES: dict[int, tuple] = {}   # id(program) -> (program, module, context); hashing a
-                                  # program walks every term, too slow per launch
+_MODULES: dict[tuple, tuple] = {}   # (id(program), variant) -> (program, module, context); hashing
+                                    # a program walks every term, too slow per launch
 
 
-def kernels(program: ChunkProgram):
+def kernels(program: ChunkProgram, stage_complete: bool = False):
     """(module, context): the imported module with ``state_pass_kernel`` and
     ``output_kernel`` for ``program`` (rendered once, then served from the disk
-    cache, see hladsl.codegen.cache) and the context it was rendered from."""
-    hit = _MODULES.get(id(program))
+    cache, see hladsl.codegen.cache) and the context it was rendered from.
+    ``stage_complete``: the variant whose complete chunk scan runs in two stages."""
+    hit = _MODULES.get((id(program), stage_complete))
     if hit is None or hit[0] is not program:
         from hladsl.codegen.cache import cache_key, load_module
-        context = kernel_context(program)
+        context = kernel_context(program, stage_complete)
         key = cache_key(context, template_text())
         module = load_module(context["name"], key, lambda: render(context, __version__))
-        hit = _MODULES[id(program)] = (program, module, context)
+        hit = _MODULES[(id(program), stage_complete)] = (program, module, context)
     return hit[1], hit[2]

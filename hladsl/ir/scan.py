@@ -29,7 +29,9 @@ state pass (``codegen.triton_gen._chunk_scan``, schedule "scan") is built from i
 state pass reads deltas so only behind ``codegen.triton_gen.STATE_PASS_READS_DELTAS`` (off).
 ``reverse_scan`` splits the backward's reverse pass the same way. ``staged_scan`` runs the
 chunk-parallel pass in two stages where the plan walks (HLA3): the walking terms read lower
-states' stored chunk starts and become per-chunk increments.
+states' stored chunk starts and become per-chunk increments; asked (``complete``), it splits
+a complete scan so too, taking its scan terms' products out of the sequential walk (HLA2's
+G += ΔS (ρ C) becomes every chunk's increment at once).
 """
 from __future__ import annotations
 
@@ -246,7 +248,8 @@ def has_chunk_scan(program: ChunkProgram, plan: ScanPlan | None = None) -> bool:
 
 @dataclass(frozen=True)
 class StagedScan:
-    """The chunk-parallel state pass in two stages, where a scan plan walks the tokens: the
+    """The chunk-parallel state pass in two stages, where a scan plan walks the tokens (or,
+    asked, where it is complete: its scan terms become increments too): the
     *lower* states (carry and token-only terms alone) are scanned first, as any chunk scan;
     every other term of the *upper* states reads carried lower states only, so once the
     lower states' chunk starts are stored those terms -- walking ones included -- are a
@@ -263,18 +266,22 @@ class StagedScan:
                 f"{', '.join(self.reads)} at the chunk start), then their carries scanned"]
 
 
-def staged_scan(program: ChunkProgram, plan: ScanPlan | None = None) -> StagedScan | None:
+def staged_scan(program: ChunkProgram, plan: ScanPlan | None = None,
+                complete: bool = False) -> StagedScan | None:
     """The two-stage chunk scan of ``program``, or None: where the one-stage scan is complete
-    (it needs no second stage), a state is packed (whole tiles, as ``has_chunk_scan``), or
-    the states do not split so -- a carry term reads another state, or a term of an upper
-    state reads an upper state or a derived carry."""
+    (it needs no second stage; ``complete`` stages such a scan too, where a scan term would
+    multiply carried states by a delta in the sequential walk), a state is packed (whole
+    tiles, as ``has_chunk_scan``), or the states do not split so -- a carry term reads
+    another state, or a term of an upper state reads an upper state or a derived carry."""
     plan = plan or scan_plan(program)
-    if plan.complete or program.packed:
+    if (plan.complete and not complete) or program.packed:
         return None
     roles = {}
     for t in plan.terms:
         roles.setdefault(t.state, set()).add(t.role)
     upper = {name for name, r in roles.items() if r & {"scan", "walk"}}
+    if not upper:
+        return None
     reads = {}
     for name, terms in program.states:
         for t in terms:

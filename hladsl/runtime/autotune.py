@@ -9,7 +9,7 @@ skipped). Candidates run on scratch copies of the kernel's tensors
 (``scratch_copies``), so a kernel that writes in place or accumulates never
 touches the caller's buffers while it is timed; the winner then runs once on the
 real ones. Runners decorated with ``tunes_schedule`` time their "fused", "two_pass"
-and "scan" schedules the same way when asked for "auto".
+and "scan" schedules (the forward's "staged" too) the same way when asked for "auto".
 
 Winners are kept in ``<cache dir>/autotune.json`` (``$HLADSL_CACHE_DIR``, default
 ``~/.cache/hladsl``), keyed by the GPU's name, the generated module (its name holds
@@ -226,9 +226,9 @@ def scratch_copies(args: dict) -> dict:
     return out
 
 
-def tunes_schedule(source: Callable[[dict], str]):
+def tunes_schedule(source: Callable[[dict], str], schedules=("fused", "two_pass", "scan")):
     """Decorates a runner with a ``schedule`` argument: under a tuning session
-    "auto" becomes the fastest of "fused", "two_pass" and "scan" for the shape class
+    "auto" becomes the fastest of ``schedules`` (the forward's add "staged") for the shape class
     (``source(arguments)`` names the generated module, for the key). The runner
     allocates its outputs, so the trial runs leave the caller's tensors alone."""
     def wrap(runner):
@@ -251,8 +251,7 @@ def tunes_schedule(source: Callable[[dict], str]):
             winner = tuning.tuner.lookup(key, (runner.__name__, key["source"], tuning.shape_text))
             if winner is None:
                 line = f"hladsl: tuning the schedule of {progress.module_label(key['source'])}..."
-                winner = tuning.tuner.tune(key, [{"schedule": "fused"}, {"schedule": "two_pass"},
-                                                 {"schedule": "scan"}], run, line)
+                winner = tuning.tuner.tune(key, [{"schedule": s} for s in schedules], run, line)
             return run(winner)
         return tuned
     return wrap

@@ -28,13 +28,14 @@ Rules:
   (``SCALE_QUERIES_IN_KERNEL``); the forward's chunk-start states in the output kernel's
   state-dot dtype where it only feeds them to such dots (``starts_dtype``).
 * warps and pipeline stages of a state-pass / reverse-pass program from the fp32 state
-  elements it holds (``walker_options``); the forward output kernel's at wide dims
-  (``output_warps``).
+  elements it holds (``walker_options``); the forward output kernel's and the stage kernels'
+  at wide dims (``output_warps``, ``stage_warps``).
 * schedule: fused (one kernel) when there are enough (sequence, head) pairs to
   fill the GPU without chunk parallelism and more than one chunk, else two-pass
   (``use_fused``); its state pass chunk-parallel (deltas, then a scan over them) where
   the walking one cannot be split over the value dim (``use_chunk_scan``; its scan kernel
-  prefetching the next chunk's deltas, ``SCAN_PREFETCH``), and the
+  prefetching the next chunk's deltas, ``SCAN_PREFETCH``), a forward's complete scan in two
+  stages where its sequential products are large (``forward_module``), and the
   backward's reverse pass chunk-parallel after it (``use_reverse_scan``), its cotangents
   written over its per-chunk parts where that is safe (``reverse_in_place``: memory);
   the backward's scans in two levels, groups of chunks then a walk over the groups,
@@ -329,7 +330,39 @@ def use_fused(schedule: str, has_fused: bool, device, programs: int, n_chunks: i
             and programs >= FUSED_MIN_PROGRAMS_PER_SM * sms(device))
 
 
-SCHEDULES = ("auto", "two_pass", "fused", "scan")
+SCHEDULES = ("auto", "two_pass", "fused", "scan", "staged")
+
+
+# A complete chunk scan (every state-pass term a carry, a delta or a scan term) walks, in its
+# sequential phase, carried states times delta tiles: HLA2's G += ΔS (ρ C), d x d x dv MACs a
+# chunk; HLA3-masked's three through its aux summaries, 4 d^3. Split in two stages
+# (``ir.scan.staged_scan(complete=True)``), those products become every chunk's increment at
+# once from the lower states' stored starts, and both walks are elementwise -- for more
+# bytes (the lower starts and the increments go through HBM; the output kernel forms its
+# derived carries, HLA2's W0, itself). A forward with nothing to differentiate takes that
+# module where the walk's products reach STAGED_SCAN_MACS a chunk and head; the backward
+# and a forward under autograd keep the one-stage scan, whose deltas the reverse scan reads.
+# H100 (run 175, B = 2, H = 16, bf16, forward, ms, one stage -> two, at 16k / 64k): HLA3-masked
+# (4 d^3) at d = 64 1.279 -> 0.918, 4.903 -> 3.595, at d = 128 6.068 -> 4.185, 24.0 -> 16.52;
+# HLA2 and AHLA (d^3) at d = 128 3.245 -> 3.192 and 12.96 -> 12.33, 1.726 -> 1.605 and 6.655
+# -> 6.262 -- but at d = 64 (262144 MACs) slower: 0.713 -> 0.854 and 2.736 -> 3.245, 0.480 ->
+# 0.585 and 1.843 -> 2.213. The threshold lies between the sizes measured, 2^18 and 2^20 MACs.
+STAGED_SCAN_MACS = 1 << 19
+
+
+def forward_module(schedule: str, ctx: dict) -> tuple[str, bool]:
+    """(the schedule to plan, whether to take the module whose complete chunk scan runs in
+    two stages) for a forward that runs its own state pass (not the fused kernel), from its
+    one-stage module's context: "staged" asks for two stages where the program's scan splits
+    so (``triton_gen._stageable_scan_macs`` > 0), and is the one-stage "scan" elsewhere (HLA3,
+    whose scan has two stages only; linear, whose has no second); "auto" takes them where the
+    scan's sequential products reach STAGED_SCAN_MACS a chunk and head, while
+    AUTO_STAGED_SCAN is on. Two stages hold no chunk summary outside the states (the upper
+    states' aux terms are their increments'), so AUTO_SCAN_AUX does not hold back their scan."""
+    macs = ctx["stageable_scan_macs"]
+    if schedule == "staged":
+        return "scan", bool(macs)
+    return schedule, bool(schedule == "auto" and AUTO_STAGED_SCAN and macs and macs >= STAGED_SCAN_MACS)
 
 
 def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: bool) -> bool:
@@ -339,8 +372,10 @@ def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: 
     one, the tiles span more than one chunk, and the walking pass cannot split its value
     dim (chained bf16 / fp16 dots, ``state_block``): it then walks with one program per
     (sequence, head) -- hla2 at B = 2, H = 16: 32 programs on 132 SMs, 85 % of its forward --
-    while the scan kernel, with no token work and no chained dots, splits."""
-    if schedule == "scan":
+    while the scan kernel, with no token work and no chained dots, splits. "staged" is "scan"
+    here: a forward's two stages are its module's (``forward_module``); the backward's state
+    pass is one stage where the program's scan has one."""
+    if schedule in ("scan", "staged"):
         if not chunk_scan:
             raise autotune.Unavailable("this program has no chunk-parallel state pass (a state is packed, "
                                        "or a walking term reads states that are not first-stage ones)")
@@ -351,16 +386,31 @@ def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: 
             and (AUTO_STAGED_SCAN or not chunk_scan["stage"]))
 
 
-# Under "auto", the two-stage chunk scan (``ir.scan.staged_scan``: HLA3) instead of the walk,
-# whose one program per (sequence, head) carries every state through every chunk.
+# Under "auto", the two-stage chunk scan (``ir.scan.staged_scan``: HLA3's, and a forward's
+# complete scan split so, ``forward_module``) instead of the walk, whose one program per
+# (sequence, head) carries every state through every chunk.
 AUTO_STAGED_SCAN = True
 # The second stage's increment kernel (``stage_kernel``): its value-dim block where set (None:
-# ``state_block``'s rule) and its warps. It holds the lower states it reads and one upper
-# state's increment, not every state as a walker does: ``walker_warps`` would give HLA3's 8,
-# where its 255 registers a thread keep one program a SM. Run 143 (H100, B = 2, H = 16, d = 64,
-# bf16, T = 16k, forward): 13.22 ms at 8 warps, 8.30 at 4; value blocks of 32: 21.13 (14.11 at 4).
+# ``state_block``'s rule) and its warps where set (None: ``stage_warps``' rule).
 STAGE_BLOCK = None
-STAGE_WARPS = 4
+STAGE_WARPS = None
+WIDE_STAGE_WARPS = 8
+
+
+def stage_warps(features: dict) -> int:
+    """The stage kernels' warps (the forward's ``stage_kernel``, the backward's
+    ``rstage_kernel``): 4, and WIDE_STAGE_WARPS where a feature dim is at least
+    WIDE_OUTPUT_DIM (as the output kernel's, ``output_warps``; ``rstage_kernel`` there is not
+    timed: HLA3's kernels compile for minutes at d = 128). It holds the lower states it
+    reads and one upper state's increment, not every state as a walker does: ``walker_warps``
+    would give HLA3's 8 at d = 64, where its 255 registers a thread keep one program a SM. H100,
+    B = 2, H = 16, bf16, T = 16k, forward: HLA3 at d = 64 (run 143) 13.22 ms at 8 warps, 8.30 at
+    4 (value blocks of 32: 21.13, 14.11 at 4); HLA3-masked's complete scan in two stages (run
+    178) at d = 64 0.918 at 4, 1.053 at 8; at d = 128 4.192 at 4, 3.749 at 8 (value blocks of
+    64: 3.893, of 32: 28.0)."""
+    if STAGE_WARPS:
+        return STAGE_WARPS
+    return WIDE_STAGE_WARPS if max(features.values(), default=0) >= WIDE_OUTPUT_DIM else 4
 
 
 # The scan kernel loads the next chunk's deltas (which do not depend on the carry) while it
@@ -420,7 +470,9 @@ def scan_group_len(n_chunks: int) -> int:
 # tie or win for HLA3-masked (forward 1.94 / 1.96, fwd + bwd 13.9 -> 12.4); a tuning session
 # (``op.autotune``) times "scan" beside the others. At LONG_CHUNK they run (the walk would
 # hold 128-token chained tiles): run 82, forward at 64k, scan at 128 vs the walk at 64:
-# AHLA 1.90 vs 2.00 ms, HLA3-masked 5.30 vs 6.96 (the walk at 128: 5.56, 7.97).
+# AHLA 1.90 vs 2.00 ms, HLA3-masked 5.30 vs 6.96 (the walk at 128: 5.56, 7.97). A complete
+# scan in two stages (``forward_module``) holds no such summary: this does not hold it back
+# (HLA3-masked's forward at C = 64, gated, T = 16k: 1.99 ms walking, 1.31 in two stages, run 177).
 AUTO_SCAN_AUX = False
 
 
@@ -439,7 +491,7 @@ def use_reverse_scan(schedule: str, chunk_scan: bool, reverse_scan: dict | None)
     In two stages (``reverse_scan["stage"]``, HLA3) it reads no forward delta, only the chunk
     starts; it runs while ``STAGED_REVERSE`` (the A/B switch against the walk)."""
     staged_ok = STAGED_REVERSE or not (reverse_scan or {}).get("stage")
-    return chunk_scan and bool(reverse_scan) and staged_ok and schedule in ("scan", "auto")
+    return chunk_scan and bool(reverse_scan) and staged_ok and schedule in ("scan", "staged", "auto")
 
 
 # The reverse pass in two stages (``ir.scan.staged_reverse``) where a program has it, instead

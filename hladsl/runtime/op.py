@@ -75,7 +75,7 @@ class Op:
         self._bound_steps = launch.plan_cache()   # decode call signature -> runtime.step.BoundStep
         self._bound_calls = launch.plan_cache()   # forward call signature -> _BoundForward or _UNBOUND
         self._record_tries = launch.plan_cache()  # signature -> recordings a raised launch spoiled
-        self.schedule = "auto"            # Triton: "two_pass", "fused", "scan" or "auto" (runtime.launch)
+        self.schedule = "auto"            # Triton: "two_pass", "fused", "scan", "staged" or "auto" (runtime.launch)
         self.autotune = False             # time launch configs per shape class (runtime.autotune)
         self.inputs = tuple(alg.inputs)   # declaration order
         self.queries = alg.queries

@@ -40,7 +40,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     "fused" (one kernel per (sequence, head) walking the chunks backwards; programs
     without packed states), "scan" (the chunk-start states from the chunk-parallel state
     pass, and the reverse pass chunk-parallel too where the program has one:
-    ``launch.use_reverse_scan``) or "auto" (fused on a GPU when there are enough
+    ``launch.use_reverse_scan``; "staged" is "scan" here: two stages of a complete scan are a
+    forward's own, ``launch.forward_module``) or "auto" (fused on a GPU when there are enough
     (sequence, head) pairs to fill it, else its state pass as forward_triton decides).
     targets_per_program:
     how many gradient target groups (token inputs, then Λ) one gradient program
@@ -464,7 +465,8 @@ class _BackwardPlan:
                                                     states=tuple(s["name"] for s in rs["states"]) if stage else None)
             if stage:   # the second stage (triton_bwd._reverse_scan): increments as the forward's
                 self.rstage_launch = launch.split_blocks((n_chunks, n_seq * heads), [], program, common, first,
-                                                         stage["delta_chained_dots"], warps=launch.STAGE_WARPS)
+                                                         stage["delta_chained_dots"],
+                                                         warps=launch.stage_warps(launch.feature_blocks(program, common)))
                 self.rstage_scan_launch = launch.split_blocks(walkers * heads, stage["splits"], program, common,
                                                               first, stage["scan_chained_dots"], reverse_block,
                                                               states=tuple(s["name"] for s in stage["states"]))

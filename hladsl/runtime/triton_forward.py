@@ -74,7 +74,7 @@ def token_layout(n_seq: int, heads: int, n_chunks: int, chunk: int, dim: int, dt
     return x.view(n_seq, n_chunks, chunk, heads, dim).permute(0, 3, 1, 2, 4)
 
 
-@autotune.tunes_schedule(lambda a: kernels(a["program"])[0].__name__)
+@autotune.tunes_schedule(lambda a: kernels(a["program"])[0].__name__, ("fused", "two_pass", "scan", "staged"))
 def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                    init_states: dict[str, torch.Tensor], eps: float, precision: str | None = None,
                    state_block: int | None = None, num_warps: int = 4,
@@ -95,7 +95,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     of a packed symmetric dim (default triton_gen.PACKED_TILE). state_options /
     output_options: launch arguments overriding the defaults of one kernel
     (e.g. {"DOT": tl.float32, "num_stages": 1}). schedule: "scan" (the chunk-parallel
-    state pass, ``launch.use_chunk_scan``, then the outputs), "two_pass" (state pass,
+    state pass, ``launch.use_chunk_scan``, then the outputs), "staged" (the same in two
+    stages, ``launch.forward_module``), "two_pass" (state pass,
     then outputs parallel over chunks), "fused" (one kernel, no chunk-start states
     in HBM; needs a program without packed states) or "auto" (on a GPU, fused when
     there are enough (sequence, head) pairs to fill it without chunk parallelism, else
@@ -109,7 +110,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     states_only: the final states alone, no output kernel (o is None; context parallelism's
     segment pass). given: (chunk-start states {state: [N, H, nC, *shape]}, final states) the
     caller's state pass computed (the backward's, ``triton_backward.keep_state_pass``): only
-    the output kernel runs."""
+    the output kernel runs. Without ``given``, the plan may take the module whose complete chunk
+    scan runs in two stages (schedule "staged", or "auto" by ``launch.forward_module``)."""
     module, ctx = kernels(program)
     if program.gated != (lam is not None):
         raise ValueError("lam must be given exactly when the chunk program is gated")
@@ -123,10 +125,13 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     if schedule == "fused" and not ctx["fused"]:
         raise autotune.Unavailable(f"{program.algebra.name} has no fused schedule (packed states)")
     key = (id(program), tuple(first.shape[:4]), first.dtype, device, precision, state_block, num_warps,
-           num_stages, packed_block, schedule, states_only)
+           num_stages, packed_block, schedule, states_only, given is None)
     plan = launch.remembered(_PLANS, key, lambda: _ForwardPlan(
         program, ctx, first, precision, state_block, num_warps, num_stages, packed_block, schedule,
-        seq_chunks, fused_ok=not states_only), cacheable=seq_chunks is None and not (state_options or output_options))
+        seq_chunks, fused_ok=not states_only, may_stage=given is None),
+        cacheable=seq_chunks is None and not (state_options or output_options))
+    if plan.stage_complete:   # (the plan's choice: a plan is made for one module variant)
+        module, ctx = kernels(program, stage_complete=True)
     common = plan.common
     if given is not None:
         return _given_starts_output(module, ctx, plan, program, tiles, lam, given, eps, out_dtype, scales,
@@ -219,7 +224,7 @@ class _ForwardPlan:
     tiling, the output kernel's dot dtypes and warps, the packed tables and walk arguments."""
 
     def __init__(self, program, ctx, first, precision, state_block, num_warps, num_stages,
-                 packed_block, schedule, seq_chunks, fused_ok: bool = True):
+                 packed_block, schedule, seq_chunks, fused_ok: bool = True, may_stage: bool = False):
         self.program = program      # keeps id(program) in the plan's key from being reused
         n_seq, heads, n_chunks = first.shape[:3]
         device = first.device
@@ -242,6 +247,15 @@ class _ForwardPlan:
             self.fused_launch = launch.split_blocks(n_seq * heads, [f["split"]] if f["split"] else [],
                                                     program, common, first, f["chained_dots"], state_block)
         self.packed = _packed_tables(program, device)
+        # a forward that runs its own state pass may take the module whose complete scan runs
+        # in two stages (launch.forward_module); ``forward_triton`` launches that module's kernels
+        self.stage_complete = False
+        if may_stage and not self.fused:
+            staged_schedule, stage = launch.forward_module(schedule, ctx)
+            staged = kernels(program, stage_complete=True)[1] if stage else None
+            if staged and launch.use_chunk_scan(staged_schedule, staged["chunk_scan"], first,
+                                                staged["state_chained_dots"]):   # (else it would walk)
+                ctx, schedule, self.stage_complete = staged, staged_schedule, True
         plan_state_pass(self, program, ctx, common, first, schedule, "forward", state_block, precision)
         features = launch.feature_blocks(program, common)
         self.output_launch = {**launch.dot_override(first, ctx["output_chained_dots"], launch.packed_blocks(program, common), features),
@@ -280,7 +294,7 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
         if stage:   # the two-stage scan's second stage (triton_gen._second_stage)
             plan.stage_launch = launch.split_blocks(
                 (n_chunks, n_seq * heads), ctx["splits"], program, common, first, stage["delta_chained_dots"],
-                state_block or launch.STAGE_BLOCK, warps=launch.STAGE_WARPS)
+                state_block or launch.STAGE_BLOCK, warps=launch.stage_warps(launch.feature_blocks(program, common)))
             plan.stage_scan_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common,
                                                          first, stage["scan_chained_dots"], state_block, scan=True,
                                                          states=_names(stage["states"]))

@@ -73,6 +73,7 @@ class Spec:
     scan: bool = False              # it has the chunk-parallel state pass (schedule "scan")
     long_chunk: bool = True         # "auto" takes launch.LONG_CHUNK for it (ungated, its head dim)
     scan_default: bool = False      # "auto" runs its scan (HLA3's two stages): the long test runs it too
+    staged: bool = False            # its complete chunk scan also runs in two stages (schedule "staged")
 
     def source(self) -> str:
         return self.name or _spec_file(TWO_KV_SOURCE)
@@ -83,9 +84,9 @@ class Spec:
 SPECS = [
     # (its chunk scan runs in two stages, ir.scan.staged_scan, at C = 64: the default path of bf16 calls)
     Spec("hla3", "hla3", heavy=True, scan=True, long_chunk=False, scan_default=True),
-    Spec("hla3_masked", "hla3_masked", heavy=True, scan=True),
-    Spec("hla2", "hla2", scan=True),
-    Spec("ahla", "ahla", scan=True),
+    Spec("hla3_masked", "hla3_masked", heavy=True, scan=True, staged=True),
+    Spec("hla2", "hla2", scan=True, staged=True),
+    Spec("ahla", "ahla", scan=True, staged=True),
     Spec("power2", "power", {"p": 2}, fused=False),
     # d = 32: the packed p = 3 state has C(34, 3) = 5984 rows (45760 at d = 64,
     # 11.7 MB per head in fp32: too much for a suite running 8 workers on one GPU)

@@ -22,8 +22,9 @@ BF16 = torch.bfloat16
 
 def cases():
     for spec in SPECS:
-        # the two-pass schedule, and the scan where it is the spec's default path (HLA3's two stages)
-        for sched in ("two_pass",) + (("scan",) if spec.scan_default else ()):
+        # the two-pass schedule, the scan where it is the spec's default path (HLA3's two stages),
+        # and a complete scan in two stages (HLA3-masked's default forward, launch.forward_module)
+        for sched in ("two_pass",) + (("scan",) if spec.scan_default else ()) + (("staged",) if spec.staged else ()):
             for gated in (False, True):
                 # same kernels as test_gpu_numerics' bf16 variants (n_chunks % 16 == 0)
                 marks = [pytest.mark.slow,

@@ -7,7 +7,7 @@ Cases per spec at its head dim (64; 32 for power p = 3):
   state; both with the two-pass schedule, the fused schedule (bf16, ungated +
   state and gated + normalised + state) for specs that have it, and the chunk-parallel
   "scan" schedule (bf16: plain, gated + state, gated + normalised + state) for specs
-  that have it. d = 128 for
+  that have it, and "staged" (its complete scan in two stages) for specs that have one. d = 128 for
   linear, hla2, ahla and power p = 2 (hla3 kernels take minutes to compile there);
   d = 32 (gated + state) and d = 16 (plain) for every spec whose head dim is larger.
 Then varlen (cu_seqlens) against each sequence run alone, backend="triton",
@@ -61,6 +61,10 @@ FUSED = [Variant(BF16, False, False, "fused"), Variant(BF16, True, True, "fused"
 # the chunk-parallel state pass and (where the program has one) reverse pass, forced
 SCAN = [Variant(BF16, False, False, "scan", with_state=False), Variant(BF16, True, False, "scan"),
         Variant(BF16, True, True, "scan")]
+# a complete chunk scan in two stages (launch.forward_module): the plain forward's, which "auto"
+# takes where the scan's products reach launch.STAGED_SCAN_MACS (HLA3-masked at d = 64, HLA2 and
+# AHLA at d = 128: AUTO, AUTO_D128); the forward under autograd and the backward keep one stage
+STAGED = [Variant(BF16, False, False, "staged", with_state=False), Variant(BF16, True, True, "staged")]
 # "auto" where it takes the long chunk (launch.takes_long_chunk: ungated, dims <= 64, programs
 # with a chunk scan): the forward at C = 128 (linear's backward too), the default path
 AUTO = [Variant(BF16, False, False, "auto")]
@@ -84,6 +88,7 @@ def cases():
         narrow = [v for v in NARROW if v.d < spec.d]
         variants = (TWO_PASS + (FUSED if spec.fused else [])
                     + (SCAN + (AUTO if spec.long_chunk else []) if spec.scan else [])
+                    + (STAGED if spec.staged else [])
                     + D128.get(spec.id, []) + narrow)
         for v in variants:
             d = v.d or spec.d
@@ -122,14 +127,19 @@ def test_forward_backward_matches_fp32_reference(spec, variant, d, record_proper
 
 
 # ------------------------------------------------------------------ wide value-free states
+@pytest.mark.parametrize("stages", [1, 2])
 @pytest.mark.parametrize("spec", [pytest.param(BY_ID["hla2"], id="hla2",
                                                marks=AUTO_D128.kernels(BY_ID["hla2"], 128))])
-def test_scan_in_one_program_a_sm_matches_fp32_reference(spec, record_property, monkeypatch):
+def test_scan_in_one_program_a_sm_matches_fp32_reference(spec, stages, record_property, monkeypatch):
     """HLA2's forward at d = 128 with 32 (sequence, head) walkers: the long chunk, and the scan
     in value blocks as wide as one program a SM allows (launch.wide_value_free; 32 on an H100
     of 132 SMs, where the two-a-SM rule took 16); o and final states against the fp32
-    reference. In the quick suite on purpose: it is the default path of a d = 128 forward."""
-    chunks, scan_widths = [], []
+    reference. In the quick suite on purpose: it is the default path of a d = 128 forward --
+    in two stages (launch.forward_module: d^3 MACs a chunk reach launch.STAGED_SCAN_MACS);
+    ``stages`` 1: the one-stage scan (the rule raised), whose value blocks are asserted."""
+    if stages == 1:
+        monkeypatch.setattr(launch, "STAGED_SCAN_MACS", 1 << 40)
+    chunks, scan_widths, names = [], [], []
     chunk_for, run = launch.chunk_for, launch.launch
 
     def recorded_chunk(*args, **kwargs):
@@ -137,6 +147,7 @@ def test_scan_in_one_program_a_sm_matches_fp32_reference(spec, record_property, 
         return chunks[-1]
 
     def recorded_launch(kernel, grid, args, *rest, **kw):
+        names.append(kernel.fn.__name__)
         if kernel.fn.__name__ == "scan_kernel":
             scan_widths.append(args["B_dv"])
         return run(kernel, grid, args, *rest, **kw)
@@ -152,7 +163,8 @@ def test_scan_in_one_program_a_sm_matches_fp32_reference(spec, record_property, 
         o, state = inputs.call(op)
         o_ref, state_ref = inputs.leaves(torch.float32).call(ref)
     assert launch.LONG_CHUNK in chunks, chunks
-    assert scan_widths and set(scan_widths) == {width}, (scan_widths, width)   # (a progress dry run launches too)
+    assert scan_widths and (stages == 2 or set(scan_widths) == {width}), (scan_widths, width)   # (a progress dry run launches too)
+    assert ("stage_kernel" in names) == (stages == 2), names
     ratios = Ratios(record_property)
     ratios.add("o", o_ref, o, TOL[BF16])
     ratios.states("final_state", state_ref, state, TOL[BF16])
