@@ -3,8 +3,8 @@ backward) for sm_90, without a GPU: the launches of ``forward_triton`` and
 ``backward_triton`` are recorded on CPU tensors instead of run, then each kernel is
 compiled with Triton's own ptxas the way that launch would specialise it.
 
-    python benchmarks/compile_probe.py hla2 [--d 64] [--chunk 64] [--schedule scan] [--ungated]
-        [--pairs 32] [--sms 132] [--out probe.json]
+    python benchmarks/compile_probe.py hla2 [--d 64] [--chunk 64] [--schedule scan|staged] [--ungated]
+        [--pairs 32] [--sms 132] [--forward] [--out probe.json]
 
 ``--pairs`` (sequence, head) pairs on a GPU of ``--sms`` SMs: the launch rules pick the block
 widths of that call (hla2's scan at d = 128: 32 pairs on 132 SMs give blocks of 32), not of
@@ -38,9 +38,10 @@ _TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
 
 
 def record(name: str, params: dict, d: int, gated: bool, chunk: int = 64, schedule: str = "two_pass",
-           pairs: int = 2, n_sms: int = 132):
-    """(kernel, args) of every launch of the forward and backward at a small shape, with the
-    block widths the launch rules give ``pairs`` (sequence, head) pairs on ``n_sms`` SMs."""
+           pairs: int = 2, n_sms: int = 132, backward: bool = True):
+    """(kernel, args) of every launch of the forward (a call with nothing to differentiate)
+    and, with ``backward``, the backward at a small shape, with the block widths the launch
+    rules give ``pairs`` (sequence, head) pairs on ``n_sms`` SMs."""
     from hladsl.runtime.triton_backward import backward_triton
     from hladsl.runtime.triton_forward import forward_triton
     alg = hladsl.compile_spec(name, **params)
@@ -56,8 +57,9 @@ def record(name: str, params: dict, d: int, gated: bool, chunk: int = 64, schedu
     launch.sms = lambda device: n_sms
     try:
         forward_triton(program, tiles, lam, init, alg.eps, schedule=schedule)
-        backward_triton(program, tiles, lam, init,
-                        torch.randn(N, H, nC, chunk, d), None, alg.eps, schedule=schedule)
+        if backward:
+            backward_triton(program, tiles, lam, init,
+                            torch.randn(N, H, nC, chunk, d), None, alg.eps, schedule=schedule)
     except Exception:   # a launcher reading a result it recorded instead of computing
         pass
     finally:
@@ -116,7 +118,9 @@ def main() -> int:
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--ungated", action="store_true")
-    parser.add_argument("--schedule", default="two_pass", choices=("two_pass", "scan"))
+    parser.add_argument("--schedule", default="two_pass", choices=("two_pass", "scan", "staged"),
+                        help="staged: a forward's complete scan in two stages (the backward's is one)")
+    parser.add_argument("--forward", action="store_true", help="the forward's kernels only")
     parser.add_argument("--pairs", type=int, default=2, help="(sequence, head) pairs of the call")
     parser.add_argument("--sms", type=int, default=132, help="SMs of the GPU the widths are chosen for")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
@@ -128,7 +132,7 @@ def main() -> int:
     params = {k: int(v) for k, v in (item.split("=", 1) for item in args.param)}
     rows = []
     for kernel, kargs in record(args.spec, params, args.d, not args.ungated, args.chunk,
-                                 args.schedule, args.pairs, args.sms):
+                                 args.schedule, args.pairs, args.sms, not args.forward):
         row = dict(spec=args.spec, d=args.d, chunk=args.chunk, gated=not args.ungated, **compile_one(kernel, kargs))
         rows.append(row)
         print(json.dumps(row), flush=True)

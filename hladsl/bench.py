@@ -36,7 +36,7 @@ from hladsl.runtime import launch
 
 BASELINES = ("fla", "sdpa", "retention")
 MODES = ("fwd", "fwd+bwd", "mem", "step")
-SCHEDULES = ("auto", "two_pass", "fused", "scan", "staged")
+SCHEDULES = launch.SCHEDULES
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "fp64": torch.float64}
 

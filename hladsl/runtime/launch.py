@@ -407,7 +407,8 @@ def stage_warps(features: dict) -> int:
     B = 2, H = 16, bf16, T = 16k, forward: HLA3 at d = 64 (run 143) 13.22 ms at 8 warps, 8.30 at
     4 (value blocks of 32: 21.13, 14.11 at 4); HLA3-masked's complete scan in two stages (run
     178) at d = 64 0.918 at 4, 1.053 at 8; at d = 128 4.192 at 4, 3.749 at 8 (value blocks of
-    64: 3.893, of 32: 28.0)."""
+    64: 3.893, of 32: 28.0) -- for sm_90 its stage kernel there holds 255 registers and 792 B
+    of stack a thread at 4 warps, 202 and none at 8 (``benchmarks/compile_probe.py``)."""
     if STAGE_WARPS:
         return STAGE_WARPS
     return WIDE_STAGE_WARPS if max(features.values(), default=0) >= WIDE_OUTPUT_DIM else 4
