@@ -285,6 +285,27 @@ def test_two_stage_scan_over_two_value_blocks(gated, by_term, launched, monkeypa
         assert (got[s].double() - final[s]).norm() / final[s].norm() < 1e-5, s
 
 
+@pytest.mark.parametrize("name", ["hla2", "hla3_masked"])
+def test_final_states_alone_in_two_stages(name, launched):
+    """Context parallelism's segment pass (``states_only``: the final states, no output kernel)
+    with a complete scan in two stages: the first stage still stores the chunk starts its
+    second stage's increments read; gated, from an initial state, over two value blocks,
+    against the float64 torch program."""
+    from hladsl.runtime.chunk_torch import state_pass
+    from hladsl.runtime.triton_forward import forward_triton
+    from test_triton_backward import _inputs
+    alg = hladsl.compile_spec(name)
+    program = chunk_program(alg, 16, (("d", 8), ("dv", 32)), True)
+    tiles, lam, init, _, _ = _inputs(program, False, seed=6)
+    _, want = state_pass(program, tiles, lam, init, torch.float64)
+    o, got = forward_triton(program, {k: v.float() for k, v in tiles.items()}, lam.float(),
+                            {k: v.float() for k, v in init.items()}, alg.eps, schedule="staged", state_block=16,
+                            states_only=True)
+    assert o is None and "stage_kernel" in launched and "stage_scan_kernel" in launched
+    for s in want:
+        assert (got[s].double() - want[s]).norm() / want[s].norm() < 1e-5, s
+
+
 @pytest.mark.parametrize("name,schedule", [("ahla", "scan"), ("hla2", "scan"), ("linear", "two_pass")])
 def test_scan_schedule_at_the_long_chunk(name, schedule, launched):
     """The chunk size "auto" takes on a GPU for programs with a chunk scan
