@@ -473,7 +473,7 @@ def _defs(defs: dict) -> list[dict]:
 def kernel_context(program: ChunkProgram, stage_complete: bool = False) -> dict:
     """Everything the template needs, as plain data (also the cache key's program part).
     ``stage_complete``: a complete chunk scan runs in two stages (``ir.scan.staged_scan``; the
-    module a forward with nothing to differentiate takes where ``launch.forward_module`` says)."""
+    module a forward running its own state pass takes where ``launch.forward_module`` says)."""
     low = _Lowering(program, stage_complete)
     alg = program.algebra
 

@@ -339,9 +339,10 @@ SCHEDULES = ("auto", "two_pass", "fused", "scan", "staged")
 # (``ir.scan.staged_scan(complete=True)``), those products become every chunk's increment at
 # once from the lower states' stored starts, and both walks are elementwise -- for more
 # bytes (the lower starts and the increments go through HBM; the output kernel forms its
-# derived carries, HLA2's W0, itself). A forward with nothing to differentiate takes that
-# module where the walk's products reach STAGED_SCAN_MACS a chunk and head; the backward
-# and a forward under autograd keep the one-stage scan, whose deltas the reverse scan reads.
+# derived carries, HLA2's W0, itself). A forward that runs its own state pass takes that
+# module where the walk's products reach STAGED_SCAN_MACS a chunk and head; the backward and
+# an eager forward under autograd (which runs the backward's, KEEP_STATE_PASS) keep the
+# one-stage scan, whose deltas the reverse scan reads.
 # H100 (run 175, B = 2, H = 16, bf16, forward, ms, one stage -> two, at 16k / 64k): HLA3-masked
 # (4 d^3) at d = 64 1.279 -> 0.918, 4.903 -> 3.595, at d = 128 6.068 -> 4.185, 24.0 -> 16.52;
 # HLA2 and AHLA (d^3) at d = 128 3.245 -> 3.192 and 12.96 -> 12.33, 1.726 -> 1.605 and 6.655
