@@ -118,7 +118,7 @@ def _target(sizes: dict | None = None, chunk: int = 64) -> Target:
 
 
 def _cost(spec, params, out_dir, sizes=None, chunk=64, token_bytes=2):
-    from hladsl.ir.cost import kernel_costs
+    from hladsl.ir.cost import kernel_costs, scan_costs
     c = compile_spec(spec, target=_target(sizes, chunk), **params)
     prog = c.program
     rows = kernel_costs(prog, c.backward, token_bytes)
@@ -135,6 +135,17 @@ def _cost(spec, params, out_dir, sizes=None, chunk=64, token_bytes=2):
     lines.append(f"{'fwd + bwd':12s} {sum(r.flops_per_token for r in rows):12.0f} "
                  f"{sum(r.bytes_per_token for r in rows):12.0f}   (the backward also re-runs "
                  f"state_pass)")
+    scan, staged = scan_costs(prog, token_bytes), scan_costs(prog, token_bytes, two_stages=True)
+    stages = " in two stages" if any(r.kernel == "stage" for r in scan) else ""
+    for title, label, scan in ((f"the forward's state pass as a chunk scan{stages} (schedule \"scan\")",
+                                "scan fwd", scan),
+                               ("the same in two stages (schedule \"staged\")", "staged fwd", staged)):
+        if scan:
+            lines += ["", f"# {title}: instead of state_pass"]
+            lines += [f"{r.kernel:12s} {r.flops_per_token:12.0f} {r.bytes_per_token:12.0f} "
+                      f"{r.intensity:10.1f}  {r.what}" for r in scan]
+            lines.append(f"{label:12s} {sum(r.flops_per_token for r in scan + fwd[1:]):12.0f} "
+                         f"{sum(r.bytes_per_token for r in scan + fwd[1:]):12.0f}   (with output)")
     return "\n".join(lines) + "\n"
 
 

@@ -3,7 +3,7 @@ import pytest
 
 from hladsl.api import compile_spec
 from hladsl.emit import emit
-from hladsl.ir.cost import kernel_costs
+from hladsl.ir.cost import kernel_costs, scan_costs
 from hladsl.ir.pipeline import Target
 
 
@@ -36,3 +36,49 @@ def test_emit_cost_takes_sizes_and_chunk():
         (line,) = [x for x in text.splitlines() if x.startswith("forward")]
         return float(line.split()[1])
     assert forward_flops(big) > 4 * forward_flops(small)   # d³ terms per token grow 8×
+
+
+def test_linear_scan_costs_by_hand():
+    """The chunk scan's kernels (``scan_costs``): linear's delta kernel does the walk's token
+    work (Kᵀ V) for every chunk at once and writes each chunk's ΔS; its scan only adds them,
+    reading ΔS and writing S's start. No second stage: no upper state to split off."""
+    C, d, dv = 16, 8, 4
+    c = compile_spec("linear", target=Target(C, (("d", d), ("dv", dv)), gated=False))
+    delta, scan = scan_costs(c.program, token_bytes=2)
+    assert (delta.kernel, scan.kernel) == ("delta", "scan")
+    assert delta.flops_per_token == 2 * (C * d * dv) / C
+    assert delta.bytes_per_token == (C * (d + dv) * 2 + d * dv * 4) / C
+    assert scan.flops_per_token == 0 and scan.bytes_per_token == 2 * d * dv * 4 / C
+    assert scan_costs(c.program, two_stages=True) == []
+
+
+@pytest.mark.parametrize("name", ["hla2", "ahla", "hla3_masked", "hla3"])
+def test_two_stage_costs_do_the_walks_token_work(name):
+    """In two stages (HLA3's own scan; the others' "staged" split) the delta and stage kernels
+    compute every state-pass term over the tokens once, as the walking state pass does: their
+    FLOPs add up to its; the sequential kernels do no products. A one-stage scan instead walks
+    carried states x delta tiles (HLA2: d^3 MACs a chunk, 2 d^3 / C FLOPs a token)."""
+    C, d = 64, 64
+    c = compile_spec(name, target=Target(C, (("d", d), ("dv", d)), gated=True))
+    walk = kernel_costs(c.program)[0].flops_per_token
+    two = scan_costs(c.program, two_stages=name != "hla3")
+    assert [r.kernel for r in two] == ["delta", "scan", "stage", "stage_scan"]
+    assert two[0].flops_per_token + two[2].flops_per_token == walk
+    assert two[1].flops_per_token == two[3].flops_per_token == 0
+    one = scan_costs(c.program)
+    if name == "hla3":   # its scan has two stages only
+        assert one == two and scan_costs(c.program, two_stages=True) == []
+    else:
+        assert [r.kernel for r in one] == ["delta", "scan"]
+    if name == "hla2":
+        assert one[1].flops_per_token == 2 * d ** 3 / C
+
+
+def test_emit_cost_prints_the_scan_schedules():
+    text = emit("hla2", "cost", {}, None)
+    assert "# the forward's state pass as a chunk scan (schedule \"scan\"): instead of state_pass" in text
+    assert "# the same in two stages (schedule \"staged\"): instead of state_pass" in text
+    assert "stage_scan" in text
+    text = emit("hla3", "cost", {}, None)
+    assert "as a chunk scan in two stages (schedule \"scan\")" in text and "\"staged\"" not in text
+    assert "chunk scan" not in emit("power", "cost", {"p": 2}, None)

@@ -1,6 +1,8 @@
 """Cost model of the chunk kernels: FLOPs and HBM bytes per token of each
 kernel of the two-pass schedule, read off the chunk program's contraction plans
-(and the backward program's), before the kernels share subexpressions.
+(and the backward program's), before the kernels share subexpressions; and of the
+forward's chunk-parallel state pass (``scan_costs``: schedule "scan", in one stage or
+two), whose kernels trade the walk's token work for per-chunk buffers in HBM.
 
 FLOPs are 2 × the planned multiply-adds (elementwise steps count once each);
 bytes count what a kernel must move through HBM at least once per chunk: the
@@ -18,6 +20,7 @@ from hladsl.ir.backward import BackwardProgram, output_size
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.operands import Kind
+from hladsl.ir.scan import has_chunk_scan, scan_plan, staged_scan
 
 FP32 = 4
 
@@ -96,4 +99,62 @@ def kernel_costs(program: ChunkProgram, backward: BackwardProgram | None = None,
                         + tokens(every) + lam) / C,
                        "token and Λ gradients: reads dO, starts and d-states, writes d tokens"),
         ]
+    return rows
+
+
+def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = False) -> list[KernelCost]:
+    """The forward's state pass as a chunk scan (``ir.scan``; schedule "scan": one stage, or
+    two where the program's scan has only two, HLA3's) or, with ``two_stages``, a complete
+    scan split in two (``staged_scan(complete=True)``; schedule "staged"): per kernel, FLOPs
+    and HBM bytes per token as ``kernel_costs`` counts them. Its sequential kernels' FLOPs
+    are what one program per (sequence, head) walks chunk after chunk. Empty where the
+    program has no such scan. The output kernel is ``kernel_costs``' (a one-stage scan may
+    store derived carries for it instead of the states they read, HLA2's W0: not counted)."""
+    plan_ = scan_plan(program)
+    if two_stages:
+        staged = staged_scan(program, plan_, complete=True) if plan_.complete else None
+        if staged is None:
+            return []
+    else:
+        staged = staged_scan(program, plan_)
+        if staged is None and not has_chunk_scan(program, plan_):
+            return []
+    alg, C = program.algebra, program.chunk
+    dims = dict(program.sizes)
+    lam = FP32 * C if program.gated else 0
+    role = {(t.state, t.index): t for t in plan_.terms}
+
+    def tokens(terms) -> int:
+        return sum(C * dims[alg.inputs[n]] for n in _inputs(terms)) * token_bytes
+
+    def states(names) -> int:
+        return sum(prod(program.state_shape(n)) for n in names) * FP32
+
+    def terms_of(names, roles):
+        return [t for name, ts in program.states if name in names
+                for k, t in enumerate(ts) if role[(name, k)].role in roles]
+
+    out_terms = program.output + program.normalizer
+    read = _carried(out_terms) | {f.name for d in program.derived for m in d.poly.terms for f in m.factors}
+    names = [n for n, _ in program.states]
+    lower = list(staged.lower) if staged else names
+    first = terms_of(lower, ("delta",))
+    aux = plan_.aux if staged is None else ()
+    grown = {t.state for t in plan_.terms if t.state in lower and t.role in ("delta", "scan")}
+    summaries = states(grown) + sum(prod(dims[d] for d in a.dims) for a in aux) * FP32
+    rows = [KernelCost("delta", 2 * (sum(t.plan.flops for t in first) + sum(a.term.plan.flops for a in aux)) / C,
+                       (tokens(first + [a.term for a in aux]) + lam + summaries) / C,
+                       "every chunk's deltas at once" + (" and summaries no state holds" if aux else "")),
+            KernelCost("scan", 2 * sum(role[(t.state, t.index)].macs for t in plan_.terms
+                                       if t.state in lower and t.role == "scan") / C,
+                       (summaries + states(n for n in lower if n in read or (staged and n in staged.reads))) / C,
+                       "sequential: reads the deltas, writes the chunk-start states")]
+    if staged:
+        upper = list(staged.upper)
+        increments = terms_of(upper, ("delta", "scan", "walk"))
+        rows += [KernelCost("stage", 2 * sum(t.plan.flops for t in increments) / C,
+                            (tokens(increments) + lam + states(staged.reads) + states(upper)) / C,
+                            "every chunk's increments of the upper states from the lower starts"),
+                 KernelCost("stage_scan", 0.0, (states(upper) + states(n for n in upper if n in read)) / C,
+                            "sequential: reads the increments, writes the upper chunk-start states")]
     return rows
