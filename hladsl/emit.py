@@ -10,7 +10,7 @@ from hladsl.errors import SpecError
 from hladsl.frontend.printer import to_text
 from hladsl.frontend.specs import load_ast
 from hladsl.ir.precision import precision_plan
-from hladsl.ir.scan import scan_plan, staged_scan
+from hladsl.ir.scan import scan_plan, split_complete_scan, staged_scan
 from hladsl.ir.backward import backward_text
 from hladsl.ir.checks import serial_flops
 from hladsl.ir.lower import bind_params
@@ -191,7 +191,7 @@ def _program_text(prog) -> str:
     staged = staged_scan(prog, plan)
     if staged is not None:
         lines += staged.describe()
-    elif (alternative := staged_scan(prog, plan, complete=True)) is not None:
+    elif (alternative := split_complete_scan(prog, plan)) is not None:
         lines += [f"  or, for a forward with nothing to differentiate, where the scan's products reach "
                   f"runtime.launch.STAGED_SCAN_MACS a chunk and head (or schedule \"staged\"): "
                   f"{alternative.describe()[0]}"]

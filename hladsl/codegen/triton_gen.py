@@ -28,7 +28,7 @@ from hladsl.codegen.steps import Block, Tile, comment
 from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.precision import precision_plan
-from hladsl.ir.scan import has_chunk_scan, scan_plan, staged_scan
+from hladsl.ir.scan import has_chunk_scan, scan_plan, split_complete_scan, staged_scan
 from hladsl.version import __version__
 from hladsl.ir.operands import Kind, Operand, exhaustive
 
@@ -694,12 +694,9 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram, states: list[dict], split
 
 
 def _stageable_scan_macs(program: ChunkProgram, plan) -> int:
-    """A complete chunk scan's sequential MACs a chunk and head (its carried states x delta
-    products, ``ir.scan.ScanTerm.macs``) where it also splits into two stages, else 0: what
-    ``launch.forward_module`` weighs to take the two-stage module."""
-    if not has_chunk_scan(program, plan) or staged_scan(program, plan, complete=True) is None:
-        return 0
-    return sum(t.macs for t in plan.terms if t.role == "scan")
+    """A complete chunk scan's sequential MACs a chunk and head (``ScanPlan.scan_macs``) where
+    it also splits into two stages, else 0: what ``launch.forward_module`` weighs."""
+    return plan.scan_macs if split_complete_scan(program, plan) else 0
 
 
 def _delta_buffers(program: ChunkProgram, states: list[dict], names) -> list[dict]:

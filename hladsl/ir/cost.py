@@ -20,7 +20,7 @@ from hladsl.ir.backward import BackwardProgram, output_size
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.operands import Kind
-from hladsl.ir.scan import has_chunk_scan, scan_plan, staged_scan
+from hladsl.ir.scan import has_chunk_scan, scan_plan, split_complete_scan, staged_scan
 
 FP32 = 4
 
@@ -112,7 +112,7 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
     store derived carries for it instead of the states they read, HLA2's W0: not counted)."""
     plan_ = scan_plan(program)
     if two_stages:
-        staged = staged_scan(program, plan_, complete=True) if plan_.complete else None
+        staged = split_complete_scan(program, plan_)
         if staged is None:
             return []
     else:
@@ -145,8 +145,7 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
     rows = [KernelCost("delta", 2 * (sum(t.plan.flops for t in first) + sum(a.term.plan.flops for a in aux)) / C,
                        (tokens(first + [a.term for a in aux]) + lam + summaries) / C,
                        "every chunk's deltas at once" + (" and summaries no state holds" if aux else "")),
-            KernelCost("scan", 2 * sum(role[(t.state, t.index)].macs for t in plan_.terms
-                                       if t.state in lower and t.role == "scan") / C,
+            KernelCost("scan", 2 * (0 if staged else plan_.scan_macs) / C,
                        (summaries + states(n for n in lower if n in read or (staged and n in staged.reads))) / C,
                        "sequential: reads the deltas, writes the chunk-start states")]
     if staged:

@@ -80,6 +80,11 @@ class ScanPlan:
         return tuple(t.aux for t in self.terms if t.aux is not None)
 
     @property
+    def scan_macs(self) -> int:
+        """The sequential phase's MACs a chunk and head: carried states x chunk summaries."""
+        return sum(t.macs for t in self.terms if t.role == "scan")
+
+    @property
     def complete(self) -> bool:
         """Every term is carry, delta or scan: the sequential phase needs no tokens."""
         return all(t.role != "walk" for t in self.terms)
@@ -95,7 +100,7 @@ class ScanPlan:
                 "chunk scan: some state-pass terms read token sums that are no state's delta "
                 "(a chunk-parallel state pass would still walk them over the tokens)")
         today = sum(t.walk_macs for t in self.terms)
-        sequential = sum(t.macs for t in roles.get("scan", [])) + sum(t.walk_macs for t in roles.get("walk", []))
+        sequential = self.scan_macs + sum(t.walk_macs for t in roles.get("walk", []))
         lines = [head, f"  sequential MACs a chunk and head: {today} walking the tokens (today), "
                        f"{sequential} as a scan over chunk deltas"]
         for t in roles.get("scan", []):
@@ -299,6 +304,14 @@ def staged_scan(program: ChunkProgram, plan: ScanPlan | None = None,
     order = [name for name, _ in program.states]
     return StagedScan(tuple(n for n in order if n not in upper), tuple(n for n in order if n in upper),
                       tuple(n for n in order if n in reads))
+
+
+def split_complete_scan(program: ChunkProgram, plan: ScanPlan | None = None) -> StagedScan | None:
+    """The two-stage alternative of a complete one-stage scan (schedule "staged"), or None:
+    where the scan is not complete (its own split, if any, is ``staged_scan``'s), a state is
+    packed, or no state has a term to split off."""
+    plan = plan or scan_plan(program)
+    return staged_scan(program, plan, complete=True) if plan.complete else None
 
 
 @dataclass(frozen=True)
