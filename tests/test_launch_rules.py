@@ -79,11 +79,13 @@ def test_which_programs_take_the_long_chunk(gpu_of_132_sms, spec, forward, backw
     assert not takes("forward", gated=True) and not takes("backward", gated=True)   # decay tiles spill
     wide = tuple((dim, 128) for dim, _ in sizes)      # [128, 128] tiles: by the cost model's intensity
 
-    def takes_wide(direction):
-        return launch.takes_long_chunk(lambda chunk: program_for(op.compilation, chunk, wide, False),
+    def takes_wide(direction, gated=False):
+        return launch.takes_long_chunk(lambda chunk: program_for(op.compilation, chunk, wide, gated),
                                        direction, "auto", 32, gpu_of_132_sms, False, 2)
     assert takes_wide("forward") is wide_forward
-    assert not takes_wide("backward")
+    assert not takes_wide("backward") and not takes_wide("backward", gated=True)
+    # gated at wide dims: only where each output term multiplies one [C, C] decay tile (linear)
+    assert takes_wide("forward", gated=True) is (wide_forward and spec == "linear")
     wider = tuple((dim, 256) for dim, _ in sizes)     # past WIDE_LONG_CHUNK_TILE: unmeasured, keeps 64
     assert not launch.takes_long_chunk(lambda chunk: program_for(op.compilation, chunk, wider, False),
                                        "forward", "auto", 32, gpu_of_132_sms, False, 2)
@@ -345,10 +347,16 @@ def test_split_walkers_of_wide_value_free_states_run_one_a_sm(gpu_of_132_sms):
     assert not launch.wide_value_free(program(128), ("d", "dv"))   # S split too: nothing value-free
     power = hladsl.load("power")                                      # packed dims count by their table
     assert launch.wide_value_free(program_for(power.compilation, 64, (("d", 64), ("dv", 64)), False), ())
-    assert launch.state_block(128, 32, gpu_of_132_sms, True, one_per_sm=True) == 32
-    assert launch.state_block(128, 32, gpu_of_132_sms, True) == 16
-    assert launch.state_block(128, 200, gpu_of_132_sms, True, one_per_sm=True) == 128   # already a wave
-    assert launch.state_block(128, 32, gpu_of_132_sms, False, one_per_sm=True) == 128   # chained: never split
+    assert launch.state_blocks({"dv": 128}, 32, gpu_of_132_sms, True, one_per_sm=True) == {"dv": 32}
+    assert launch.state_blocks({"dv": 128}, 32, gpu_of_132_sms, True) == {"dv": 16}
+    assert launch.state_blocks({"dv": 128}, 200, gpu_of_132_sms, True, one_per_sm=True) == {"dv": 128}   # a wave
+    assert launch.state_blocks({"dv": 128}, 32, gpu_of_132_sms, False, one_per_sm=True) == {"dv": 128}   # chained
+    # two split dims narrow in turn, the first of equals first, while the grid fits one wave:
+    # 64 x 128 (64 programs), 64 x 64 (128); 32 x 64 would be 256
+    assert launch.state_blocks({"dv": 128, "d": 128}, 32, gpu_of_132_sms, True) == {"dv": 64, "d": 64}
+    assert launch.state_blocks({"dv": 64, "d": 64}, 32, gpu_of_132_sms, True) == {"dv": 32, "d": 32}
+    assert launch.state_blocks({"dv": 64, "d": 128}, 16, gpu_of_132_sms, True) == {"dv": 32, "d": 32}
+    assert launch.state_blocks({"dv": 64, "d": 64}, 256, gpu_of_132_sms, True) == {"dv": 64, "d": 64}
     # a stage of a two-stage scan counts the states it walks: HLA3-normalised's second stage
     # holds G1..G3 (split) and h1..h3 (192 value-free elements), not SK, SQ and m
     hla3 = program_for(hladsl.load("hla3", normalize=True).compilation, 64, (("d", 64), ("dv", 64)), False)

@@ -114,6 +114,22 @@ def test_state_pass_split_over_value_blocks(name):
            state_block=16, schedule="two_pass")
 
 
+@pytest.mark.parametrize("schedule", ["two_pass", "scan"])
+def test_state_pass_split_over_key_and_value_blocks(schedule):
+    # linear's S[i, e] keeps both dims free: its walk splits over dv (two blocks of 16) and d
+    # (three, the last masked); z[i] has no dv, so dv-block 0 alone writes it; the scan's
+    # delta kernel (grid nC, N*H, blocks: STATE_BLOCK splits it too) takes the six blocks on
+    # one axis and unfolds them
+    from hladsl.codegen.triton_gen import kernel_context
+    from hladsl.runtime import launch
+    alg = hladsl.compile_spec("linear", normalize=True)
+    assert kernel_context(chunk_program(alg, 16, (("d", 40), ("dv", 24)), True))["splits"] == ["dv", "d"]
+    assert kernel_context(chunk_program(hladsl.compile_spec("hla2"), 16, (("d", 40), ("dv", 24)), True)
+                          )["splits"] == ["dv"]   # S[i, j] has two d slots
+    with launch.switched(STATE_BLOCK=16):
+        _check(alg, True, {"d": 40, "dv": 24}, True, schedule=schedule)
+
+
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])
 @pytest.mark.parametrize("name", [n for n in shipped_names() if n != "power"])
 def test_fused_schedule_matches_chunk_torch(name, gated):

@@ -7,7 +7,7 @@ around it. Within a kernel equal subexpressions are computed once (the output
 terms of HLA2 share Q Kᵀ). When every state term carries the output's value dim
 through unchanged (true of all shipped specs), the state pass can also run one
 program per block of that dim (``split``; states without it are recomputed per
-block and written by block 0).
+block and written by block 0), and of a second dim kept free alike (linear's key dim).
 
 Spec names reach the source only as validated identifiers behind fixed prefixes
 (``in_`` token tiles, ``st_``/``nx_`` states in registers, ``init_``/``final_``/
@@ -789,18 +789,21 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
 
 def _state_splits(low: _Lowering, o_dim: str) -> list[str]:
     """Dims the state pass splits over grid axes 1 and 2: every packed dim (a
-    packed state is never held whole) and, where the program allows it, the
-    output's value dim."""
+    packed state is never held whole), then, while fewer than two, each dim the
+    program allows -- the output's value dim first, then the others in their
+    declared order (linear's key dim: its S[i, e] walks in d x dv tiles, as fla's
+    chunk_fwd_h, instead of every dv block loading the whole k tile)."""
     splits = []
     for pd in low.packed:
         if not low.splittable(pd):
             raise ValueError(f"the state pass of {low.alg.name} contracts over the packed dim {pd}; "
                              f"it can only be split over it")
         splits.append(pd)
-    if len(splits) < 2 and low.splittable(o_dim):
-        splits.append(o_dim)
     if len(splits) > 2:
         raise ValueError(f"the state pass splits over at most two dims, {low.alg.name} needs {splits}")
+    for dim in [o_dim] + [d for d in low.alg.dims if d != o_dim and d not in low.packed]:
+        if len(splits) < 2 and low.splittable(dim):
+            splits.append(dim)
     return splits
 
 

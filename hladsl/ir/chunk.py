@@ -61,6 +61,13 @@ class ChunkProgram:
     def is_packed(self, name: str) -> bool:
         return any(d in {pd.name for pd in self.packed} for d in self.state_dims(name))
 
+    def masks_per_output_term(self) -> int:
+        """The most [C, C] masks (decay tiles exp(W(Λ_t − Λ_s)) where gated) one output or
+        normalizer term multiplies: 1 for a first-order mechanism (linear), more where a term
+        pairs several tokens of the chunk (HLA2's second-order terms)."""
+        return max((sum(o.kind is Kind.MASK for o in t.operands) for t in self.output + self.normalizer),
+                   default=0)
+
     def flops(self) -> dict[str, int]:
         return {"output": sum(t.plan.flops for t in self.output + self.normalizer),
                 "state": sum(t.plan.flops for _, ts in self.states for t in ts)}

@@ -8,15 +8,17 @@ Rules:
 * chunk size: the op's chunk where it gives one, else 64, or 128 on CUDA for dense
   ungated "auto" calls of programs with a chunk scan and dims of at most 64 (the forward; the backward where its
   gradient kernels stay memory-bound), and at dims of 128 for a forward the cost model keeps
-  below WIDE_LONG_CHUNK_INTENSITY (``chunk_for``, ``takes_long_chunk``); on CPU shrunk
+  below WIDE_LONG_CHUNK_INTENSITY, gated too where each output term multiplies one [C, C]
+  mask (``chunk_for``, ``takes_long_chunk``); on CPU shrunk
   to the sequence for short inputs (power of two, >= 16: tl.dot's minimum); halved while a
   kernel does not fit the GPU's shared memory (``fitting_chunk``); what fit is remembered
   per shape class.
 * launch options: the default software pipelining first; one stage, then eight
   warps when shared memory runs out (``launch``, remembered per kernel).
-* state-pass block of the value dim: narrow enough to fill the GPU
-  (``state_block``; one program a SM for a scan whose value-free states are wide:
-  ``wide_value_free``), except where Hopper miscompiles narrow chained dots (narrowing those
+* state-pass blocks of its split dims (the value dim; a second dim where the program
+  allows, ``codegen.triton_gen._state_splits``): narrow enough to fill the GPU
+  (``state_blocks``; one program a SM for a scan whose value-free states are wide:
+  ``wide_value_free``, and for two split dims), except where Hopper miscompiles narrow chained dots (narrowing those
   anyway with fp32 dots measured slower for ahla's and hla3_masked's reverse passes,
   faster for hla2's: RESULTS round 10, so it is not a rule); a state or
   reverse pass that fits no launch fallback at its width runs narrower blocks
@@ -203,10 +205,14 @@ def takes_long_chunk(program_at: Callable[[int], object], direction: str, schedu
     * without a chunk scan: the walk holds 128-token tiles in a sequential loop, or expands
       packed states into them, and spills (sm_90: AHLA's walking state pass 640 B of stack
       at 128, power's output kernel 1824 B; power p = 2 15.3 -> 22.5 ms at T = 16k, run 82);
-    * gated: the [C, C] decay tiles exp(Λ_t − Λ_s) beside every intra-chunk product push the
-      output kernel past its registers at 128 (hla2's: 1624 B of stack gated, 432 B
-      ungated); run 85, gated, T = 64k, C = 64 vs 128: linear forward 0.980 vs 1.126 ms,
-      hla2 5.04 vs 5.21 (8 warps remove the spill and lose more ungated, run 83);
+    * gated, except a forward at wide dims (below) whose output terms each multiply one [C, C]
+      mask (``ChunkProgram.masks_per_output_term``: linear): the decay tiles exp(Λ_t − Λ_s)
+      beside every intra-chunk product push the output kernel past its registers at 128
+      (hla2's: 1624 B of stack gated, 432 B ungated); run 85, gated, T = 64k, C = 64 vs 128:
+      linear forward 0.980 vs 1.126 ms, hla2 5.04 vs 5.21 (8 warps remove the spill and lose
+      more ungated, run 83); run 185, linear gated at d = 64 0.950 vs 1.042 ms, but at d = 128,
+      where a chunk's bf16 starts are 512 of 2560 bytes a token at 64, 2.495 vs **1.882**
+      (fla's gated forward 2.076);
     * dims wider than 64, where the long chunk's [C, dim] tiles pass LONG_CHUNK_TILE (128 x 64,
       where it was measured faster for every program with a chunk scan): the backward, dims
       past WIDE_LONG_CHUNK_TILE (128 x 128: unmeasured), and a forward with a kernel at or past
@@ -224,10 +230,12 @@ def takes_long_chunk(program_at: Callable[[int], object], direction: str, schedu
     if schedule != "auto" or varlen or programs >= FUSED_MIN_PROGRAMS_PER_SM * sms(device):
         return False
     program = program_at(LONG_CHUNK)
-    if program.gated or not has_chunk_scan(program):
+    if not has_chunk_scan(program):
         return False
     from hladsl.ir.cost import kernel_costs
     tile = LONG_CHUNK * max(n for _, n in program.sizes)
+    if program.gated and (tile <= LONG_CHUNK_TILE or program.masks_per_output_term() > 1):
+        return False
     if tile > LONG_CHUNK_TILE:
         return (direction == "forward" and tile <= WIDE_LONG_CHUNK_TILE
                 and all(k.intensity < WIDE_LONG_CHUNK_INTENSITY for k in kernel_costs(program, None, token_bytes)))
@@ -265,26 +273,41 @@ def fitting_chunk(key, chunk: int, run):
         return out
 
 
-def state_block(size: int, programs: int, device, narrow_ok: bool, one_per_sm: bool = False) -> int:
-    """Value-dim block of a state-pass program: halve the padded dim (not below
-    16, tl.dot's minimum) while that leaves fewer programs than two per SM; with
-    ``one_per_sm`` (``wide_value_free``) only while the halved grid still fits one
-    program a SM.
-    Without ``narrow_ok`` the full width is kept: Triton 3.6's Hopper wgmma (seen on the H100)
+def state_blocks(sizes: dict[str, int], programs: int, device, narrow_ok: bool,
+                 one_per_sm: bool = False) -> dict[str, int]:
+    """Blocks of a state-pass program's split dims (not packed ones): halve the widest
+    padded block (not below 16, tl.dot's minimum; the first of equals) while that leaves
+    fewer programs than two per SM; with ``one_per_sm`` (``wide_value_free``), or two dims
+    to split, only while the halved grid still fits one program a SM. Two dims narrow in
+    turn: each block reloads the token tiles of both dims' blocks, so past one wave more
+    programs cost more loads than they hide. Run 183 (H100, B = 2, H = 16, bf16, linear's
+    forward at T = 64k): d = 128 blocks of 32 x 32 (512 programs, the two-a-SM rule)
+    2.572 ms, 64 x 64 (128) 1.893 (fla 1.911; 2.565 with d unsplit, dv in 16s); d = 64
+    16 x 16 1.206, 32 x 32 0.7655, 64 x 64 0.7617 (fla 0.887).
+    Without ``narrow_ok`` the full widths are kept: Triton 3.6's Hopper wgmma (seen on the H100)
     lowering miscompiles some chains of dots (a matmul reading a matmul result)
     on narrow bf16/fp16 tiles -- hla3's state pass at widths 16 and 32 gives NaN
     or an illegal address (cf. triton-lang/triton issues 6124, 10486, 11366) --
     while fp32 (tf32x3) and dot chains without such reads split correctly."""
-    width = block_size(size)
+    widths = {dim: block_size(size) for dim, size in sizes.items()}
     if not narrow_ok:
-        return width
+        return widths
     n_sms = sms(device)
+    one_per_sm = one_per_sm or len(sizes) > 1
 
-    def grid(w: int) -> int:
-        return programs * -(-size // w)
-    while width > 16 and (grid(width // 2) <= n_sms if one_per_sm else grid(width) < 2 * n_sms):
-        width //= 2
-    return width
+    def grid(ws: dict) -> int:
+        return programs * math.prod(-(-sizes[d] // w) for d, w in ws.items())
+    while True:
+        dim = max((d for d in widths if widths[d] > 16), key=lambda d: widths[d], default=None)
+        if dim is None:
+            return widths
+        halved = {**widths, dim: widths[dim] // 2}
+        if not (grid(halved) <= n_sms if one_per_sm else grid(widths) < 2 * n_sms):
+            return widths
+        widths = halved
+
+
+STATE_BLOCK = None   # every split walk's non-packed blocks at this width, whatever the rule says (A/B)
 
 
 # A split scan walker whose value-free states (no split dim) pass WIDE_VALUE_FREE_ELEMENTS narrows
@@ -371,7 +394,7 @@ def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: 
     ``scan_kernel`` walking the deltas; ``triton_gen._chunk_scan``) instead of the walking
     ``state_pass_kernel``: when asked for ("scan"), and under "auto" where the program has
     one, the tiles span more than one chunk, and the walking pass cannot split its value
-    dim (chained bf16 / fp16 dots, ``state_block``): it then walks with one program per
+    dim (chained bf16 / fp16 dots, ``state_blocks``): it then walks with one program per
     (sequence, head) -- hla2 at B = 2, H = 16: 32 programs on 132 SMs, 85 % of its forward --
     while the scan kernel, with no token work and no chained dots, splits. "staged" is "scan"
     here: a forward's two stages are its module's (``forward_module``); the backward's state
@@ -392,7 +415,7 @@ def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: 
 # (sequence, head) carries every state through every chunk.
 AUTO_STAGED_SCAN = True
 # The second stage's increment kernel (``stage_kernel``): its value-dim block where set (None:
-# ``state_block``'s rule) and its warps where set (None: ``stage_warps``' rule).
+# ``state_blocks``'s rule) and its warps where set (None: ``stage_warps``' rule).
 STAGE_BLOCK = None
 STAGE_WARPS = None
 WIDE_STAGE_WARPS = 8
@@ -446,7 +469,7 @@ def scan_groups(n_chunks: int, walkers: int, device, varlen: bool, groupable: bo
     scan ~0.2 ms slower (its one level already moves ~1.3 TB/s and the groups read the deltas
     twice), so the forward alone stays one level (2.87 vs 3.09 ms), ``SCAN_GROUP_FORWARD``.
     The backward's plan keeps one level where no grouped reverse scan reads the groups'
-    deltas (a fused backward, a reverse pass that walks). Value blocks follow ``state_block``'s
+    deltas (a fused backward, a reverse pass that walks). Value blocks follow ``state_blocks``'s
     rule at each launch's program count (runs 93, 94: 16- or 32-wide groups and 32- or
     64-wide one-level walks were slower)."""
     if (not groupable or varlen or not SCAN_GROUP or n_chunks < 2 * SCAN_GROUP
@@ -534,7 +557,7 @@ def packed_blocks(program, common: dict) -> dict:
 
 def dot_override(first, chained_dots: bool, block: dict, features: dict | None = None) -> dict:
     """Chains of bf16/fp16 dots at a narrow chunk, block or feature dim run with fp32
-    tiles: the Hopper miscompile of ``_state_block`` also strikes at C = 32 (hla3 at
+    tiles: the Hopper miscompile of ``state_blocks`` also strikes at C = 32 (hla3 at
     d = 128 needs C = 32 to fit shared memory, and its bf16 state pass then faults)
     and at feature dims of 32 (hla2's output kernel at d = 32, once the precision plan
     sent its state products to bf16: an illegal address, examples/mqar.py, run 37).
@@ -770,8 +793,8 @@ def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict,
     """Grid (programs, blocks of each split dim), block arguments and the Tiling of a
     state-pass-like kernel (``programs`` a tuple: the leading grid axes, e.g. the delta
     kernel's (chunks, sequence·head)). A packed dim keeps its tile (common's B_); any other
-    split dim takes ``width`` or ``state_block``'s rule (each dim seeing the
-    programs of the ones before it); the dot dtype follows ``dot_override``. The
+    split dim takes ``width``, else ``STATE_BLOCK``, else ``state_blocks``' rule (seeing the
+    packed dims' programs); the dot dtype follows ``dot_override``. The
     tuner may try other widths where the rule may narrow (``tune_widths``), unless
     ``fixed_blocks`` (the caller sizes buffers by the number of blocks). ``scan``: a scan
     kernel's walk, one program a SM where its value-free states are wide (``wide_value_free``).
@@ -787,15 +810,20 @@ def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict,
     one_per_sm = scan and wide_value_free(program, splits, held_states)
     for dim in splits:
         if dim in packed:
-            w = common[f"B_{dim}"]
-        else:
-            w = width or state_block(sizes[dim], n, first.device, narrow, one_per_sm)
-        widths[dim] = w
-        n *= -(-common[f"D_{dim}"] // w)
+            widths[dim] = common[f"B_{dim}"]
+            n *= -(-common[f"D_{dim}"] // widths[dim])
+    free = [dim for dim in splits if dim not in packed]
+    width = width or STATE_BLOCK
+    widths.update({dim: width for dim in free} if width else
+                  state_blocks({dim: sizes[dim] for dim in free}, n, first.device, narrow, one_per_sm))
+    widths = {dim: widths[dim] for dim in splits}   # grid axes in the kernel's order
 
     def retile(chosen: dict) -> tuple[tuple, dict]:
         block = {f"B_{d}": chosen.get(f"B_{d}", w) for d, w in widths.items()}
-        grid = lead + tuple(-(-common[f"D_{d}"] // block[f"B_{d}"]) for d in widths)
+        blocks = tuple(-(-common[f"D_{d}"] // block[f"B_{d}"]) for d in widths)
+        if len(lead) + len(blocks) > 3:   # a grid has three axes: the kernel unfolds the split dims' blocks
+            blocks = (math.prod(blocks),)
+        grid = lead + blocks
         held = sum(math.prod(block.get(f"B_{d}", common.get(f"B_{d}", 1)) for d in program.state_dims(n))
                    for n in held_states)
         walker = walker_options(held) if warps is None else {"num_warps": warps}

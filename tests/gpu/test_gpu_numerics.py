@@ -155,7 +155,7 @@ def test_scan_in_one_program_a_sm_matches_fp32_reference(spec, stages, record_pr
     monkeypatch.setattr(launch, "launch", recorded_launch)
     walkers, width = 32, 128
     while width > 16 and walkers * (128 // (width // 2)) <= launch.sms(DEVICE):
-        width //= 2   # state_block's one-a-SM rule, stated again
+        width //= 2   # state_blocks' one-a-SM rule, stated again
     gen = generator(128)
     op, ref = load(spec), load(spec, "torch")
     inputs = Inputs(tokens(spec, 2, 512, 16, 128, 128, BF16, False, gen))
