@@ -357,6 +357,9 @@ def test_split_walkers_of_wide_value_free_states_run_one_a_sm(gpu_of_132_sms):
     assert launch.state_blocks({"dv": 64, "d": 64}, 32, gpu_of_132_sms, True) == {"dv": 32, "d": 32}
     assert launch.state_blocks({"dv": 64, "d": 128}, 16, gpu_of_132_sms, True) == {"dv": 32, "d": 32}
     assert launch.state_blocks({"dv": 64, "d": 64}, 256, gpu_of_132_sms, True) == {"dv": 64, "d": 64}
+    # ... from at most TWO_SPLIT_MAX_BLOCK (fla's 64 x 64): past one wave, never whole 128 x 128 tiles
+    assert launch.state_blocks({"dv": 128, "d": 128}, 100, gpu_of_132_sms, True) == {"dv": 64, "d": 64}
+    assert launch.state_blocks({"dv": 128, "d": 128}, 100, gpu_of_132_sms, False) == {"dv": 128, "d": 128}   # chained
     # a stage of a two-stage scan counts the states it walks: HLA3-normalised's second stage
     # holds G1..G3 (split) and h1..h3 (192 value-free elements), not SK, SQ and m
     hla3 = program_for(hladsl.load("hla3", normalize=True).compilation, 64, (("d", 64), ("dv", 64)), False)

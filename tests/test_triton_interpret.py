@@ -114,18 +114,37 @@ def test_state_pass_split_over_value_blocks(name):
            state_block=16, schedule="two_pass")
 
 
-@pytest.mark.parametrize("schedule", ["two_pass", "scan"])
-def test_state_pass_split_over_key_and_value_blocks(schedule):
-    # linear's S[i, e] keeps both dims free: its walk splits over dv (two blocks of 16) and d
-    # (three, the last masked); z[i] has no dv, so dv-block 0 alone writes it; the scan's
-    # delta kernel (grid nC, N*H, blocks: STATE_BLOCK splits it too) takes the six blocks on
-    # one axis and unfolds them
+# linear with a value-only summary besides: a state without the key dim in a program whose
+# state pass splits over it
+KEY_SPLIT_SPEC = """
+mechanism linear_with_values {
+  dims d, dv
+  input q[d], k[d], v[dv]
+  param normalize = false, eps = 1e-6
+  state S[i, e] = k[i] v[e]
+  state u[e] = v[e]
+  state z[i] = k[i]
+  output o[e] = q[i] S[i, e] + q[i] z[i] u[e]
+  normalizer = q[i] z[i]
+}
+"""
+
+
+@pytest.mark.parametrize("schedule", ["two_pass", "scan", "fused"])
+def test_state_pass_split_over_key_and_value_blocks(tmp_path, schedule):
+    # S[i, e] keeps both dims free: the walk splits over dv (two blocks of 16) and d (three,
+    # the last masked); z[i] has no dv, so dv-block 0 alone writes it, u[e] no d, so d-block 0;
+    # the scan's delta kernel (grid nC, N*H, blocks: STATE_BLOCK splits it too) takes the six
+    # blocks on one axis and unfolds them; the fused kernel splits over dv alone
     from hladsl.codegen.triton_gen import kernel_context
     from hladsl.runtime import launch
-    alg = hladsl.compile_spec("linear", normalize=True)
-    assert kernel_context(chunk_program(alg, 16, (("d", 40), ("dv", 24)), True))["splits"] == ["dv", "d"]
-    assert kernel_context(chunk_program(hladsl.compile_spec("hla2"), 16, (("d", 40), ("dv", 24)), True)
-                          )["splits"] == ["dv"]   # S[i, j] has two d slots
+    path = tmp_path / "linear_with_values.hla"
+    path.write_text(KEY_SPLIT_SPEC)
+    alg = hladsl.compile_spec(str(path), normalize=True)
+    sizes = (("d", 40), ("dv", 24))
+    assert kernel_context(chunk_program(alg, 16, sizes, True))["splits"] == ["dv", "d"]
+    assert kernel_context(chunk_program(hladsl.compile_spec("linear"), 16, sizes, True))["splits"] == ["dv", "d"]
+    assert kernel_context(chunk_program(hladsl.compile_spec("hla2"), 16, sizes, True))["splits"] == ["dv"]   # S[i, j]
     with launch.switched(STATE_BLOCK=16):
         _check(alg, True, {"d": 40, "dv": 24}, True, schedule=schedule)
 

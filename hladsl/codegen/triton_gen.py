@@ -627,7 +627,9 @@ def _fused(low: _Lowering, program: ChunkProgram, splits, o_dim) -> dict | None:
     split = o_dim if o_dim in splits and low.output_splittable(o_dim) else ""
     terms = program.output + program.normalizer + tuple(t for _, ts in program.states for t in ts)
     names = dict.fromkeys(o.name for t in terms for o in t.operands if o.kind is Kind.TOKEN)
-    return {"split": split, "defs": _defs(defs), "derived_code": derived_code, "num_code": num,
+    # store masks of its own split alone: the state pass may split over a second dim it does not
+    own = {name: owned_mask(name, low.state_dims[name], [split]) for name in low.state_dims} if split else {}
+    return {"split": split, "own": own, "defs": _defs(defs), "derived_code": derived_code, "num_code": num,
             "den_code": den, "state_code": state_code,
             "inputs": [low.input_info(x) for x in names],
             "chained_dots": low.block.chained}
@@ -771,6 +773,9 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
     only = [st["name"] for st in read if not re.search(rf"\bst_{st['name']}\b", output_body)]
     if not program.derived or not only or any(st["tiled"] for st in states if st["read"]):
         return none
+    if any(low.derived_dims[d.name].get(i) in splits and i not in d.poly.free
+           for d in program.derived for m in d.poly.terms for i in m.indices()):
+        return none   # a sum over a dim the scan splits: each block would hold a part of it
     size = dict(program.sizes)
     derived = []
     for d in program.derived:

@@ -282,8 +282,11 @@ def state_blocks(sizes: dict[str, int], programs: int, device, narrow_ok: bool,
     turn: each block reloads the token tiles of both dims' blocks, so past one wave more
     programs cost more loads than they hide. Run 183 (H100, B = 2, H = 16, bf16, linear's
     forward at T = 64k): d = 128 blocks of 32 x 32 (512 programs, the two-a-SM rule)
-    2.572 ms, 64 x 64 (128) 1.893 (fla 1.911; 2.565 with d unsplit, dv in 16s); d = 64
-    16 x 16 1.206, 32 x 32 0.7655, 64 x 64 0.7617 (fla 0.887).
+    2.572 ms, 64 x 64 (128) 1.893 (fla 1.911; 2.726 before, d unsplit, dv in 16s, run 176);
+    d = 64 16 x 16 1.206, 32 x 32 0.7655, 64 x 64 0.7617 (fla 0.887). Two split dims start
+    at most TWO_SPLIT_MAX_BLOCK wide: fla's chunk_fwd_h tiles, what run 183 measured best; the
+    one-wave rule alone would keep 128 x 128 tiles, one program a (sequence, head), from 67
+    to 263 of them at d = 128 (unmeasured).
     Without ``narrow_ok`` the full widths are kept: Triton 3.6's Hopper wgmma (seen on the H100)
     lowering miscompiles some chains of dots (a matmul reading a matmul result)
     on narrow bf16/fp16 tiles -- hla3's state pass at widths 16 and 32 gives NaN
@@ -293,7 +296,9 @@ def state_blocks(sizes: dict[str, int], programs: int, device, narrow_ok: bool,
     if not narrow_ok:
         return widths
     n_sms = sms(device)
-    one_per_sm = one_per_sm or len(sizes) > 1
+    if len(sizes) > 1:
+        one_per_sm = True
+        widths = {dim: min(w, TWO_SPLIT_MAX_BLOCK) for dim, w in widths.items()}
 
     def grid(ws: dict) -> int:
         return programs * math.prod(-(-sizes[d] // w) for d, w in ws.items())
@@ -308,6 +313,7 @@ def state_blocks(sizes: dict[str, int], programs: int, device, narrow_ok: bool,
 
 
 STATE_BLOCK = None   # every split walk's non-packed blocks at this width, whatever the rule says (A/B)
+TWO_SPLIT_MAX_BLOCK = 64
 
 
 # A split scan walker whose value-free states (no split dim) pass WIDE_VALUE_FREE_ELEMENTS narrows

@@ -90,8 +90,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     multiplied (tl.dot input_precision: "ieee" exact but slow to compile and run,
     "tf32x3" / "bf16x3" about fp32-accurate on tensor cores, "tf32" fastest; None:
     ``launch.exact_precision``). state_block: the
-    width of the value-dim block one state-pass program owns, where the program
-    allows splitting (default: small enough to fill the GPU). packed_block: the tile
+    width of the blocks of every non-packed dim a state-pass program splits (the value dim;
+    a second one where the program allows, linear's key dim; default: ``launch.state_blocks``). packed_block: the tile
     of a packed symmetric dim (default triton_gen.PACKED_TILE). state_options /
     output_options: launch arguments overriding the defaults of one kernel
     (e.g. {"DOT": tl.float32, "num_stages": 1}). schedule: "scan" (the chunk-parallel
