@@ -71,8 +71,11 @@ AUTO = [Variant(BF16, False, False, "auto")]
 # "auto" at d = 128: the long chunk where the cost model's intensity allows it, and HLA2's
 # scan in value blocks of one program a SM (launch.takes_long_chunk, launch.wide_value_free)
 AUTO_D128 = Variant(BF16, False, False, "auto", with_state=False, d=128)
+# gated too where each output term multiplies one [C, C] mask (linear: its state pass in key x
+# value tiles of 64, launch.state_blocks)
+AUTO_D128_GATED = Variant(BF16, True, True, "auto", d=128)
 D128 = {"linear": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128),
-                   Variant(BF16, True, True, "fused", d=128), AUTO_D128],
+                   Variant(BF16, True, True, "fused", d=128), AUTO_D128, AUTO_D128_GATED],
         "hla2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128), AUTO_D128],
         "ahla": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128), AUTO_D128],
         "power2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128)]}
