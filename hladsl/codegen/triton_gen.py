@@ -388,8 +388,13 @@ class _Lowering:
         output term and derived carry keeps ``dim`` free."""
         if not all(self._keeps_free(t, dim) for t in self.p.output + self.p.normalizer):
             return False
-        return not any(self.derived_dims[d.name].get(i) == dim and i not in d.poly.free
-                       for d in self.p.derived for m in d.poly.terms for i in m.indices())
+        return not self.derived_sums_over(dim)
+
+    def derived_sums_over(self, dim: str) -> bool:
+        """Does a derived carry sum over ``dim`` (one of its ``dim`` indices not free)? Then a
+        program holding one block of ``dim`` would form only part of it."""
+        return any(self.derived_dims[d.name].get(i) == dim and i not in d.poly.free
+                   for d in self.p.derived for m in d.poly.terms for i in m.indices())
 
     @staticmethod
     def _accumulate(block: Block, acc: str, value: str, coef: float, first: bool) -> None:
@@ -773,9 +778,8 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
     only = [st["name"] for st in read if not re.search(rf"\bst_{st['name']}\b", output_body)]
     if not program.derived or not only or any(st["tiled"] for st in states if st["read"]):
         return none
-    if any(low.derived_dims[d.name].get(i) in splits and i not in d.poly.free
-           for d in program.derived for m in d.poly.terms for i in m.indices()):
-        return none   # a sum over a dim the scan splits: each block would hold a part of it
+    if any(low.derived_sums_over(dim) for dim in splits):
+        return none   # each block of the scan would hold a part of the sum
     size = dict(program.sizes)
     derived = []
     for d in program.derived:
