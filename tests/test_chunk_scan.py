@@ -658,12 +658,16 @@ def test_scans_with_chunk_summaries_outside_the_states_stay_one_level(launched, 
     assert launched.count("scan_kernel") == 1 and launched.count("rscan_kernel") == 1
 
 
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])
 @pytest.mark.parametrize("params", [{}, {"normalize": True}])
-def test_the_scan_stores_the_derived_carries_the_output_reads(params, monkeypatch):
+def test_the_scan_carries_the_derived_carries_the_output_reads(params, gated, monkeypatch):
     """HLA2's output reads C and G only through W0 = S C - G (and m, h through its
-    normaliser's): the one-level scan stores W0 at each chunk start instead of C and G,
-    and the output kernel loads it (triton_gen._derived_starts). The same outputs as the
-    kernels contracting W0 themselves (DERIVED_STARTS off), and the path was taken."""
+    normaliser's): the one-level scan stores W0 at each chunk start instead of C and G, and
+    carries it by its own recursion (ir.recursion: W0' = ρ² W0 + S' ΔC - ΔG), G (and h) not
+    at all but recovered at the end (triton_gen._derived_starts, _derived_recursion); the
+    output kernel loads W0. Outputs and final states from an initial state: those of the
+    kernels contracting W0 themselves (DERIVED_STARTS off) within fp32 rounding, S, C, m
+    bitwise, and each the float64 reference's; both paths were taken."""
     seen = []
     real = launch.launch
 
@@ -673,17 +677,75 @@ def test_the_scan_stores_the_derived_carries_the_output_reads(params, monkeypatc
         return real(kernel, grid, args, *rest)
     monkeypatch.setattr(launch, "launch", spy)
     op = hladsl.load("hla2", backend="triton", chunk_size=16, **params)
+    ref = hladsl.load("hla2", backend="torch", **params)
     gen = torch.Generator().manual_seed(2)
     q, k, v = (0.5 * torch.randn(2, 48, 2, 8, generator=gen).abs() for _ in range(3))
-    g = -0.3 * torch.rand(2, 48, 2, generator=gen)
+    g = -0.3 * torch.rand(2, 48, 2, generator=gen) if gated else None
+    _, init = ref(q[:, :20], k[:, :20], v[:, :20], g=None if g is None else g[:, :20], output_final_state=True)
     try:
         op.schedule = "scan"
-        got = op(q, k, v, g=g, output_final_state=True)
+        got = op(q, k, v, g=g, initial_state=init, output_final_state=True)
         with launch.switched(DERIVED_STARTS=False):
-            want = op(q, k, v, g=g, output_final_state=True)
+            want = op(q, k, v, g=g, initial_state=init, output_final_state=True)
     finally:
         op.schedule = "auto"
     assert seen == [True, False]
+    exact = ref(q.double(), k.double(), v.double(), g=None if g is None else g.double(),
+                initial_state={n: x.double() for n, x in init.items()}, output_final_state=True)
     torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got[0].double(), exact[0], rtol=1e-5, atol=1e-5)
     for name in want[1]:
-        assert torch.equal(got[1][name], want[1][name]), name
+        if name in ("S", "C", "m"):   # carried as before
+            assert torch.equal(got[1][name], want[1][name]), name
+        torch.testing.assert_close(got[1][name], want[1][name], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[1][name].double(), exact[1][name], rtol=1e-5, atol=1e-5)
+
+
+def test_the_scan_drops_the_state_a_derived_carry_recovers():
+    """The generated scan under STORE_DERIVED: G (and h) not updated, W0 by its recursion (one
+    product a chunk, S at the chunk's end times C's delta), G formed once at the end; specs
+    whose derived carries have no such recursion keep the states (none shipped but HLA2 has
+    derived starts)."""
+    for params, dropped in (({}, ["G"]), ({"normalize": True}, ["G", "h"])):
+        cs = triton_gen.kernel_context(chunk_program(hladsl.compile_spec("hla2", **params), 16,
+                                                     (("d", 8), ("dv", 8)), True))["chunk_scan"]
+        assert cs["dropped"] == dropped
+        assert cs["recursion_code"].count("_dot(") == 1 and "_dot(nx_S, dl_C" in cs["recursion_code"]
+        assert "dr_W0 = dr_W0 * tl.exp(2 * lam_end)" in cs["recursion_code"]
+        assert "st_G = (dr_W0 - rc_G) * -1.0" in cs["recover_code"]
+    for name in ("linear", "ahla", "hla3_masked", "power"):
+        cs = triton_gen.kernel_context(chunk_program(hladsl.compile_spec(name), 16,
+                                                     tuple((x, 8) for x in hladsl.compile_spec(name).dims),
+                                                     True))["chunk_scan"]
+        assert cs is None or not cs["dropped"], name
+
+
+@pytest.mark.parametrize("params", [{}, {"normalize": True}])
+def test_derived_starts_read_only_by_sdot_dots_are_stored_in_sdot(params, monkeypatch):
+    """Under derived starts the output reads W0 only in an SDOT dot, and S only so (W0's
+    contraction, the one fp32 reader of S, moved into the scan): both are stored in SDOT's
+    dtype (bf16 on a GPU, forced here where SDOT is fp32); the normaliser's Wn0 multiplies
+    elementwise and stays fp32. The output is the fp32-starts one within bf16 rounding."""
+    ctx = triton_gen.kernel_context(chunk_program(hladsl.compile_spec("hla2", **params), 16,
+                                                  (("d", 8), ("dv", 8)), True))
+    cs = ctx["chunk_scan"]
+    assert {d["name"]: d["starts_sdot"] for d in cs["derived_starts"]} == (
+        {"dr_W0": True, "dr_Wn0": False} if params else {"dr_W0": True})
+    assert cs["sdot_beside_derived"] == ["S"]
+    assert not next(s for s in ctx["states"] if s["name"] == "S")["starts_sdot"]   # (without them)
+    op = hladsl.load("hla2", backend="triton", chunk_size=16, **params)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (0.5 * torch.randn(2, 48, 2, 8, generator=gen) for _ in range(3))
+    g = -0.3 * torch.rand(2, 48, 2, generator=gen)
+    op.schedule = "scan"
+    want = op(q, k, v, g=g)[0]
+    stored = []
+
+    def forced(read_only_as_sdot, sdot):
+        stored.append(read_only_as_sdot)
+        return torch.bfloat16 if read_only_as_sdot else torch.float32
+    monkeypatch.setattr(launch, "starts_dtype", forced)
+    got = op(q, k, v, g=g)[0]
+    assert sorted(stored) == ([False, True, True] if params else [True, True])   # (Wn0,) W0, S
+    err = ((got - want).norm() / want.norm()).item()
+    assert 0 < err < 1e-2

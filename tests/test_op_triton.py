@@ -161,11 +161,13 @@ def test_chunk_starts_stored_in_the_output_dot_dtype(monkeypatch, name):
     """launch.starts_dtype: chunk-start states the output kernel reads only as SDOT dot
     operands are stored in SDOT's dtype (bf16 on a GPU; fp32 on CPU, so forced here): the
     kernels store and read them so, and the output is the fp32 one within bf16 rounding of
-    those states. hla2 reads its states elementwise too: they stay fp32, the same bits."""
+    those states. hla2 reads its states elementwise too: they stay fp32, the same bits (under
+    the two-pass schedule; its scan's derived starts: test_chunk_scan)."""
     from hladsl.runtime import launch
     gen = torch.Generator().manual_seed(5)
     q, k, v, g = _inputs(name, gen, 2, 37, 2, 8, 8, True, False)
     op = hladsl.load(name, backend="triton", chunk_size=16)
+    op.schedule = "two_pass"
     want = op(q, k, v, g=g)[0]
     stored = []
 
@@ -325,9 +327,12 @@ def test_forward_keeps_the_state_pass_for_its_backward(monkeypatch, state_passes
     if cu is None:   # (a varlen plan is not cached) the groups' case ran in groups
         grouped = [p.scan_groups > 1 for p in triton_backward._PLANS.values()]
         assert grouped and all(x == (launch.SCAN_GROUP == 2) for x in grouped)
-    torch.testing.assert_close(o, o_re, rtol=1e-5, atol=1e-6)
+    # normwise: the recomputing forward may carry a derived carry by its recursion (hla2's W0,
+    # triton_gen._derived_recursion), another fp32 rounding of the same sums (each ~1e-7 of float64)
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()   # noqa: E731
+    assert rel(o, o_re) < 1e-6
     for n in final:
-        torch.testing.assert_close(final[n], final_re[n], rtol=1e-5, atol=1e-6)
+        assert rel(final[n], final_re[n]) < 1e-6, n
     for got, want in zip(grads, grads_re):
         assert torch.equal(got, want)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from dataclasses import replace
 
 from hladsl.codegen import templates
 from hladsl.codegen.prune import prune_dead
@@ -28,6 +29,7 @@ from hladsl.codegen.steps import Block, Tile, comment
 from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.precision import precision_plan
+from hladsl.ir.recursion import DELTA, recursion
 from hladsl.ir.scan import has_chunk_scan, scan_plan, split_complete_scan, staged_scan
 from hladsl.version import __version__
 from hladsl.ir.operands import Kind, Operand, exhaustive
@@ -412,23 +414,48 @@ class _Lowering:
         block = self.block
         block.section = "pre"
         start = len(block.lines)
-        sizes = dict(self.p.sizes)
         for d in self.p.derived:
-            dims = self.derived_dims[d.name]
             block.lines.append("")
             block.note(f"{d.name}[{','.join(d.poly.free)}] = {d.poly.text()}")
-            block.sizes = {i: f"B_{dim}" for i, dim in dims.items()}
-            block.exact = self.exact_sum(f"dr_{d.name}")
-            for n, m in enumerate(d.poly.terms):
-                tiles = [Tile(f"st_{f.name}", f.indices) for f in m.factors]
-                pl = plan(tuple(f.indices for f in m.factors), d.poly.free,
-                          tuple((i, sizes[dim]) for i, dim in dims.items()))
-                for s in pl.steps:
-                    tiles.append(block.contract(tiles[s.left], tiles[s.right], s.indices))
-                value = block.reduce(tiles[pl.result], d.poly.free).var
-                self._accumulate(block, f"dr_{d.name}", value, float(m.coef), first=n == 0)
-        block.exact = False
+            self.state_sum(f"dr_{d.name}", d.poly, {"P": "st_"}, exact_as=f"dr_{d.name}")
         return "\n".join(block.lines[start:]).lstrip("\n")
+
+    def state_sum(self, acc: str, poly, prefix: dict[str, str], exact_as: str, first: bool = True) -> None:
+        """``acc`` (+)= ``poly``, a sum of products of state tiles: a factor at ``where`` is the
+        tile ``prefix[where] + name`` (st_: carried, nx_: the chunk's end, dl_: its delta); a
+        monomial's ρ_B^p is exp(p Λ_end) (gated only). Products as precise as ``exact_as``'s."""
+        block = self.block
+        sizes = dict(self.p.sizes)
+        dims = {i: dim for m in poly.terms for f in m.factors
+                for i, dim in zip(f.indices, self.state_dims[f.name])}
+        block.sizes = {i: f"B_{dim}" for i, dim in dims.items()}
+        block.exact = self.exact_sum(exact_as)
+        for n, m in enumerate(poly.terms):
+            factors = [_free_first(f, poly.free) for f in m.factors]
+            tiles = [Tile(prefix[f.where] + f.name, f.indices) for f in factors]
+            pl = plan(tuple(f.indices for f in factors), poly.free,
+                      tuple((i, sizes[dim]) for i, dim in dims.items()))
+            for s in pl.steps:
+                tiles.append(block.contract(tiles[s.left], tiles[s.right], s.indices))
+            value = block.reduce(tiles[pl.result], poly.free).var
+            power = dict(m.rho).get("B", 0)
+            if power and self.p.gated:
+                value = f"{value} * tl.exp({power} * lam_end)"
+            self._accumulate(block, acc, value, float(m.coef), first=first and n == 0)
+        block.exact = False
+
+
+def _free_first(f, free) -> object:
+    """``f`` with the indices of each symmetric slot group reordered, free ones first: the
+    same tile (the group's slots are interchangeable), oriented for a product without a
+    transpose (HLA2's S@N[_0,w0] C@B[_0,w1] reads S as [w0,_0])."""
+    idx = list(f.indices)
+    for group in f.symmetric:
+        slots = sorted(group)
+        names = sorted((idx[s] for s in slots), key=lambda i: i not in free)
+        for slot, name in zip(slots, names):
+            idx[slot] = name
+    return replace(f, indices=tuple(idx))
 
 
 _INDEX_DIMS = exhaustive({
@@ -538,7 +565,7 @@ def kernel_context(program: ChunkProgram, stage_complete: bool = False) -> dict:
     if chunk_scan:   # (a two-stage scan holds a derived carry's states in two kernels: none there)
         chunk_scan.update(dict(NO_DERIVED_STARTS) if chunk_scan["stage"] else _derived_starts(
             low, program, states, splits, "\n".join(
-                [num["pre"], num["loop"], num["post"], den["pre"], den["loop"], den["post"]])))
+                [num["pre"], num["loop"], num["post"], den["pre"], den["loop"], den["post"]]), chunk_scan))
     fused = _fused(low, program, splits, o_dim)   # a fresh kernel region: last
     return {
         "name": alg.name,
@@ -762,17 +789,22 @@ def _second_stage(low: _Lowering, program: ChunkProgram, states: list[dict], sta
             "scan_code": scan_code, "scan_chained_dots": scan_chained}
 
 
-NO_DERIVED_STARTS = {"derived_starts": [], "derived_only": [], "derived_scan_code": ""}
+NO_RECURSION = {"recursion_code": "", "recover_code": "", "dropped": []}
+NO_DERIVED_STARTS = {"derived_starts": [], "derived_only": [], "derived_scan_code": "", "sdot_beside_derived": [],
+                     **NO_RECURSION}
 
 
-def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], splits, output_body: str) -> dict:
+def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], splits, output_body: str,
+                    chunk_scan: dict) -> dict:
     """Where the output kernel reads some states only through derived carries (HLA2's C and G,
     only in W0 = S C - G) and the derived carries take no more bytes than those states, the
     one-level scan computes the derived carries at each chunk start (where it holds the states)
     and stores them instead (``derived_starts``; the output kernel then loads them, skipping
     their contraction, and never reads the states in ``derived_only``); empty entries where that
-    does not apply. The derived code is lowered afresh, its temps renamed (``dt``) so that they
-    cannot meet the scan's own."""
+    does not apply. Each is stored in the output's SDOT where that kernel reads it only as an
+    SDOT dot operand (``starts_sdot``, as the states' chunk starts), and so are the states it
+    then reads only so (``sdot_beside_derived``). The derived code is lowered
+    afresh, its temps renamed (``dt``) so that they cannot meet the scan's own."""
     none = dict(NO_DERIVED_STARTS)
     read = [st for st in states if st["read"] and not st["tiled"]]
     only = [st["name"] for st in read if not re.search(rf"\bst_{st['name']}\b", output_body)]
@@ -787,13 +819,76 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
         off, msk, numel = _layout(dims)
         derived.append({"name": f"dr_{d.name}", "dims": dims, "off": off, "msk": msk, "numel": numel,
                         "own": owned_mask(f"dr_{d.name}", dims, splits, mask="dmsk_"),
-                        "shape": [size[x] for x in dims]})
+                        "shape": [size[x] for x in dims],
+                        "starts_sdot": read_only_as_sdot(output_body, f"dr_{d.name}")})
     elements = lambda dims: math.prod(size[x] for x in dims)   # noqa: E731
     if sum(elements(d["dims"]) for d in derived) > sum(elements(st["dims"]) for st in read if st["name"] in only):
         return none
     low.region()
     code = re.sub(r"\bt(\d+)\b", r"dt\1", low.derived())
-    return {"derived_starts": derived, "derived_only": only, "derived_scan_code": code}
+    # states the output then reads only as SDOT operands (HLA2's S: in W0's contraction no more)
+    beside = [st["name"] for st in read if st["name"] not in only
+              and read_only_as_sdot(output_body, f"st_{st['name']}")]
+    return {"derived_starts": derived, "derived_only": only, "derived_scan_code": code,
+            "sdot_beside_derived": beside, **_derived_recursion(low, program, chunk_scan, only, output_body, code)}
+
+
+def _dots(code: str) -> int:
+    return len(re.findall(r"\b_dot\(", code))
+
+
+def _derived_recursion(low: _Lowering, program: ChunkProgram, cs: dict, only, output_body: str,
+                       derived_code: str) -> dict:
+    """Where each derived carry has a recursion over chunks that drops a state
+    (``ir.recursion``: HLA2's W0' = ρ² W0 + S' ΔC - ΔG, G not carried) and the recursions
+    take fewer products a step than forming the derived carries from the states and updating
+    the dropped ones (HLA2: 1 against 2), the scan under STORE_DERIVED carries the derived
+    carries instead: ``recursion_code`` after the state updates (temps ``rt``), the dropped
+    states (``dropped``) not updated, and ``recover_code`` (temps ``vt``) forming them from
+    the derived carries for the final states. NO_RECURSION entries where that does not apply."""
+    alg = program.algebra
+    scan_code = {c["name"]: c["code"] for c in cs["scan_code"]}
+    reads = {x: {y for y, code in scan_code.items() if y != x and re.search(rf"\bst_{x}\b", code)}
+             for x in scan_code}
+    recursions = []
+    for d in program.derived:
+        elsewhere = ({x for x in scan_code if x not in only or reads[x]}
+                     | {f.name for e in program.derived if e is not d for m in e.poly.terms for f in m.factors})
+        rec = recursion(alg, d.name, d.poly, elsewhere)
+        if rec is None or not rec.dropped:
+            return dict(NO_RECURSION)
+        factors = [f for m in rec.terms.terms for f in m.factors]
+        if (any(program.is_packed(f.name) for f in factors)
+                or any(f.name not in cs["deltas"] for f in factors if f.where == DELTA)
+                or any(f.name not in scan_code for f in factors if f.where != DELTA)):
+            return dict(NO_RECURSION)
+        recursions.append(rec)
+    dropped = [r.dropped for r in recursions]
+    if len(set(dropped)) < len(dropped) or any(
+            f.name in dropped for r in recursions for m in r.terms.terms for f in m.factors if f.where != DELTA):
+        return dict(NO_RECURSION)
+    low.region()
+    block = low.block
+    for r in recursions:
+        block.note(r.text())
+        if program.gated:
+            block.assign(f"dr_{r.name}", f"dr_{r.name} * tl.exp({r.weight} * lam_end)")
+        low.state_sum(f"dr_{r.name}", r.terms, {"A": "st_", "N": "nx_", "B": "dl_"}, f"dr_{r.name}", first=False)
+    code = re.sub(r"\bt(\d+)\b", r"rt\1", "\n".join(block.lines))
+    if _dots(code) >= _dots(derived_code) + sum(_dots(scan_code[x]) for x in dropped):
+        return dict(NO_RECURSION)
+    low.region()
+    block = low.block
+    for r in recursions:
+        x, acc = r.dropped, f"rc_{r.dropped}"
+        block.note(f"{x} = ({r.name} - ({r.rest.text() if r.rest.terms else '0'})) / {r.dropped_coef}")
+        if r.rest.terms:
+            low.state_sum(acc, r.rest, {"P": "st_"}, f"dr_{r.name}")
+            block.assign(f"st_{x}", f"(dr_{r.name} - {acc}) * {float(1 / r.dropped_coef)!r}")
+        else:
+            block.assign(f"st_{x}", f"dr_{r.name} * {float(1 / r.dropped_coef)!r}")
+    recover = re.sub(r"\bt(\d+)\b", r"vt\1", "\n".join(block.lines))
+    return {"recursion_code": code, "recover_code": recover, "dropped": dropped}
 
 
 def _state_splits(low: _Lowering, o_dim: str) -> list[str]:

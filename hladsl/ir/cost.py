@@ -109,7 +109,9 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
     and HBM bytes per token as ``kernel_costs`` counts them. Its sequential kernels' FLOPs
     are what one program per (sequence, head) walks chunk after chunk. Empty where the
     program has no such scan. The output kernel is ``kernel_costs``' (a one-stage scan may
-    store derived carries for it instead of the states they read, HLA2's W0: not counted)."""
+    store derived carries for it instead of the states they read, HLA2's W0, carry them by
+    their own recursion instead of those states, and store both in bf16 where only bf16 dots
+    read them: not counted)."""
     plan_ = scan_plan(program)
     if two_stages:
         staged = split_complete_scan(program, plan_)

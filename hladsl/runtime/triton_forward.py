@@ -157,17 +157,19 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     # through them (triton_gen._derived_starts: HLA2's W0 = S C - G instead of C and G)
     derived = plan.derived_starts and store_chunks and not states_only
     derived_only = set(ctx["chunk_scan"]["derived_only"]) if derived else set()
+    sdot_beside = set(ctx["chunk_scan"]["sdot_beside_derived"]) if derived else set()
     for s in ctx["states"]:
         if s["read"]:
             init = state_args[f"init_{s['name']}"]
+            as_sdot = s["starts_sdot"] or s["name"] in sdot_beside
             starts = per_chunk_alloc(init, seq_chunks)((n_seq, heads, n_chunks) + tuple(init.shape[2:]),
-                                                      dtype=launch.starts_dtype(s["starts_sdot"], sdot)) \
+                                                      dtype=launch.starts_dtype(as_sdot, sdot)) \
                 if (store_chunks or s["name"] in first_stage) and s["name"] not in derived_only \
                 else final[s["name"]]   # (never written)
             state_args[f"starts_{s['name']}"] = out_args[f"starts_{s['name']}"] = starts
     like = next(iter(final.values()))
     derived_args = derived_start_args(ctx, like, per_chunk_alloc(like, seq_chunks) if derived else None,
-                                      (n_seq, heads, n_chunks))
+                                      (n_seq, heads, n_chunks), sdot)
     if derived_args:   # the scan's and the output kernel's parameters
         out_args.update(derived_args, DERIVED_STARTS=derived)
         derived_args["STORE_DERIVED"] = derived
@@ -194,13 +196,14 @@ def _output(module, ctx, plan, program, tiles, lam, starts_args: dict, eps, out_
     return o
 
 
-def derived_start_args(ctx: dict, like: torch.Tensor, alloc=None, rows: tuple = ()) -> dict:
+def derived_start_args(ctx: dict, like: torch.Tensor, alloc=None, rows: tuple = (), sdot=None) -> dict:
     """The derived-start buffers of the scan and output kernels (``triton_gen._derived_starts``;
-    none where the program has none): ``alloc(rows + shape)`` each, or ``like`` where they are
-    parameters only (not stored, not read)."""
+    none where the program has none): ``alloc(rows + shape)`` each, in the output kernel's
+    ``sdot`` where it reads that carry only as an SDOT operand (``launch.starts_dtype``), or
+    ``like`` where they are parameters only (not stored, not read)."""
     cs = ctx["chunk_scan"]
-    return {f"dstart_{d['name']}": alloc(rows + tuple(d["shape"])) if alloc else like
-            for d in (cs["derived_starts"] if cs else ())}
+    return {f"dstart_{d['name']}": alloc(rows + tuple(d["shape"]), dtype=launch.starts_dtype(d["starts_sdot"], sdot))
+            if alloc else like for d in (cs["derived_starts"] if cs else ())}
 
 
 def _given_starts_output(module, ctx, plan, program, tiles, lam, given, eps, out_dtype, scales, options,

@@ -72,7 +72,7 @@ class Spec:
     heavy: bool = False             # minutes-long compiles (benchmarks/compile_probe.py): `slow`
     scan: bool = False              # it has the chunk-parallel state pass (schedule "scan")
     long_chunk: bool = True         # "auto" takes launch.LONG_CHUNK for it (ungated, its head dim)
-    scan_default: bool = False      # "auto" runs its scan (HLA3's two stages): the long test runs it too
+    scan_default: bool = False      # "auto" runs its scan (HLA3's two stages, HLA2's one): the long test runs it too
     staged: bool = False            # its complete chunk scan also runs in two stages (schedule "staged")
 
     def source(self) -> str:
@@ -85,7 +85,8 @@ SPECS = [
     # (its chunk scan runs in two stages, ir.scan.staged_scan, at C = 64: the default path of bf16 calls)
     Spec("hla3", "hla3", heavy=True, scan=True, long_chunk=False, scan_default=True),
     Spec("hla3_masked", "hla3_masked", heavy=True, scan=True, staged=True),
-    Spec("hla2", "hla2", scan=True, staged=True),
+    # (its "auto" forward: the one-level scan carrying W0 by its recursion, ir.recursion)
+    Spec("hla2", "hla2", scan=True, staged=True, scan_default=True),
     Spec("ahla", "ahla", scan=True, staged=True),
     Spec("power2", "power", {"p": 2}, fused=False),
     # d = 32: the packed p = 3 state has C(34, 3) = 5984 rows (45760 at d = 64,

@@ -7,8 +7,9 @@ bf16 dots are off, so SDOT is fp32 there).
   dtype as it is loaded, equals torch's ``q * scale`` -- forward, final states and every
   gradient. (fp32 inputs are not claimed bitwise: the compiler may fuse the product
   into the next FMA, one rounding fewer.)
-* STARTS_IN_SDOT: chunk-start states stored in bf16 where the output kernel only feeds
-  them to bf16 dots give the same output as fp32 starts rounded at the dot.
+* STARTS_IN_SDOT: chunk-start states (and a scan's derived starts) stored in bf16 where the
+  output kernel only feeds them to bf16 dots give the same output as fp32 starts rounded at
+  the dot.
 """
 from __future__ import annotations
 
@@ -50,10 +51,13 @@ def test_query_scale_in_the_kernels_is_torchs_bits(spec, dtype, monkeypatch):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("spec", [pytest.param(s, marks=group("kernel_io", s)) for s in ("linear", "ahla")])
-def test_bf16_chunk_starts_give_the_same_output(spec, monkeypatch):
+@pytest.mark.parametrize("spec, schedule", [
+    pytest.param(s, schedule, marks=group("kernel_io", s))
+    # hla2 under the one-level scan: its derived start W0 and then S (triton_gen._derived_starts)
+    for s, schedule in (("linear", "two_pass"), ("ahla", "two_pass"), ("hla2", "scan"))])
+def test_bf16_chunk_starts_give_the_same_output(spec, schedule, monkeypatch):
     op = hladsl.load(spec)
-    op.schedule = "two_pass"     # the state pass stores chunk starts (the fused schedule has none)
+    op.schedule = schedule     # the state pass stores chunk starts (the fused schedule has none)
     q, k, v, g = _inputs(torch.bfloat16, seed=1)
     monkeypatch.setattr(launch, "STARTS_IN_SDOT", False)
     want = op(q, k, v, g=g)[0]

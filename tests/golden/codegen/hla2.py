@@ -683,14 +683,15 @@ def scan_kernel(
     doff_dr_W0 = offs_d[:, None] * D_dv + offs_dv[None, :]
     dmsk_dr_W0 = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
     down_dr_W0 = dmsk_dr_W0
+    if STORE_DERIVED:  # the derived carries at the first chunk's start; then their own recursion (ir.recursion)
+        # W0[_0,e] = -G@P[_0,e] + C@P[_1,e] S@P[_0,_1]
+        dr_W0 = -st_G
+        # [_0,e] = st_C[_1,e] · st_S[_0,_1]   (matmul over _1)
+        dt1 = _dot(st_S, st_C, tl.float32, PREC)
+        dr_W0 += dt1
     for i_c in range(c_lo, c_hi):
         if STORE_CHUNKS:
             if STORE_DERIVED:  # the output kernel reads these, not C, G
-                # W0[_0,e] = -G@P[_0,e] + C@P[_1,e] S@P[_0,_1]
-                dr_W0 = -st_G
-                # [_0,e] = st_C[_1,e] · st_S[_0,_1]   (matmul over _1)
-                dt1 = _dot(st_S, st_C, tl.float32, PREC)
-                dr_W0 += dt1
                 tl.store(dstart_dr_W0 + (crow * n_chunks + i_c) * (D_d * D_dv) + doff_dr_W0, dr_W0, mask=down_dr_W0)
                 tl.store(starts_S + (crow * n_chunks + i_c) * (D_d * D_d) + off_S, st_S, mask=own_S)
 
@@ -723,20 +724,36 @@ def scan_kernel(
         nx_C += dl_C  # + the chunk's own delta (delta_kernel)
 
         # ---- G: state at the end of this chunk
-        # +1 · G@P[i,e]   [carry only; w(P)=2]
-        nx_G = st_G * tl.exp(2 * lam_end)
+        if STORE_DERIVED:  # not carried: recovered from the derived carries at the end
+            nx_G = st_G
+        else:
+            # +1 · G@P[i,e]   [carry only; w(P)=2]
+            nx_G = st_G * tl.exp(2 * lam_end)
 
-        # +1 · C@P[s0,e] k_n0[i] k_n0[s0]   [n0 in chunk; w(n0)=1, w(P)=1]
-        # = carried states x the chunk delta of S (dl_S), not its tokens again (ir.scan)
-        # [i,e] = st_C[s0,e] · dl_S[i,s0]   (matmul over s0)
-        t1 = _dot(dl_S, st_C, tl.float32, PREC)
-        nx_G += t1 * tl.exp(1 * lam_end)
-        nx_G += dl_G  # + the chunk's own delta (delta_kernel)
+            # +1 · C@P[s0,e] k_n0[i] k_n0[s0]   [n0 in chunk; w(n0)=1, w(P)=1]
+            # = carried states x the chunk delta of S (dl_S), not its tokens again (ir.scan)
+            # [i,e] = st_C[s0,e] · dl_S[i,s0]   (matmul over s0)
+            t1 = _dot(dl_S, st_C, tl.float32, PREC)
+            nx_G += t1 * tl.exp(1 * lam_end)
+            nx_G += dl_G  # + the chunk's own delta (delta_kernel)
+        if STORE_DERIVED:  # the derived carries at the end of this chunk, by their recursion
+            # W0(A⊕B) = ρ_B^2 W0(A) + C@B[_0,w1] S@N[_0,w0] - G@B[w0,w1]   (G not carried: recovered from W0 at the end)
+            dr_W0 = dr_W0 * tl.exp(2 * lam_end)
+            # [w0,w1] = dl_C[_0,w1] · nx_S[w0,_0]   (matmul over _0)
+            rt1 = _dot(nx_S, dl_C, tl.float32, PREC)
+            dr_W0 += rt1
+            dr_W0 -= dl_G
 
         st_S = nx_S
         st_C = nx_C
         st_G = nx_G
     if STORE_LAST:
+        if STORE_DERIVED:  # G from the derived carries
+            # G = (W0 - (C@P[_1,w1] S@P[w0,_1])) / -1
+            # [w0,w1] = st_C[_1,w1] · st_S[w0,_1]   (matmul over _1)
+            vt1 = _dot(st_S, st_C, tl.float32, PREC)
+            rc_G = vt1
+            st_G = (dr_W0 - rc_G) * -1.0
         tl.store(final_S + walker * (D_d * D_d) + off_S, st_S, mask=own_S)
         tl.store(final_C + walker * (D_d * D_dv) + off_C, st_C, mask=own_C)
         tl.store(final_G + walker * (D_d * D_dv) + off_G, st_G, mask=own_G)

@@ -1,0 +1,114 @@
+"""A derived carry's own recursion over chunks, from the combine.
+
+A derived carry W is a polynomial of carried states (HLA2's W0 = S C - G). Expanding
+W(A⊕B) by each state's combine and taking away ρ_B^w W(A) leaves terms in the chunk's
+deltas (where B) and the carried states (where A); a term X@A ρ_B^{w_X} Y@B beside
+X@B Y@B, for a state X whose combine has no cross term (X(A⊕B) = ρ_B^{w_X} X(A) + X(B)),
+folds into X@N Y@B, with X@N the state at the chunk's end. HLA2:
+
+    W0(A⊕B) = ρ_B^2 W0(A) + S@N[i,j] C@B[j,e] - G@B[i,e]
+
+one d x d x dv product a chunk where carrying G took two (G += ρ ΔS C, W0 = S C - G). A
+state that the recursion does not read, that W holds as a lone linear term (G) and that
+nothing else reads, need not be carried at all: the scan recovers it from W at the end
+(G = S C - W0). ``recursion`` derives this and proves it (``check``: the recursion with
+each X@N expanded by the combine equals W(A⊕B) expanded, symbolically), or returns None.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+from hladsl.ir.algebra import Algebra
+from hladsl.ir.combine import combine
+from hladsl.ir.expr import Monomial, Poly, canonical_key, substitute
+
+START, END, DELTA = "A", "N", "B"   # the carried state at the chunk start / end, the chunk's delta
+
+
+@dataclass(frozen=True)
+class Recursion:
+    name: str            # the derived carry
+    free: tuple[str, ...]   # its indices, as ``terms`` and ``rest`` name them
+    weight: int          # W(A) decays by ρ_B^weight over the chunk
+    terms: Poly          # the rest of W(A⊕B): factors where START, END or DELTA; ρ_B powers
+    dropped: str         # the state the scan need not carry ("" where none)
+    dropped_coef: Fraction = Fraction(1)
+    rest: Poly | None = None   # W's other terms (where 'P'): dropped = (W - rest) / dropped_coef
+
+    def text(self) -> str:
+        line = f"{self.name}(A⊕B) = ρ_B^{self.weight} {self.name}(A) + {self.terms.text()}"
+        if self.dropped:
+            line += f"   ({self.dropped} not carried: recovered from {self.name} at the end)"
+        return line
+
+
+def _on(poly: Poly, where: str) -> Poly:
+    return poly.map_terms(lambda m: replace(m, factors=tuple(replace(f, where=where) for f in m.factors)))
+
+
+def _expand(alg: Algebra, poly: Poly, where: str) -> Poly:
+    """Every state factor at ``where`` replaced by its combine over (A, B)."""
+    return substitute(poly, lambda f: combine(alg, alg.summary(f.name), START, DELTA)
+                      if f.kind == "state" and f.where == where else None)
+
+
+def _key(m: Monomial, free) -> tuple:
+    return canonical_key(m, free), m.coef
+
+
+def recursion(alg: Algebra, name: str, poly: Poly, read_elsewhere: set[str]) -> Recursion | None:
+    """W = ``poly`` (state factors where 'P') as a recursion over chunks, or None where a
+    term of W(A⊕B) - ρ^w W(A) reads two carried states at once or W is not homogeneous in
+    decay. ``read_elsewhere``: states something besides W reads (they stay carried)."""
+    free = tuple(f"w{n}" for n in range(len(poly.free)))
+    poly = Poly(free, tuple(m.relabel(dict(zip(poly.free, free))) for m in poly.terms))
+    weights = {sum(alg.summary(f.name).weight for f in m.factors) for m in poly.terms}
+    if len(weights) != 1 or any(m.rho for m in poly.terms):
+        return None
+    (weight,) = weights
+    joint = _expand(alg, _on(poly, "AB"), "AB")
+    start = _on(poly, START).map_terms(lambda m: m.with_rho(DELTA, weight))
+    delta = _on(poly, DELTA).canonical()
+    cross = (joint + start.scaled(-1) + delta.scaled(-1)).canonical()
+    if any(sum(f.where == START for f in m.factors) != 1 for m in cross.terms):
+        return None
+    # X@A ρ^{w_X} Y@B + X@B Y@B -> X@N Y@B where X's combine has no cross term
+    left = {_key(m, free): m for m in cross.terms}
+    terms = []
+    for m in delta.terms:
+        for k, f in enumerate(m.factors):
+            x = alg.summary(f.name)
+            if x.crosses:
+                continue
+            partner = replace(m, factors=m.factors[:k] + (replace(f, where=START),) + m.factors[k + 1:])
+            key = _key(partner.with_rho(DELTA, x.weight), free)
+            if key in left:
+                del left[key]
+                m = replace(m, factors=m.factors[:k] + (replace(f, where=END),) + m.factors[k + 1:])
+                break
+        terms.append(m)
+    walked = Poly(free, tuple(terms) + tuple(left.values())).canonical()
+    carried = {f.name for m in walked.terms for f in m.factors if f.where in (START, END)}
+    dropped, coef, rest = "", Fraction(1), None
+    for n, m in enumerate(poly.terms):
+        (f, *more) = m.factors
+        if (not more and f.name not in carried | read_elsewhere and tuple(f.indices) == free
+                and sum(g.name == f.name for t in poly.terms for g in t.factors) == 1):
+            dropped, coef = f.name, Fraction(m.coef)
+            rest = Poly(free, poly.terms[:n] + poly.terms[n + 1:])
+            break
+    found = Recursion(name, free, weight, walked, dropped, coef, rest)
+    check(alg, poly, found)
+    return found
+
+
+def check(alg: Algebra, poly: Poly, rec: Recursion) -> None:
+    """ρ_B^w W(A) + terms, each X@N expanded by its combine, is W(A⊕B) expanded: a proof, not
+    a test (raises where the derivation is wrong)."""
+    joint = _expand(alg, _on(poly, "AB"), "AB")
+    start = _on(poly, START).map_terms(lambda m: m.with_rho(DELTA, rec.weight))
+    walked = _expand(alg, rec.terms, END)
+    defect = (joint + start.scaled(-1) + walked.scaled(-1)).canonical()
+    if defect.terms:
+        raise AssertionError(f"the recursion of {rec.name} is wrong by {defect.text()}")
