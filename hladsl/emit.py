@@ -174,6 +174,8 @@ def _program_text(prog) -> str:
                          if prog.is_packed(n)))
     for d in prog.derived:
         lines.append(f"derived {d.name}[{','.join(d.poly.free)}] = {d.poly.text()}")
+    for text in _scan_recursions(prog):
+        lines.append(f"  the one-stage forward scan carries it by its own recursion (ir.recursion): {text}")
     lines += precision_plan(prog).describe()
     lines.append("output terms (parallel over chunks):")
     for t in prog.output:
@@ -254,6 +256,19 @@ def reverse_scan_lines(bwd) -> list[str]:
              + (f" and {len(split.scan)} reading forward chunk deltas:" if split.scan else "")]
     lines += [f"  {g.text()}" for g in split.scan]
     return lines
+
+
+def _scan_recursions(prog) -> list[str]:
+    """The derived carries the one-stage forward scan carries by their recursion
+    (``codegen.triton_gen._derived_recursion``); none where the program has no Triton kernels."""
+    from hladsl.codegen.triton_gen import kernel_context
+    if not prog.derived:
+        return []
+    try:
+        scan = kernel_context(prog)["chunk_scan"]
+    except ValueError:
+        return []
+    return scan["recursions"] if scan else []
 
 
 def _chunk_bwd(spec, params, out_dir):

@@ -789,7 +789,7 @@ def _second_stage(low: _Lowering, program: ChunkProgram, states: list[dict], sta
             "scan_code": scan_code, "scan_chained_dots": scan_chained}
 
 
-NO_RECURSION = {"recursion_code": "", "recover_code": "", "dropped": []}
+NO_RECURSION = {"recursion_code": "", "recover_code": "", "dropped": [], "recursions": []}
 NO_DERIVED_STARTS = {"derived_starts": [], "derived_only": [], "derived_scan_code": "", "sdot_beside_derived": [],
                      **NO_RECURSION}
 
@@ -888,7 +888,8 @@ def _derived_recursion(low: _Lowering, program: ChunkProgram, cs: dict, only, ou
         else:
             block.assign(f"st_{x}", f"dr_{r.name} * {float(1 / r.dropped_coef)!r}")
     recover = re.sub(r"\bt(\d+)\b", r"vt\1", "\n".join(block.lines))
-    return {"recursion_code": code, "recover_code": recover, "dropped": dropped}
+    return {"recursion_code": code, "recover_code": recover, "dropped": dropped,
+            "recursions": [r.text() for r in recursions]}
 
 
 def _state_splits(low: _Lowering, o_dim: str) -> list[str]:

@@ -1,0 +1,64 @@
+"""ir.recursion: a derived carry's own recursion over chunks, derived from the combine and
+proved symbolically (the codegen's use of it: tests/test_chunk_scan.py)."""
+from dataclasses import replace
+from fractions import Fraction
+
+import pytest
+
+import hladsl
+from hladsl.ir.pipeline import chunk_program
+from hladsl.ir.recursion import check, recursion
+
+CUBIC = """
+mechanism cubic {
+  dims d, dv
+  input q[d], k[d], v[dv]
+  state S[i, j] = k[i] k[j]  symmetric(i, j)
+  state C[i, e] = q[i] v[e]
+  output o[e] = q[i] S[i, j] S[j, l] C[l, e]
+}
+"""
+
+
+def _derived(spec, **params):
+    alg = hladsl.compile_spec(spec, **params)
+    program = chunk_program(alg, 16, tuple((x, 8) for x in alg.dims), True)
+    return alg, {d.name: d.poly for d in program.derived}
+
+
+def test_hla2_carries_w0_by_one_product_a_chunk_and_drops_g():
+    alg, derived = _derived("hla2", normalize=True)
+    w0 = recursion(alg, "W0", derived["W0"], set())
+    assert w0.weight == 2 and w0.dropped == "G" and w0.dropped_coef == -1
+    assert w0.terms.text() == "C@B[_0,w1] S@N[_0,w0] - G@B[w0,w1]"
+    assert w0.rest.text() == "C@P[_1,w1] S@P[w0,_1]"
+    wn0 = recursion(alg, "Wn0", derived["Wn0"], set())
+    assert (wn0.dropped, wn0.terms.text()) == ("h", "S@N[_0,w0] m@B[_0] - h@B[w0]")
+    # a state something else reads stays carried
+    assert recursion(alg, "W0", derived["W0"], {"G"}).dropped == ""
+
+
+def test_the_proof_rejects_a_wrong_recursion():
+    alg, derived = _derived("hla2")
+    good = recursion(alg, "W0", derived["W0"], set())
+    poly = derived["W0"]
+    free = good.free
+    renamed = type(poly)(free, tuple(m.relabel(dict(zip(poly.free, free))) for m in poly.terms))
+    check(alg, renamed, good)
+    for bad in (replace(good, weight=1),
+                replace(good, terms=type(good.terms)(free, good.terms.terms[:1])),
+                replace(good, terms=good.terms.map_terms(lambda m: m.scaled(Fraction(2))))):
+        with pytest.raises(AssertionError, match="the recursion of W0 is wrong"):
+            check(alg, renamed, bad)
+
+
+def test_no_recursion_where_a_term_reads_two_carried_states(tmp_path):
+    """W = S S C: W(A⊕B) holds S@A S@A C@B, which no single product of carried states and
+    a delta gives; HLA3's W0 has one (every term one carried state), which the codegen
+    declines for its cost (tests/test_chunk_scan.py)."""
+    path = tmp_path / "cubic.hla"
+    path.write_text(CUBIC)
+    alg, derived = _derived(str(path))
+    assert recursion(alg, "W0", derived["W0"], set()) is None
+    alg, derived = _derived("hla3")
+    assert recursion(alg, "W0", derived["W0"], set()).dropped == "G1"
