@@ -63,3 +63,21 @@ def state_passes(monkeypatch):
         monkeypatch.setattr(module, "run_state_pass",
                             lambda *a, _real=real, **kw: passes.append(1) or _real(*a, **kw))
     return passes
+
+
+@pytest.fixture
+def force_bf16_starts(monkeypatch):
+    """A callable that, called, makes ``launch.starts_dtype`` answer bf16 wherever the rule
+    may (read only as SDOT operands: on CPU SDOT is fp32, so the rule itself never does) and
+    returns the list of its ``read_only_as_sdot`` arguments, one per buffer asked for."""
+    from hladsl.runtime import launch
+
+    def force():
+        asked = []
+
+        def forced(read_only_as_sdot, sdot):
+            asked.append(read_only_as_sdot)
+            return torch.bfloat16 if read_only_as_sdot else torch.float32
+        monkeypatch.setattr(launch, "starts_dtype", forced)
+        return asked
+    return force

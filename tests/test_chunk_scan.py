@@ -721,7 +721,7 @@ def test_the_scan_drops_the_state_a_derived_carry_recovers():
 
 
 @pytest.mark.parametrize("params", [{}, {"normalize": True}])
-def test_derived_starts_read_only_by_sdot_dots_are_stored_in_sdot(params, monkeypatch):
+def test_derived_starts_read_only_by_sdot_dots_are_stored_in_sdot(params, monkeypatch, force_bf16_starts):
     """Under derived starts the output reads W0 only in an SDOT dot, and S only so (W0's
     contraction, the one fp32 reader of S, moved into the scan): both are stored in SDOT's
     dtype (bf16 on a GPU, forced here where SDOT is fp32); the normaliser's Wn0 multiplies
@@ -737,14 +737,9 @@ def test_derived_starts_read_only_by_sdot_dots_are_stored_in_sdot(params, monkey
     gen = torch.Generator().manual_seed(3)
     q, k, v = (0.5 * torch.randn(2, 48, 2, 8, generator=gen) for _ in range(3))
     g = -0.3 * torch.rand(2, 48, 2, generator=gen)
-    op.schedule = "scan"
+    monkeypatch.setattr(op, "schedule", "scan")   # (hladsl.load is memoised: restored)
     want = op(q, k, v, g=g)[0]
-    stored = []
-
-    def forced(read_only_as_sdot, sdot):
-        stored.append(read_only_as_sdot)
-        return torch.bfloat16 if read_only_as_sdot else torch.float32
-    monkeypatch.setattr(launch, "starts_dtype", forced)
+    stored = force_bf16_starts()
     got = op(q, k, v, g=g)[0]
     assert sorted(stored) == ([False, True, True] if params else [True, True])   # (Wn0,) W0, S
     err = ((got - want).norm() / want.norm()).item()

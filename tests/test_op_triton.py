@@ -157,24 +157,18 @@ def test_query_scale_applied_in_the_kernels_as_torch_would(monkeypatch, name, pa
 
 
 @pytest.mark.parametrize("name", ["linear", "ahla", "power", "hla2"])
-def test_chunk_starts_stored_in_the_output_dot_dtype(monkeypatch, name):
+def test_chunk_starts_stored_in_the_output_dot_dtype(monkeypatch, force_bf16_starts, name):
     """launch.starts_dtype: chunk-start states the output kernel reads only as SDOT dot
     operands are stored in SDOT's dtype (bf16 on a GPU; fp32 on CPU, so forced here): the
     kernels store and read them so, and the output is the fp32 one within bf16 rounding of
     those states. hla2 reads its states elementwise too: they stay fp32, the same bits (under
     the two-pass schedule; its scan's derived starts: test_chunk_scan)."""
-    from hladsl.runtime import launch
     gen = torch.Generator().manual_seed(5)
     q, k, v, g = _inputs(name, gen, 2, 37, 2, 8, 8, True, False)
     op = hladsl.load(name, backend="triton", chunk_size=16)
-    op.schedule = "two_pass"
+    monkeypatch.setattr(op, "schedule", "two_pass")   # (hladsl.load is memoised: restored)
     want = op(q, k, v, g=g)[0]
-    stored = []
-
-    def forced(read_only_as_sdot, sdot):
-        stored.append(read_only_as_sdot)
-        return torch.bfloat16 if read_only_as_sdot else torch.float32
-    monkeypatch.setattr(launch, "starts_dtype", forced)
+    stored = force_bf16_starts()
     got = op(q, k, v, g=g)[0]
     assert stored and all(stored) == (name != "hla2") and any(stored) == (name != "hla2")
     if name == "hla2":
