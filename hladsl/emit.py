@@ -172,10 +172,12 @@ def _program_text(prog) -> str:
                      f"{pd.base}; held packed: " + ", ".join(
                          f"{n}[{', '.join(prog.state_dims(n))}]" for n, _ in prog.states
                          if prog.is_packed(n)))
+    recursions = _scan_recursions(prog)
     for d in prog.derived:
         lines.append(f"derived {d.name}[{','.join(d.poly.free)}] = {d.poly.text()}")
-    for text in _scan_recursions(prog):
-        lines.append(f"  the one-stage forward scan carries it by its own recursion (ir.recursion): {text}")
+        if d.name in recursions:
+            lines.append(f"  the one-stage forward scan carries it by its own recursion (ir.recursion): "
+                         f"{recursions[d.name]}")
     lines += precision_plan(prog).describe()
     lines.append("output terms (parallel over chunks):")
     for t in prog.output:
@@ -258,17 +260,17 @@ def reverse_scan_lines(bwd) -> list[str]:
     return lines
 
 
-def _scan_recursions(prog) -> list[str]:
-    """The derived carries the one-stage forward scan carries by their recursion
+def _scan_recursions(prog) -> dict[str, str]:
+    """The derived carries the one-stage forward scan carries by their recursion, each's
     (``codegen.triton_gen._derived_recursion``); none where the program has no Triton kernels."""
     from hladsl.codegen.triton_gen import kernel_context
     if not prog.derived:
-        return []
+        return {}
     try:
         scan = kernel_context(prog)["chunk_scan"]
     except ValueError:
-        return []
-    return scan["recursions"] if scan else []
+        return {}
+    return scan["recursions"] if scan else {}
 
 
 def _chunk_bwd(spec, params, out_dir):

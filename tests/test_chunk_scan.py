@@ -682,13 +682,10 @@ def test_the_scan_carries_the_derived_carries_the_output_reads(params, gated, mo
     q, k, v = (0.5 * torch.randn(2, 48, 2, 8, generator=gen).abs() for _ in range(3))
     g = -0.3 * torch.rand(2, 48, 2, generator=gen) if gated else None
     _, init = ref(q[:, :20], k[:, :20], v[:, :20], g=None if g is None else g[:, :20], output_final_state=True)
-    try:
-        op.schedule = "scan"
-        got = op(q, k, v, g=g, initial_state=init, output_final_state=True)
-        with launch.switched(DERIVED_STARTS=False):
-            want = op(q, k, v, g=g, initial_state=init, output_final_state=True)
-    finally:
-        op.schedule = "auto"
+    monkeypatch.setattr(op, "schedule", "scan")   # (hladsl.load is memoised: restored)
+    got = op(q, k, v, g=g, initial_state=init, output_final_state=True)
+    with launch.switched(DERIVED_STARTS=False):
+        want = op(q, k, v, g=g, initial_state=init, output_final_state=True)
     assert seen == [True, False]
     exact = ref(q.double(), k.double(), v.double(), g=None if g is None else g.double(),
                 initial_state={n: x.double() for n, x in init.items()}, output_final_state=True)
@@ -701,11 +698,28 @@ def test_the_scan_carries_the_derived_carries_the_output_reads(params, gated, mo
         torch.testing.assert_close(got[1][name].double(), exact[1][name], rtol=1e-5, atol=1e-5)
 
 
-def test_the_scan_drops_the_state_a_derived_carry_recovers():
+# HLA2 with G held transposed, and with W0 = S C - 2 G: derived starts, but no recursion the
+# scan takes (the dropped state must be W's lone term in W's index order; the recursion of
+# the second reads C at the chunk start beside S' ΔC: 2 products, no fewer than today's)
+_G_TRANSPOSED = """
+mechanism g_transposed {
+  dims d, dv
+  input q[d], k[d], v[dv]
+  state S[i, j] = k[i] k[j]  symmetric(i, j)
+  state C[i, e] = q[i] v[e]
+  state G[e, i] = 0  cross S@B[i, j] C@A[j, e]
+  output o[e] = q[i] (S[i, j] C[j, e] - G[e, i])
+}
+"""
+_G_TWICE = _G_TRANSPOSED.replace("g_transposed", "g_twice").replace("G[e, i] = 0", "G[i, e] = 0").replace(
+    "- G[e, i]", "- 2 G[i, e]")
+
+
+def test_the_scan_drops_the_state_a_derived_carry_recovers(tmp_path):
     """The generated scan under STORE_DERIVED: G (and h) not updated, W0 by its recursion (one
-    product a chunk, S at the chunk's end times C's delta), G formed once at the end; specs
-    whose derived carries have no such recursion keep the states (none shipped but HLA2 has
-    derived starts)."""
+    product a chunk, S at the chunk's end times C's delta), G formed once at the end; where a
+    spec's derived carries have derived starts but no recursion worth taking, the scan keeps
+    its states (and the outputs are right either way)."""
     for params, dropped in (({}, ["G"]), ({"normalize": True}, ["G", "h"])):
         cs = triton_gen.kernel_context(chunk_program(hladsl.compile_spec("hla2", **params), 16,
                                                      (("d", 8), ("dv", 8)), True))["chunk_scan"]
@@ -713,11 +727,40 @@ def test_the_scan_drops_the_state_a_derived_carry_recovers():
         assert cs["recursion_code"].count("_dot(") == 1 and "_dot(nx_S, dl_C" in cs["recursion_code"]
         assert "dr_W0 = dr_W0 * tl.exp(2 * lam_end)" in cs["recursion_code"]
         assert "st_G = (dr_W0 - rc_G) * -1.0" in cs["recover_code"]
-    for name in ("linear", "ahla", "hla3_masked", "power"):
-        cs = triton_gen.kernel_context(chunk_program(hladsl.compile_spec(name), 16,
-                                                     tuple((x, 8) for x in hladsl.compile_spec(name).dims),
-                                                     True))["chunk_scan"]
-        assert cs is None or not cs["dropped"], name
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (0.5 * torch.randn(1, 40, 2, 8, generator=gen) for _ in range(3))
+    for source in (_G_TRANSPOSED, _G_TWICE):
+        path = tmp_path / "spec.hla"
+        path.write_text(source)
+        cs = triton_gen.kernel_context(chunk_program(hladsl.compile_spec(str(path)), 16,
+                                                     (("d", 8), ("dv", 8)), False))["chunk_scan"]
+        assert cs["derived_starts"] and not cs["dropped"] and cs["recursion_code"] == ""
+        op = hladsl.load(str(path), backend="triton", chunk_size=16)
+        op.schedule = "scan"
+        o = op(q, k, v)[0]
+        want = hladsl.load(str(path), backend="torch")(q.double(), k.double(), v.double())[0]
+        assert ((o.double() - want).norm() / want.norm()).item() < 1e-5
+
+
+def test_an_empty_sequence_returns_its_initial_state_to_the_recovery_s_rounding():
+    """Varlen with an empty sequence under the recursion: S, C pass through bit for bit; G,
+    recovered as S C - W0 once at the end (ir.recursion), within fp32 rounding of S C (and
+    not bit for bit: the trade ir.recursion states)."""
+    op = hladsl.load("hla2", backend="triton", chunk_size=16)
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (0.5 * torch.randn(1, 48, 2, 8, generator=gen) for _ in range(3))
+    init = {n: torch.randn(2, 2, *s, generator=gen) for n, s in op.state_shapes(8, 8).items()}
+    with launch.switched(SCAN_GROUP=0):
+        op.schedule = "scan"
+        try:
+            _, final = op(q, k, v, initial_state=init, output_final_state=True, cu_seqlens=torch.tensor([0, 0, 48]))
+        finally:
+            op.schedule = "auto"
+    for n in ("S", "C"):
+        assert torch.equal(final[n][0], init[n][0]), n
+    bound = 8 * init["S"][0].abs().max() * init["C"][0].abs().max()   # |S C| <= d max|S| max|C| (S is held packed)
+    err = (final["G"][0] - init["G"][0]).abs().max().item()
+    assert 0 < err < 1e-6 * bound.item(), err
 
 
 @pytest.mark.parametrize("params", [{}, {"normalize": True}])

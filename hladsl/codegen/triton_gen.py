@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from dataclasses import replace
 
 from hladsl.codegen import templates
@@ -29,7 +30,7 @@ from hladsl.codegen.steps import Block, Tile, comment
 from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.precision import precision_plan
-from hladsl.ir.recursion import DELTA, recursion
+from hladsl.ir.recursion import DELTA, END, START, recursion
 from hladsl.ir.scan import has_chunk_scan, scan_plan, split_complete_scan, staged_scan
 from hladsl.version import __version__
 from hladsl.ir.operands import Kind, Operand, exhaustive
@@ -423,7 +424,8 @@ class _Lowering:
     def state_sum(self, acc: str, poly, prefix: dict[str, str], exact_as: str, first: bool = True) -> None:
         """``acc`` (+)= ``poly``, a sum of products of state tiles: a factor at ``where`` is the
         tile ``prefix[where] + name`` (st_: carried, nx_: the chunk's end, dl_: its delta); a
-        monomial's ρ_B^p is exp(p Λ_end) (gated only). Products as precise as ``exact_as``'s."""
+        monomial's ρ_B^p (the chunk's decay, ``ir.recursion.DELTA``) is exp(p Λ_end) (gated
+        only). Products as precise as ``exact_as``'s."""
         block = self.block
         sizes = dict(self.p.sizes)
         dims = {i: dim for m in poly.terms for f in m.factors
@@ -438,7 +440,10 @@ class _Lowering:
             for s in pl.steps:
                 tiles.append(block.contract(tiles[s.left], tiles[s.right], s.indices))
             value = block.reduce(tiles[pl.result], poly.free).var
-            power = dict(m.rho).get("B", 0)
+            rho = dict(m.rho)
+            power = rho.pop(DELTA, 0)
+            if rho:
+                raise ValueError(f"{acc}: a decay over {sorted(rho)} is not the chunk's (ρ_{DELTA})")
             if power and self.p.gated:
                 value = f"{value} * tl.exp({power} * lam_end)"
             self._accumulate(block, acc, value, float(m.coef), first=first and n == 0)
@@ -789,7 +794,7 @@ def _second_stage(low: _Lowering, program: ChunkProgram, states: list[dict], sta
             "scan_code": scan_code, "scan_chained_dots": scan_chained}
 
 
-NO_RECURSION = {"recursion_code": "", "recover_code": "", "dropped": [], "recursions": []}
+NO_RECURSION = {"recursion_code": "", "recover_code": "", "dropped": [], "recursions": {}}
 NO_DERIVED_STARTS = {"derived_starts": [], "derived_only": [], "derived_scan_code": "", "sdot_beside_derived": [],
                      **NO_RECURSION}
 
@@ -830,14 +835,14 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
     beside = [st["name"] for st in read if st["name"] not in only
               and read_only_as_sdot(output_body, f"st_{st['name']}")]
     return {"derived_starts": derived, "derived_only": only, "derived_scan_code": code,
-            "sdot_beside_derived": beside, **_derived_recursion(low, program, chunk_scan, only, output_body, code)}
+            "sdot_beside_derived": beside, **_derived_recursion(low, program, chunk_scan, only, splits, code)}
 
 
 def _dots(code: str) -> int:
     return len(re.findall(r"\b_dot\(", code))
 
 
-def _derived_recursion(low: _Lowering, program: ChunkProgram, cs: dict, only, output_body: str,
+def _derived_recursion(low: _Lowering, program: ChunkProgram, cs: dict, only, splits,
                        derived_code: str) -> dict:
     """Where each derived carry has a recursion over chunks that drops a state
     (``ir.recursion``: HLA2's W0' = ρ² W0 + S' ΔC - ΔG, G not carried) and the recursions
@@ -845,7 +850,12 @@ def _derived_recursion(low: _Lowering, program: ChunkProgram, cs: dict, only, ou
     the dropped ones (HLA2: 1 against 2), the scan under STORE_DERIVED carries the derived
     carries instead: ``recursion_code`` after the state updates (temps ``rt``), the dropped
     states (``dropped``) not updated, and ``recover_code`` (temps ``vt``) forming them from
-    the derived carries for the final states. NO_RECURSION entries where that does not apply."""
+    the derived carries for the final states. NO_RECURSION entries where that does not apply:
+    a state the recursion needs has no delta or start in the scan, is packed, or a term sums
+    over a split dim (each block would hold part of it). "Fewer products" counts dot calls, a
+    heuristic that is right where the products are all d x d x dv (HLA2's). A recursion whose
+    proof fails (a bug in ``ir.recursion``) is declined with a warning: it is only a faster
+    schedule."""
     alg = program.algebra
     scan_code = {c["name"]: c["code"] for c in cs["scan_code"]}
     reads = {x: {y for y, code in scan_code.items() if y != x and re.search(rf"\bst_{x}\b", code)}
@@ -854,11 +864,17 @@ def _derived_recursion(low: _Lowering, program: ChunkProgram, cs: dict, only, ou
     for d in program.derived:
         elsewhere = ({x for x in scan_code if x not in only or reads[x]}
                      | {f.name for e in program.derived if e is not d for m in e.poly.terms for f in m.factors})
-        rec = recursion(alg, d.name, d.poly, elsewhere)
+        try:
+            rec = recursion(alg, d.name, d.poly, elsewhere)
+        except AssertionError as exc:
+            warnings.warn(f"{alg.name}: {exc}; the scan forms {d.name} from the states instead")
+            return dict(NO_RECURSION)
         if rec is None or not rec.dropped:
             return dict(NO_RECURSION)
         factors = [f for m in rec.terms.terms for f in m.factors]
-        if (any(program.is_packed(f.name) for f in factors)
+        summed = {dim for m in rec.terms.terms for f in m.factors
+                  for i, dim in zip(f.indices, low.state_dims[f.name]) if i not in rec.free}
+        if (any(program.is_packed(f.name) for f in factors) or summed & set(splits)
                 or any(f.name not in cs["deltas"] for f in factors if f.where == DELTA)
                 or any(f.name not in scan_code for f in factors if f.where != DELTA)):
             return dict(NO_RECURSION)
@@ -873,7 +889,8 @@ def _derived_recursion(low: _Lowering, program: ChunkProgram, cs: dict, only, ou
         block.note(r.text())
         if program.gated:
             block.assign(f"dr_{r.name}", f"dr_{r.name} * tl.exp({r.weight} * lam_end)")
-        low.state_sum(f"dr_{r.name}", r.terms, {"A": "st_", "N": "nx_", "B": "dl_"}, f"dr_{r.name}", first=False)
+        low.state_sum(f"dr_{r.name}", r.terms, {START: "st_", END: "nx_", DELTA: "dl_"}, f"dr_{r.name}",
+                      first=False)
     code = re.sub(r"\bt(\d+)\b", r"rt\1", "\n".join(block.lines))
     if _dots(code) >= _dots(derived_code) + sum(_dots(scan_code[x]) for x in dropped):
         return dict(NO_RECURSION)
@@ -889,7 +906,7 @@ def _derived_recursion(low: _Lowering, program: ChunkProgram, cs: dict, only, ou
             block.assign(f"st_{x}", f"dr_{r.name} * {float(1 / r.dropped_coef)!r}")
     recover = re.sub(r"\bt(\d+)\b", r"vt\1", "\n".join(block.lines))
     return {"recursion_code": code, "recover_code": recover, "dropped": dropped,
-            "recursions": [r.text() for r in recursions]}
+            "recursions": {r.name: r.text(d.poly.free) for r, d in zip(recursions, program.derived)}}
 
 
 def _state_splits(low: _Lowering, o_dim: str) -> list[str]:

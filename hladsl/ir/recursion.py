@@ -13,6 +13,14 @@ state that the recursion does not read, that W holds as a lone linear term (G) a
 nothing else reads, need not be carried at all: the scan recovers it from W at the end
 (G = S C - W0). ``recursion`` derives this and proves it (``check``: the recursion with
 each X@N expanded by the combine equals W(A⊕B) expanded, symbolically), or returns None.
+
+The trade: W itself accumulates without cancellation (HLA2's final G at T = 65536 is ~30x
+closer to float64 than the two-pass schedule's), but a recovered state carries the rounding
+of its recovery, an absolute error of the order of its other terms (|S| |C| eps for G): a
+G that is exactly 0, or an initial G passed through an empty sequence, comes back within
+that, not bit for bit. Limits: the dropped state must appear as W's lone term with W's own
+index order (a transposed ``G[e, i]`` gets no recursion), and the codegen takes a recursion
+only where it needs fewer products (``codegen.triton_gen._derived_recursion``).
 """
 from __future__ import annotations
 
@@ -36,8 +44,16 @@ class Recursion:
     dropped_coef: Fraction = Fraction(1)
     rest: Poly | None = None   # W's other terms (where 'P'): dropped = (W - rest) / dropped_coef
 
-    def text(self) -> str:
-        line = f"{self.name}(A⊕B) = ρ_B^{self.weight} {self.name}(A) + {self.terms.text()}"
+    def text(self, indices: tuple[str, ...] | None = None) -> str:
+        """The recursion in one line; ``indices``: W's own index names (for ``free``). Summed
+        indices print as s0, s1, ... (the program's own are _0, _1, ...)."""
+        shown = self.terms.map_terms(lambda m: m.relabel(
+            {i: f"s{i[1:]}" for i in m.dummies(self.free) if i.startswith("_")}))
+        terms = shown.text()
+        line = (f"{self.name}(A⊕B) = ρ_B^{self.weight} {self.name}(A)"
+                + (f" - {terms[1:]}" if terms.startswith("-") else f" + {terms}"))
+        if indices:
+            line += "   (" + ", ".join(f"{w} = {i}" for w, i in zip(self.free, indices)) + ")"
         if self.dropped:
             line += f"   ({self.dropped} not carried: recovered from {self.name} at the end)"
         return line
@@ -105,7 +121,10 @@ def recursion(alg: Algebra, name: str, poly: Poly, read_elsewhere: set[str]) -> 
 
 def check(alg: Algebra, poly: Poly, rec: Recursion) -> None:
     """ρ_B^w W(A) + terms, each X@N expanded by its combine, is W(A⊕B) expanded: a proof, not
-    a test (raises where the derivation is wrong)."""
+    a test (raises AssertionError where the derivation is wrong). ``poly``: W as the chunk
+    program holds it (its indices are renamed to ``rec.free``)."""
+    if poly.free != rec.free:
+        poly = Poly(rec.free, tuple(m.relabel(dict(zip(poly.free, rec.free))) for m in poly.terms))
     joint = _expand(alg, _on(poly, "AB"), "AB")
     start = _on(poly, START).map_terms(lambda m: m.with_rho(DELTA, rec.weight))
     walked = _expand(alg, rec.terms, END)

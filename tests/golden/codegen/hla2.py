@@ -618,7 +618,7 @@ def scan_kernel(
     init_C, final_C, starts_C, deltas_C,  # C[i,e]: [d, dv]
     init_G, final_G, starts_G, deltas_G,  # G[i,e]: [d, dv]
     dstart_dr_W0,  # dr_W0 at each chunk start (STORE_DERIVED): [N, H, nC, d, dv]
-    STORE_DERIVED: tl.constexpr,  # store the derived carries at each chunk start, not C, G
+    STORE_DERIVED: tl.constexpr,  # store the derived carries at each chunk start, not C, G; carry them by their recursion: G stale in the loop (recovered at the end)
     lam_ptr,  # [N, H, nC, C]: the last entry of each chunk (its log decay) is read
     HAS_INIT: tl.constexpr,  # False: every initial state is zero (init_ is not read)
     PREFETCH: tl.constexpr,  # load the next chunk's deltas while this chunk's are applied
@@ -724,7 +724,7 @@ def scan_kernel(
         nx_C += dl_C  # + the chunk's own delta (delta_kernel)
 
         # ---- G: state at the end of this chunk
-        if STORE_DERIVED:  # not carried: recovered from the derived carries at the end
+        if STORE_DERIVED:  # not carried: st_G stays the initial state until recovered from the derived carries at the end
             nx_G = st_G
         else:
             # +1 · G@P[i,e]   [carry only; w(P)=2]
@@ -737,7 +737,7 @@ def scan_kernel(
             nx_G += t1 * tl.exp(1 * lam_end)
             nx_G += dl_G  # + the chunk's own delta (delta_kernel)
         if STORE_DERIVED:  # the derived carries at the end of this chunk, by their recursion
-            # W0(A⊕B) = ρ_B^2 W0(A) + C@B[_0,w1] S@N[_0,w0] - G@B[w0,w1]   (G not carried: recovered from W0 at the end)
+            # W0(A⊕B) = ρ_B^2 W0(A) + C@B[s0,w1] S@N[s0,w0] - G@B[w0,w1]   (G not carried: recovered from W0 at the end)
             dr_W0 = dr_W0 * tl.exp(2 * lam_end)
             # [w0,w1] = dl_C[_0,w1] · nx_S[w0,_0]   (matmul over _0)
             rt1 = _dot(nx_S, dl_C, tl.float32, PREC)
