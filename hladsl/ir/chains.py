@@ -119,24 +119,20 @@ class _Labels:
         return f"s{self.n}"
 
 
-def _token_at(poly_terms, label):
-    return [replace(m, factors=tuple(replace(f, where=label) for f in m.factors)) for m in poly_terms]
-
-
 def _local(alg: Algebra, x: Summary, indices, parent: str, rel: str, labels: _Labels,
            taken: set[str]) -> list[_Raw]:
     """Trees of summary x over the local tokens before (rel) ``parent``."""
     out: list[_Raw] = []
     for delta in instantiate(x.delta, indices, taken):
         s = labels.new()
-        out.extend(_Raw(m, (_Node(s, x.weight, parent, rel),)) for m in _token_at([delta], s))
+        out.append(_Raw(delta.at(s), (_Node(s, x.weight, parent, rel),)))
     for cross in x.crosses:
         cross = instantiate(Poly(x.indices, (cross,)), indices, taken)[0]
         b = next(f for f in cross.factors if f.where == "B")
         z = alg.summary(b.name)
         s = labels.new()
-        z_terms = [(_Raw(m, (_Node(s, z.weight, parent, rel),)))
-                   for m in _token_at(instantiate(z.delta, b.indices, taken), s)]
+        z_terms = [_Raw(m.at(s), (_Node(s, z.weight, parent, rel),))
+                   for m in instantiate(z.delta, b.indices, taken)]
         options = [z_terms]
         for f in cross.factors:
             if f.where == "A":

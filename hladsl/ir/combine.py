@@ -39,14 +39,17 @@ def _split_rho(poly: Poly, joint: str, parts: tuple[str, str]) -> Poly:
     return poly.map_terms(split)
 
 
+def expand(alg: Algebra, poly: Poly, seg: str, left: str, right: str) -> Poly:
+    """Every state factor of ``poly`` at segment ``seg`` replaced by its combine over
+    (``left``, ``right``)."""
+    return substitute(poly, lambda f: (combine(alg, alg.summary(f.name), left, right)
+                                       if f.kind == "state" and f.where == seg else None))
+
+
 def bracketings(alg: Algebra, x: Summary) -> tuple[Poly, Poly]:
     """((A⊕B)⊕C, A⊕(B⊕C)) for summary x, as polys over A, B, C summaries."""
-    def expand(seg: str, left: str, right: str):
-        return lambda f: (combine(alg, alg.summary(f.name), left, right)
-                          if f.kind == "state" and f.where == seg else None)
-
-    left = substitute(combine(alg, x, "AB", "C"), expand("AB", "A", "B"))
-    right = substitute(combine(alg, x, "A", "BC"), expand("BC", "B", "C"))
+    left = expand(alg, combine(alg, x, "AB", "C"), "AB", "A", "B")
+    right = expand(alg, combine(alg, x, "A", "BC"), "BC", "B", "C")
     return left, _split_rho(right, "BC", ("B", "C"))
 
 

@@ -70,6 +70,11 @@ class Monomial:
     def relabel(self, mapping: dict[str, str]) -> "Monomial":
         return replace(self, factors=tuple(f.relabel(mapping) for f in self.factors))
 
+    def at(self, where: str, only: int | None = None) -> "Monomial":
+        """Every factor (or the factor at position ``only``) moved to segment / time ``where``."""
+        return replace(self, factors=tuple(replace(f, where=where) if only in (None, k) else f
+                                           for k, f in enumerate(self.factors)))
+
     def text(self) -> str:
         parts = []
         for seg, power in self.rho:
@@ -104,6 +109,13 @@ class Poly:
 
     def map_terms(self, fn: Callable[[Monomial], Monomial]) -> "Poly":
         return Poly(self.free, tuple(fn(t) for t in self.terms))
+
+    def at(self, where: str) -> "Poly":
+        return self.map_terms(lambda t: t.at(where))
+
+    def renamed(self, free: tuple[str, ...]) -> "Poly":
+        """The same poly with its free indices called ``free``."""
+        return Poly(free, tuple(t.relabel(dict(zip(self.free, free))) for t in self.terms))
 
     def canonical(self) -> "Poly":
         """Collect equal monomials (after canonical dummy renaming); drop zeros."""

@@ -24,12 +24,12 @@ only where it needs fewer products (``codegen.triton_gen._derived_recursion``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from fractions import Fraction
 
 from hladsl.ir.algebra import Algebra
-from hladsl.ir.combine import combine
-from hladsl.ir.expr import Monomial, Poly, canonical_key, substitute
+from hladsl.ir.combine import expand
+from hladsl.ir.expr import Monomial, Poly, canonical_key
 
 START, END, DELTA = "A", "N", "B"   # the carried state at the chunk start / end, the chunk's delta
 
@@ -59,14 +59,10 @@ class Recursion:
         return line
 
 
-def _on(poly: Poly, where: str) -> Poly:
-    return poly.map_terms(lambda m: replace(m, factors=tuple(replace(f, where=where) for f in m.factors)))
-
-
-def _expand(alg: Algebra, poly: Poly, where: str) -> Poly:
-    """Every state factor at ``where`` replaced by its combine over (A, B)."""
-    return substitute(poly, lambda f: combine(alg, alg.summary(f.name), START, DELTA)
-                      if f.kind == "state" and f.where == where else None)
+def _increment(alg: Algebra, poly: Poly, weight: int) -> Poly:
+    """W(A⊕B) - ρ_B^weight W(A), every state of W(A⊕B) expanded by its combine."""
+    joint = expand(alg, poly.at("AB"), "AB", START, DELTA)
+    return joint + poly.at(START).map_terms(lambda m: m.with_rho(DELTA, weight)).scaled(-1)
 
 
 def _key(m: Monomial, free) -> tuple:
@@ -78,15 +74,13 @@ def recursion(alg: Algebra, name: str, poly: Poly, read_elsewhere: set[str]) -> 
     term of W(A⊕B) - ρ^w W(A) reads two carried states at once or W is not homogeneous in
     decay. ``read_elsewhere``: states something besides W reads (they stay carried)."""
     free = tuple(f"w{n}" for n in range(len(poly.free)))
-    poly = Poly(free, tuple(m.relabel(dict(zip(poly.free, free))) for m in poly.terms))
+    poly = poly.renamed(free)
     weights = {sum(alg.summary(f.name).weight for f in m.factors) for m in poly.terms}
     if len(weights) != 1 or any(m.rho for m in poly.terms):
         return None
     (weight,) = weights
-    joint = _expand(alg, _on(poly, "AB"), "AB")
-    start = _on(poly, START).map_terms(lambda m: m.with_rho(DELTA, weight))
-    delta = _on(poly, DELTA).canonical()
-    cross = (joint + start.scaled(-1) + delta.scaled(-1)).canonical()
+    delta = poly.at(DELTA).canonical()
+    cross = (_increment(alg, poly, weight) + delta.scaled(-1)).canonical()
     if any(sum(f.where == START for f in m.factors) != 1 for m in cross.terms):
         return None
     # X@A ρ^{w_X} Y@B + X@B Y@B -> X@N Y@B where X's combine has no cross term
@@ -97,11 +91,10 @@ def recursion(alg: Algebra, name: str, poly: Poly, read_elsewhere: set[str]) -> 
             x = alg.summary(f.name)
             if x.crosses:
                 continue
-            partner = replace(m, factors=m.factors[:k] + (replace(f, where=START),) + m.factors[k + 1:])
-            key = _key(partner.with_rho(DELTA, x.weight), free)
+            key = _key(m.at(START, only=k).with_rho(DELTA, x.weight), free)
             if key in left:
                 del left[key]
-                m = replace(m, factors=m.factors[:k] + (replace(f, where=END),) + m.factors[k + 1:])
+                m = m.at(END, only=k)
                 break
         terms.append(m)
     walked = Poly(free, tuple(terms) + tuple(left.values())).canonical()
@@ -123,11 +116,7 @@ def check(alg: Algebra, poly: Poly, rec: Recursion) -> None:
     """ρ_B^w W(A) + terms, each X@N expanded by its combine, is W(A⊕B) expanded: a proof, not
     a test (raises AssertionError where the derivation is wrong). ``poly``: W as the chunk
     program holds it (its indices are renamed to ``rec.free``)."""
-    if poly.free != rec.free:
-        poly = Poly(rec.free, tuple(m.relabel(dict(zip(poly.free, rec.free))) for m in poly.terms))
-    joint = _expand(alg, _on(poly, "AB"), "AB")
-    start = _on(poly, START).map_terms(lambda m: m.with_rho(DELTA, rec.weight))
-    walked = _expand(alg, rec.terms, END)
-    defect = (joint + start.scaled(-1) + walked.scaled(-1)).canonical()
+    walked = expand(alg, rec.terms, END, START, DELTA)
+    defect = (_increment(alg, poly.renamed(rec.free), rec.weight) + walked.scaled(-1)).canonical()
     if defect.terms:
         raise AssertionError(f"the recursion of {rec.name} is wrong by {defect.text()}")
