@@ -176,8 +176,9 @@ def _program_text(prog) -> str:
     for d in prog.derived:
         lines.append(f"derived {d.name}[{','.join(d.poly.free)}] = {d.poly.text()}")
         if d.name in recursions:
-            lines.append(f"  the one-stage forward scan carries it by its own recursion (ir.recursion): "
-                         f"{recursions[d.name]}")
+            scans, text = recursions[d.name]
+            lines.append(f"  the {scans} forward scan{'s carry' if ' and ' in scans else ' carries'} it by its "
+                         f"own recursion (ir.recursion): {text}")
     lines += precision_plan(prog).describe()
     lines.append("output terms (parallel over chunks):")
     for t in prog.output:
@@ -260,17 +261,20 @@ def reverse_scan_lines(bwd) -> list[str]:
     return lines
 
 
-def _scan_recursions(prog) -> dict[str, str]:
-    """The derived carries the one-stage forward scan carries by their recursion, each's
-    (``codegen.triton_gen._derived_recursion``); none where the program has no Triton kernels."""
+def _scan_recursions(prog) -> dict[str, tuple[str, str]]:
+    """The derived carries a forward scan carries by their recursion -> (which scans: "one-stage"
+    ``codegen.triton_gen._derived_recursion``, "two-stage" ``_staged_recursion``, or both; the
+    recursion); none where the program has no Triton kernels."""
     from hladsl.codegen.triton_gen import kernel_context
-    if not prog.derived:
-        return {}
-    try:
-        scan = kernel_context(prog)["chunk_scan"]
-    except ValueError:
-        return {}
-    return scan["recursions"] if scan else {}
+    found: dict[str, tuple[list[str], str]] = {}
+    for stage_complete in (False, True) if prog.derived else ():
+        try:
+            scan = kernel_context(prog, stage_complete)["chunk_scan"]
+        except ValueError:
+            return {}
+        for name, text in (scan["recursions"] if scan else {}).items():
+            found.setdefault(name, ([], text))[0].append("two-stage" if scan["stage"] else "one-stage")
+    return {name: (" and ".join(dict.fromkeys(scans)), text) for name, (scans, text) in found.items()}
 
 
 def _chunk_bwd(spec, params, out_dir):

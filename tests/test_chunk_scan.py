@@ -206,8 +206,11 @@ def test_complete_scan_in_two_stages_matches_torch_float64(name, params, gated, 
     assert launched[:len(plain) + 2] == plain + ["delta_kernel", "scan_kernel"]
     assert "state_pass_kernel" not in launched and "reverse_kernel" not in launched
     args = dict(launched.args)
-    assert {k[len("starts_"):] for k in args["stage_kernel"] if k.startswith("starts_")} \
-        == set(staged_scan(program, complete=True).reads)
+    stage = triton_gen.kernel_context(program, stage_complete=True)["chunk_scan"]["stage"]
+    reads = {k[len("starts_"):] for k in args["stage_kernel"] if k.startswith("starts_")}
+    # HLA2's second stage walks its derived carries (test_the_second_stage_walks_the_derived_carries)
+    assert reads == ({"S"} if stage["derived"] else set(staged_scan(program, complete=True).reads))
+    assert bool(stage["derived"]) == (name == "hla2")
 
 
 def test_auto_stages_a_complete_scan_past_its_sequential_products():
@@ -304,6 +307,52 @@ def test_final_states_alone_in_two_stages(name, launched):
     assert o is None and "stage_kernel" in launched and "stage_scan_kernel" in launched
     for s in want:
         assert (got[s].double() - want[s]).norm() / want[s].norm() < 1e-5, s
+
+
+@pytest.mark.parametrize("params,gated", [({}, True), ({"normalize": True}, False)], ids=["gated", "norm-plain"])
+def test_the_second_stage_walks_the_derived_carries(params, gated, launched, monkeypatch):
+    """HLA2's complete scan in two stages (schedule "staged", "auto" at d = 128) with its derived
+    carries' recursion (``triton_gen._staged_recursion``): ``stage_kernel`` computes every chunk's
+    increment of W0 (and Wn0) from S's chunk starts and deltas and the tokens,
+    ``stage_scan_kernel`` walks them, stores them at each chunk start and recovers G (and h) at
+    the end; the output kernel loads them (DERIVED_STARTS) and no chunk start of C, G (m, h) is
+    stored. Over two value blocks, from an initial S that is not symmetric (held as given: W0
+    reads it as its definition does), outputs and final states against the float64 torch program."""
+    from hladsl.runtime.chunk_torch import outputs, state_pass
+    from hladsl.runtime.triton_forward import forward_triton
+    from test_triton_backward import _inputs
+    output_args = []
+    real = launch.launch
+
+    def spy(kernel, grid, args, *rest):
+        if kernel.fn.__name__ == "output_kernel":
+            output_args.append(args)
+        return real(kernel, grid, args, *rest)
+    monkeypatch.setattr(launch, "launch", spy)
+    alg = hladsl.compile_spec("hla2", **params)
+    program = chunk_program(alg, 16, (("d", 8), ("dv", 32)), gated)
+    tiles, lam, init, _, _ = _inputs(program, bool(params), seed=6)
+    assert (init["S"] - init["S"].transpose(-1, -2)).abs().max() > 0.1
+    starts, want = state_pass(program, tiles, lam, init, torch.float64)
+    want_o = outputs(program, "output", tiles, lam, starts, torch.float64)
+    if params:
+        want_o = want_o / (outputs(program, "normalizer", tiles, lam, starts, torch.float64)[..., None] + alg.eps)
+    o, got = forward_triton(program, {k: v.float() for k, v in tiles.items()}, None if lam is None else lam.float(),
+                            {k: v.float() for k, v in init.items()}, alg.eps, schedule="staged", state_block=16)
+    assert ((o.double() - want_o).norm() / want_o.norm()).item() < 1e-5
+    for s in want:
+        assert ((got[s].double() - want[s]).norm() / want[s].norm()).item() < 1e-5, s
+    args = dict(launched.args)
+    derived = ["dr_W0", "dr_Wn0"] if params else ["dr_W0"]
+    assert {k for k in args["stage_kernel"] if k.startswith(("starts_", "deltas_"))} \
+        == {"starts_S", "deltas_S"} | {f"deltas_{d}" for d in derived}
+    assert {k for k in args["stage_scan_kernel"] if k.startswith("dstart_")} == {f"dstart_{d}" for d in derived}
+    assert ("stage_kernel", (3, 2, 2)) in launched.grids and ("stage_scan_kernel", (2, 2)) in launched.grids
+    (out,) = output_args
+    assert out["DERIVED_STARTS"] is True
+    for n in ["C", "G"] + (["m", "h"] if params else []):   # (parameters only: the final states stand in)
+        assert out[f"starts_{n}"] is got[n], n
+    assert out["starts_S"].shape[2] == 3 and out["starts_S"].dtype == torch.float32   # (stage_kernel reads it)
 
 
 @pytest.mark.parametrize("name,schedule", [("ahla", "scan"), ("hla2", "scan"), ("linear", "two_pass")])

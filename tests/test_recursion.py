@@ -69,3 +69,29 @@ def test_no_recursion_where_a_term_reads_two_carried_states(tmp_path):
     assert recursion(alg, "W0", derived["W0"], set()) is None
     alg, derived = _derived("hla3")
     assert recursion(alg, "W0", derived["W0"], set()).dropped == "G1"
+
+
+def test_the_increment_as_chunk_terms():
+    """``chunk_terms``: HLA2's W0(A⊕B) - ρ² W0(A) as terms of one chunk for the two-stage scan's
+    stage_kernel -- S at the chunk's end (a carried operand anchored at the end, oriented as W0's
+    definition reads S: free index first) times C's own chunk term (q v, decayed to the end),
+    minus G's -- and ``--emit chunk`` names both scans that take the recursion."""
+    from hladsl.cli import main
+    from hladsl.ir.recursion import chunk_terms
+    alg = hladsl.compile_spec("hla2")
+    program = chunk_program(alg, 16, (("d", 8), ("dv", 8)), True)
+    (w0,) = program.derived
+    terms = chunk_terms(program, recursion(alg, "W0", w0.poly, set()))
+    assert [t.coef for t in terms] == [1.0, -1.0] and all(t.output == ("w0", "w1") for t in terms)
+    carried = [o for o in terms[0].operands if o.kind == "carry"]
+    assert [(o.name, o.indices, o.anchor) for o in carried] == [("S", ("w0", "_0"), "end")]
+    assert sorted(o.name for o in terms[0].operands if o.kind == "token") == ["q", "v"]
+    assert not any(o.kind == "carry" for o in terms[1].operands)   # G's own chunk term: tokens only
+    assert sorted(o.name for o in terms[1].operands if o.kind == "token") == ["k", "k", "q", "v"]
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["compile", "hla2", "--emit", "chunk"])
+    assert ("the one-stage and two-stage forward scans carry it by its own recursion (ir.recursion): "
+            "W0(A⊕B) = ρ_B^2 W0(A)") in out.getvalue()

@@ -20,7 +20,6 @@ import math
 import os
 import re
 import warnings
-from dataclasses import replace
 
 from hladsl.codegen import templates
 from hladsl.codegen.prune import prune_dead
@@ -30,7 +29,7 @@ from hladsl.codegen.steps import Block, Tile, comment
 from hladsl.ir.chunk import ChunkProgram, TermProgram
 from hladsl.ir.contract import plan
 from hladsl.ir.precision import precision_plan
-from hladsl.ir.recursion import DELTA, END, START, recursion
+from hladsl.ir.recursion import DELTA, END, START, chunk_terms, free_first, recursion
 from hladsl.ir.scan import has_chunk_scan, scan_plan, split_complete_scan, staged_scan
 from hladsl.version import __version__
 from hladsl.ir.operands import Kind, Operand, exhaustive
@@ -198,8 +197,8 @@ class _Lowering:
         return self.power(o)
 
     @staticmethod
-    def _carry_tile(o, defs):
-        return Tile(f"st_{o.name}", o.indices)
+    def _carry_tile(o, defs):   # (at the chunk's end: the tile of its update, nx_)
+        return Tile(f"{'nx' if o.anchor == 'end' else 'st'}_{o.name}", o.indices)
 
     @staticmethod
     def _derived_tile(o, defs):
@@ -433,7 +432,7 @@ class _Lowering:
         block.sizes = {i: f"B_{dim}" for i, dim in dims.items()}
         block.exact = self.exact_sum(exact_as)
         for n, m in enumerate(poly.terms):
-            factors = [_free_first(f, poly.free) for f in m.factors]
+            factors = [free_first(f, poly.free) for f in m.factors]
             tiles = [Tile(prefix[f.where] + f.name, f.indices) for f in factors]
             pl = plan(tuple(f.indices for f in factors), poly.free,
                       tuple((i, sizes[dim]) for i, dim in dims.items()))
@@ -448,19 +447,6 @@ class _Lowering:
                 value = f"{value} * tl.exp({power} * lam_end)"
             self._accumulate(block, acc, value, float(m.coef), first=first and n == 0)
         block.exact = False
-
-
-def _free_first(f, free) -> object:
-    """``f`` with the indices of each symmetric slot group reordered, free ones first: the
-    same tile (the group's slots are interchangeable), oriented for a product without a
-    transpose (HLA2's S@N[_0,w0] C@B[_0,w1] reads S as [w0,_0])."""
-    idx = list(f.indices)
-    for group in f.symmetric:
-        slots = sorted(group)
-        names = sorted((idx[s] for s in slots), key=lambda i: i not in free)
-        for slot, name in zip(slots, names):
-            idx[slot] = name
-    return replace(f, indices=tuple(idx))
 
 
 _INDEX_DIMS = exhaustive({
@@ -567,10 +553,11 @@ def kernel_context(program: ChunkProgram, stage_complete: bool = False) -> dict:
         st["starts_sdot"] = (read_only_as_sdot(output_text, f"st_{st['name']}")
                              and st["name"] not in stage_reads)
     chunk_scan = _chunk_scan(low, program, states, splits)   # fresh kernel regions
-    if chunk_scan:   # (a two-stage scan holds a derived carry's states in two kernels: none there)
-        chunk_scan.update(dict(NO_DERIVED_STARTS) if chunk_scan["stage"] else _derived_starts(
-            low, program, states, splits, "\n".join(
-                [num["pre"], num["loop"], num["post"], den["pre"], den["loop"], den["post"]]), chunk_scan))
+    if chunk_scan:
+        chunk_scan.update(_derived_starts(low, program, states, splits, "\n".join(
+            [num["pre"], num["loop"], num["post"], den["pre"], den["loop"], den["post"]]), chunk_scan))
+        chunk_scan["stored"] = [s["name"] for s in chunk_scan["states"]
+                                if s["read"] and not (chunk_scan["stage"] and s["name"] in chunk_scan["derived_only"])]
     fused = _fused(low, program, splits, o_dim)   # a fresh kernel region: last
     return {
         "name": alg.name,
@@ -725,7 +712,8 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram, states: list[dict], split
     grown = {name for name, terms in program.states if len(positions(name, terms, ("scan", "delta")))}
     groupable = (staged is None and not aux and grown <= set(with_delta) and all(s["read"] for s in states))
     return {"deltas": with_delta, "buffers": buffers, "aux": [a.name for a in aux], "groupable": groupable,
-            "states": [s for s in states if s["name"] in dict(walked)], "reads": [], "parts": False,
+            "states": [s for s in states if s["name"] in dict(walked)], "reads": [], "delta_reads": [],
+            "derived": [], "parts": False,
             "delta_defs": _defs(delta_defs), "delta_code": delta_code,
             "delta_chained_dots": delta_chained, "scan_code": scan_code,
             "scan_chained_dots": scan_chained,
@@ -789,7 +777,8 @@ def _second_stage(low: _Lowering, program: ChunkProgram, states: list[dict], sta
                                          "the chunk's increment (stage_kernel)")
     return {"deltas": list(staged.upper), "buffers": buffers, "aux": [], "groupable": False, "parts": True,
             "states": [s for s in states if s["name"] in staged.upper],
-            "reads": [s for s in states if s["name"] in staged.reads],
+            "stored": [s["name"] for s in states if s["name"] in staged.upper and s["read"]],
+            "reads": [s for s in states if s["name"] in staged.reads], "delta_reads": [], "derived": [],
             "delta_defs": _defs(defs), "delta_code": code_of, "delta_chained_dots": chained,
             "scan_code": scan_code, "scan_chained_dots": scan_chained}
 
@@ -831,69 +820,56 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
         return none
     low.region()
     code = re.sub(r"\bt(\d+)\b", r"dt\1", low.derived())
+    found = {"derived_starts": derived, "derived_only": only, "derived_scan_code": code}
+    if chunk_scan["stage"]:   # the second stage walks the derived carries, or there are none
+        staged = _staged_recursion(low, program, states, splits, chunk_scan, only, derived)
+        return {**found, "sdot_beside_derived": [], **staged} if staged else none
     # states the output then reads only as SDOT operands (HLA2's S: in W0's contraction no more)
     beside = [st["name"] for st in read if st["name"] not in only
               and read_only_as_sdot(output_body, f"st_{st['name']}")]
-    return {"derived_starts": derived, "derived_only": only, "derived_scan_code": code,
-            "sdot_beside_derived": beside, **_derived_recursion(low, program, chunk_scan, only, splits, code)}
+    return {**found, "sdot_beside_derived": beside,
+            **_derived_recursion(low, program, chunk_scan, only, splits, code)}
 
 
 def _dots(code: str) -> int:
     return len(re.findall(r"\b_dot\(", code))
 
 
-def _derived_recursion(low: _Lowering, program: ChunkProgram, cs: dict, only, splits,
-                       derived_code: str) -> dict:
-    """Where each derived carry has a recursion over chunks that drops a state
-    (``ir.recursion``: HLA2's W0' = ρ² W0 + S' ΔC - ΔG, G not carried) and the recursions
-    take fewer products a step than forming the derived carries from the states and updating
-    the dropped ones (HLA2: 1 against 2), the scan under STORE_DERIVED carries the derived
-    carries instead: ``recursion_code`` after the state updates (temps ``rt``), the dropped
-    states (``dropped``) not updated, and ``recover_code`` (temps ``vt``) forming them from
-    the derived carries for the final states. NO_RECURSION entries where that does not apply:
-    a state the recursion needs has no delta or start in the scan, is packed, or a term sums
-    over a split dim (each block would hold part of it). "Fewer products" counts dot calls, a
-    heuristic that is right where the products are all d x d x dv (HLA2's). A recursion whose
-    proof fails (a bug in ``ir.recursion``) is declined with a warning: it is only a faster
-    schedule."""
-    alg = program.algebra
-    scan_code = {c["name"]: c["code"] for c in cs["scan_code"]}
-    reads = {x: {y for y, code in scan_code.items() if y != x and re.search(rf"\bst_{x}\b", code)}
-             for x in scan_code}
-    recursions = []
+def _dropping_recursions(program: ChunkProgram, elsewhere: set[str]) -> list | None:
+    """Each derived carry's recursion (``ir.recursion``) where every one drops a state, each
+    a different one that no recursion reads carried; else None (also where a proof fails: a
+    warning, as the recursion is only a faster schedule). ``elsewhere``: states something
+    besides the derived carries reads (never dropped)."""
+    out = []
     for d in program.derived:
-        elsewhere = ({x for x in scan_code if x not in only or reads[x]}
-                     | {f.name for e in program.derived if e is not d for m in e.poly.terms for f in m.factors})
+        others = {f.name for e in program.derived if e is not d for m in e.poly.terms for f in m.factors}
         try:
-            rec = recursion(alg, d.name, d.poly, elsewhere)
+            rec = recursion(program.algebra, d.name, d.poly, elsewhere | others)
         except AssertionError as exc:
-            warnings.warn(f"{alg.name}: {exc}; the scan forms {d.name} from the states instead")
-            return dict(NO_RECURSION)
+            warnings.warn(f"{program.algebra.name}: {exc}; the scan forms {d.name} from the states instead")
+            return None
         if rec is None or not rec.dropped:
-            return dict(NO_RECURSION)
-        factors = [f for m in rec.terms.terms for f in m.factors]
-        summed = {dim for m in rec.terms.terms for f in m.factors
-                  for i, dim in zip(f.indices, low.state_dims[f.name]) if i not in rec.free}
-        if (any(program.is_packed(f.name) for f in factors) or summed & set(splits)
-                or any(f.name not in cs["deltas"] for f in factors if f.where == DELTA)
-                or any(f.name not in scan_code for f in factors if f.where != DELTA)):
-            return dict(NO_RECURSION)
-        recursions.append(rec)
-    dropped = [r.dropped for r in recursions]
+            return None
+        out.append(rec)
+    dropped = [r.dropped for r in out]
     if len(set(dropped)) < len(dropped) or any(
-            f.name in dropped for r in recursions for m in r.terms.terms for f in m.factors if f.where != DELTA):
-        return dict(NO_RECURSION)
-    low.region()
-    block = low.block
-    for r in recursions:
-        block.note(r.text())
-        if program.gated:
-            block.assign(f"dr_{r.name}", f"dr_{r.name} * tl.exp({r.weight} * lam_end)")
-        low.state_sum(f"dr_{r.name}", r.terms, {START: "st_", END: "nx_", DELTA: "dl_"}, f"dr_{r.name}",
-                      first=False)
-    code = re.sub(r"\bt(\d+)\b", r"rt\1", "\n".join(block.lines))
-    if _dots(code) >= _dots(derived_code) + sum(_dots(scan_code[x]) for x in dropped):
-        return dict(NO_RECURSION)
+            f.name in dropped for r in out for m in r.terms.terms for f in m.factors if f.where != DELTA):
+        return None
+    return out
+
+
+def _unsplittable(low: _Lowering, program: ChunkProgram, rec, splits) -> bool:
+    """Does ``rec`` read a packed state, or sum over a split dim (each block of a kernel
+    split over it would hold a part of the sum)?"""
+    factors = [f for m in rec.terms.terms for f in m.factors]
+    summed = {dim for f in factors for i, dim in zip(f.indices, low.state_dims[f.name]) if i not in rec.free}
+    return any(program.is_packed(f.name) for f in factors) or bool(summed & set(splits))
+
+
+def _recovery(low: _Lowering, recursions) -> dict:
+    """The code (temps ``vt``) forming each dropped state from its derived carry where the walk
+    ends (``st_<dropped>``, from ``dr_<derived>`` and the other states' ``st_`` tiles), and what
+    the template and ``--emit chunk`` show of the recursions."""
     low.region()
     block = low.block
     for r in recursions:
@@ -904,9 +880,111 @@ def _derived_recursion(low: _Lowering, program: ChunkProgram, cs: dict, only, sp
             block.assign(f"st_{x}", f"(dr_{r.name} - {acc}) * {float(1 / r.dropped_coef)!r}")
         else:
             block.assign(f"st_{x}", f"dr_{r.name} * {float(1 / r.dropped_coef)!r}")
-    recover = re.sub(r"\bt(\d+)\b", r"vt\1", "\n".join(block.lines))
-    return {"recursion_code": code, "recover_code": recover, "dropped": dropped,
-            "recursions": {r.name: r.text(d.poly.free) for r, d in zip(recursions, program.derived)}}
+    polys = {d.name: d.poly for d in low.p.derived}
+    return {"recover_code": re.sub(r"\bt(\d+)\b", r"vt\1", "\n".join(block.lines)),
+            "dropped": [r.dropped for r in recursions],
+            "recursions": {r.name: r.text(polys[r.name].free) for r in recursions}}
+
+
+def _derived_recursion(low: _Lowering, program: ChunkProgram, cs: dict, only, splits,
+                       derived_code: str) -> dict:
+    """Where each derived carry has a recursion over chunks that drops a state
+    (``ir.recursion``: HLA2's W0' = ρ² W0 + S' ΔC - ΔG, G not carried) and the recursions
+    take fewer products a step than forming the derived carries from the states and updating
+    the dropped ones (HLA2: 1 against 2), the one-stage scan under STORE_DERIVED carries the
+    derived carries instead: ``recursion_code`` after the state updates (temps ``rt``), the
+    dropped states (``dropped``) not updated, and ``recover_code`` (``_recovery``) for the
+    final states. NO_RECURSION entries where that does not apply: a state the recursion needs
+    has no delta or start in the scan, is packed, or a term sums over a split dim. "Fewer
+    products" counts dot calls, a heuristic that is right where the products are all
+    d x d x dv (HLA2's)."""
+    scan_code = {c["name"]: c["code"] for c in cs["scan_code"]}
+    reads = {x: {y for y, code in scan_code.items() if y != x and re.search(rf"\bst_{x}\b", code)}
+             for x in scan_code}
+    recursions = _dropping_recursions(program, {x for x in scan_code if x not in only or reads[x]})
+    if recursions is None or any(
+            _unsplittable(low, program, r, splits)
+            or any(f.name not in cs["deltas"] for m in r.terms.terms for f in m.factors if f.where == DELTA)
+            or any(f.name not in scan_code for m in r.terms.terms for f in m.factors if f.where != DELTA)
+            for r in recursions):
+        return dict(NO_RECURSION)
+    low.region()
+    block = low.block
+    for r in recursions:
+        block.note(r.text())
+        if program.gated:
+            block.assign(f"dr_{r.name}", f"dr_{r.name} * tl.exp({r.weight} * lam_end)")
+        low.state_sum(f"dr_{r.name}", r.terms, {START: "st_", END: "nx_", DELTA: "dl_"}, f"dr_{r.name}",
+                      first=False)
+    code = re.sub(r"\bt(\d+)\b", r"rt\1", "\n".join(block.lines))
+    if _dots(code) >= _dots(derived_code) + sum(_dots(scan_code[r.dropped]) for r in recursions):
+        return dict(NO_RECURSION)
+    return {"recursion_code": code, **_recovery(low, recursions)}
+
+
+def _staged_recursion(low: _Lowering, program: ChunkProgram, states: list[dict], splits, cs: dict,
+                      only, derived: list[dict]) -> dict | None:
+    """The second stage of a two-stage scan walking the derived carries instead of the upper
+    states, where each derived carry's recursion drops one and together they drop them all
+    (HLA2: W0 drops G, Wn0 drops h): ``stage_kernel`` computes every chunk's increment
+    W(A⊕B) - ρ^w W(A) at once (``ir.recursion.chunk_terms``: S at the chunk's end -- its start
+    from the first stage plus its delta -- times C's chunk terms, minus G's: the products the
+    upper states' increments took), ``stage_scan_kernel`` walks W elementwise, stores it at
+    each chunk start for the output kernel (which then forms no S C - G: at d = 128 its
+    costliest product) and recovers the dropped states at the end from the first stage's
+    final states. None where that does not apply: the output reads an upper state itself, a
+    recursion reads a state the first stage does not scan or whose delta it does not keep,
+    or sums over a split dim."""
+    staged = low.staged
+    if not set(staged.upper) <= set(only):
+        return None
+    recursions = _dropping_recursions(program, {x for x in low.state_dims if x not in only})
+    if recursions is None or sorted(r.dropped for r in recursions) != sorted(staged.upper):
+        return None
+    terms_of = {}
+    for r in recursions:
+        at = {f.name: f.where for m in r.terms.terms for f in m.factors}
+        terms_of[r.name] = chunk_terms(program, r)
+        if (terms_of[r.name] is None or _unsplittable(low, program, r, splits)
+                or any(x not in staged.lower for x, where in at.items() if where != DELTA)
+                or any(x not in cs["deltas"] for x, where in at.items() if where == END)):
+            return None
+    order = [name for name, _ in program.states]
+    carried = [o for ts in terms_of.values() for t in ts for o in t.operands if o.kind is Kind.CARRY]
+    ends = [x for x in order if any(o.name == x and o.anchor == "end" for o in carried)]
+    starts = [x for x in order if any(o.name == x and not o.anchor for o in carried)]
+    roles = {(t.state, t.index): t.role for t in low.scan_plan.terms}
+    states_of = dict(program.states)
+    entry = {d["name"]: d for d in derived}
+    defs, code_of, chained = {}, [], False
+    for r in recursions:
+        low.region()
+        lines = ["# " + comment(r.text(dict((d.name, d.poly.free) for d in program.derived)[r.name]))]
+        for x in ends:   # (its first-stage update: carry and delta, no cross term -- ir.recursion's fold)
+            keep = frozenset(n for n in range(len(states_of[x])) if roles[(x, n)] == "carry")
+            lines += [f"# {x} at the chunk's end: its start (scan_kernel) and its delta (delta_kernel)",
+                      low.terms(states_of[x], f"nx_{x}", defs, scale_end=True, only=keep)["pre"].strip("\n"),
+                      f"nx_{x} += dl_{x}"]
+        lines.append(low.terms(terms_of[r.name], f"nx_dr_{r.name}", defs, scale_end=True,
+                               precision_of=f"dr_{r.name}")["pre"].strip("\n"))
+        chained = chained or low.block.chained
+        d = entry[f"dr_{r.name}"]
+        buffer = {**d, "var": f"nx_dr_{r.name}", "index": "", "own": owned_mask(d["name"], d["dims"], splits)}
+        code_of.append({"name": r.name, "buffer": buffer, "accumulate": False, "code": "\n".join(lines)})
+    named = {s["name"]: s for s in states}
+    walked = [x for x in order if x in staged.upper or x in {f.name for d in program.derived
+                                                            for m in d.poly.terms for f in m.factors}]
+    weight = {r.name: r.weight for r in recursions}
+    stage = {"deltas": [c["buffer"]["name"] for c in code_of], "buffers": [c["buffer"] for c in code_of],
+             "aux": [], "groupable": False, "parts": True,
+             "states": [named[x] for x in staged.upper],    # (the tiles the walk holds are theirs' sizes)
+             "reads": [named[x] for x in order if x in set(starts) | set(ends)],
+             "delta_reads": [b for b in cs["buffers"] if b["name"] in ends],
+             "delta_defs": _defs(defs), "delta_code": code_of, "delta_chained_dots": chained,
+             "scan_code": [], "scan_chained_dots": False,
+             "derived": [{**entry[f"dr_{r.name}"], "weight": weight[r.name]} for r in recursions],
+             "walked": [named[x] for x in walked]}
+    return {"stage": stage, "recursion_code": "", **_recovery(low, recursions)}
 
 
 def _state_splits(low: _Lowering, o_dim: str) -> list[str]:

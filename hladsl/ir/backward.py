@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from functools import lru_cache
 
-from hladsl.ir.chunk import ChunkProgram, TermProgram
+from hladsl.ir.chunk import ChunkProgram, TermProgram, operand_sizes, poly_sizes
 from hladsl.ir.contract import Plan, Step, plan
 from hladsl.ir.operands import Kind, Operand, exhaustive
 
@@ -112,56 +112,10 @@ def cotangent_name(role: str, name: str = "") -> str:
     return {"num": "num", "den": "den", "end": f"end_{name}", "derived": f"dr_{name}"}[role]
 
 
-# -- sizes of the indices of a term's operands -----------------------------------------
-def _token_sizes(p: ChunkProgram, o: Operand) -> dict:
-    return {o.indices[0]: p.chunk, o.indices[1]: dict(p.sizes)[p.algebra.inputs[o.name]]}
-
-
-def _power_sizes(p: ChunkProgram, o: Operand) -> dict:
-    (pd,) = [pd for pd in p.packed if pd.name == o.packed]
-    return {o.indices[0]: p.chunk, o.indices[1]: pd.size}
-
-
-def _carry_sizes(p: ChunkProgram, o: Operand) -> dict:
-    return dict(zip(o.indices, p.state_shape(o.name)))
-
-
-def _derived_sizes(p: ChunkProgram, o: Operand) -> dict:
-    (d,) = [d for d in p.derived if d.name == o.name]
-    return {i: n for i, n in _poly_sizes(p, d.poly).items() if i in o.indices}
-
-
-def _time_sizes(p: ChunkProgram, o: Operand) -> dict:
-    return {i: p.chunk for i in o.indices}
-
-
-def _no_sizes(p: ChunkProgram, o: Operand) -> dict:
-    return {}    # a cotangent's indices are the term's output: sized by the other operands
-
-
-_SIZES = exhaustive({Kind.TOKEN: _token_sizes, Kind.POWER: _power_sizes, Kind.CARRY: _carry_sizes,
-                     Kind.DERIVED: _derived_sizes, Kind.MASK: _time_sizes, Kind.DECAY: _time_sizes,
-                     Kind.COTANGENT: _no_sizes}, "the backward transform (index sizes)")
-
-
 def output_size(p: ChunkProgram) -> int:
     """The extent of the output's free (value) index."""
     (index,) = p.algebra.output.free
-    sizes = {}
-    for o in p.output[0].operands:
-        sizes.update(_SIZES[o.kind](p, o))
-    return sizes[index]
-
-
-def _poly_sizes(p: ChunkProgram, poly) -> dict:
-    sizes = dict(p.sizes)
-    out = {}
-    for m in poly.terms:
-        for f in m.factors:
-            if f.kind != "state" or m.rho:
-                raise ValueError(f"derived carry factor {f} is not a plain carried state")
-            out.update((i, sizes[d]) for i, d in zip(f.indices, p.algebra.summary(f.name).dims))
-    return out
+    return operand_sizes(p, p.output[0].operands)[index]
 
 
 def _network(p: ChunkProgram, operands, output, coef, carry_weight, source, sizes) -> TermProgram:
@@ -280,9 +234,7 @@ def _whole(p, term: TermProgram, ct: Operand, t: str | None, output, coef, src, 
 
 def _term_grads(p: ChunkProgram, term: TermProgram, ct_name: str) -> tuple[GradTerm, ...]:
     ct = Operand(Kind.COTANGENT, ct_name, term.output)
-    sizes = {}
-    for o in term.operands:
-        sizes.update(_SIZES[o.kind](p, o))
+    sizes = operand_sizes(p, term.operands)
     out = []
     for k, o in enumerate(term.operands):
         out += _TRANSPOSE[o.kind](p, term, k, ct, sizes)
@@ -293,7 +245,7 @@ def _term_grads(p: ChunkProgram, term: TermProgram, ct_name: str) -> tuple[GradT
 
 def _derived_grads(p: ChunkProgram, d) -> tuple[GradTerm, ...]:
     """dW -> the carries in W's poly: each monomial transposed w.r.t. each factor."""
-    sizes = _poly_sizes(p, d.poly)
+    sizes = poly_sizes(p, d.poly)
     ct = Operand(Kind.COTANGENT, cotangent_name("derived", d.name), d.poly.free)
     out = []
     for m in d.poly.terms:

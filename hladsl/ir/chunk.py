@@ -15,7 +15,7 @@ from hladsl.ir.algebra import Algebra
 from hladsl.ir.chains import ANCHOR, ChainTerm
 from hladsl.ir.contract import Plan, plan
 from hladsl.ir.expr import Monomial, Poly, canonical_key
-from hladsl.ir.operands import Kind, Operand
+from hladsl.ir.operands import Kind, Operand, exhaustive
 from hladsl.ir.symmetric import PackedDim
 
 
@@ -193,3 +193,54 @@ def index_sizes(term_factors, alg: Algebra, dims: dict[str, int]) -> dict[str, i
             sizes.setdefault(a, sizes.get(b))
             sizes.setdefault(b, sizes.get(a))
     return sizes
+
+
+# -- sizes of the indices of a term's operands -----------------------------------------
+def _token_sizes(p: ChunkProgram, o: Operand) -> dict:
+    return {o.indices[0]: p.chunk, o.indices[1]: dict(p.sizes)[p.algebra.inputs[o.name]]}
+
+
+def _power_sizes(p: ChunkProgram, o: Operand) -> dict:
+    (pd,) = [pd for pd in p.packed if pd.name == o.packed]
+    return {o.indices[0]: p.chunk, o.indices[1]: pd.size}
+
+
+def _carry_sizes(p: ChunkProgram, o: Operand) -> dict:
+    return dict(zip(o.indices, p.state_shape(o.name)))
+
+
+def _derived_sizes(p: ChunkProgram, o: Operand) -> dict:
+    (d,) = [d for d in p.derived if d.name == o.name]
+    return {i: n for i, n in poly_sizes(p, d.poly).items() if i in o.indices}
+
+
+def _time_sizes(p: ChunkProgram, o: Operand) -> dict:
+    return {i: p.chunk for i in o.indices}
+
+
+def _no_sizes(p: ChunkProgram, o: Operand) -> dict:
+    return {}    # a cotangent's indices are the term's output: sized by the other operands
+
+
+_OPERAND_SIZES = exhaustive({Kind.TOKEN: _token_sizes, Kind.POWER: _power_sizes, Kind.CARRY: _carry_sizes,
+                             Kind.DERIVED: _derived_sizes, Kind.MASK: _time_sizes, Kind.DECAY: _time_sizes,
+                             Kind.COTANGENT: _no_sizes}, "index sizes")
+
+
+def operand_sizes(p: ChunkProgram, operands) -> dict[str, int]:
+    """The extent of every index of ``operands`` (a cotangent's: sized by the others)."""
+    sizes = {}
+    for o in operands:
+        sizes.update(_OPERAND_SIZES[o.kind](p, o))
+    return sizes
+
+
+def poly_sizes(p: ChunkProgram, poly) -> dict:
+    sizes = dict(p.sizes)
+    out = {}
+    for m in poly.terms:
+        for f in m.factors:
+            if f.kind != "state" or m.rho:
+                raise ValueError(f"derived carry factor {f} is not a plain carried state")
+            out.update((i, sizes[d]) for i, d in zip(f.indices, p.algebra.summary(f.name).dims))
+    return out

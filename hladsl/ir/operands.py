@@ -14,7 +14,7 @@ from enum import Enum
 class Kind(str, Enum):
     TOKEN = "token"          # an input tile X[T_n, i]   (time index 'T<node>' of size C)
     POWER = "power"          # spow(x)[T, α]: p copies of one token tile, packed symmetric
-    CARRY = "carry"          # a carried state P[...] at the chunk start
+    CARRY = "carry"          # a carried state P[...] at the chunk start (anchor 'end': at its end)
     DERIVED = "derived"      # a per-chunk sum of carried-state contractions (HLA2's W_P)
     MASK = "mask"            # M[T_b, T_a] = [a rel b] · exp(W (Λ_b − Λ_a))
     DECAY = "decay"          # exp(W (Λ_end − Λ_a)) ('end') or exp(W Λ_t) ('start')
@@ -41,7 +41,8 @@ class Operand:
     indices: tuple[str, ...]
     rel: str = ""                  # masks: '<' or '<='
     weight: int = 0                # masks and decays: the decay weight W
-    anchor: str = ""               # decays: 'end' (to chunk end) or 'start' (carry to t)
+    anchor: str = ""               # decays: 'end' (to chunk end) or 'start' (carry to t); carry: 'end'
+                                   # (the state at the chunk's end: ir.recursion.chunk_terms)
     packed: str = ""               # power: the packed dim of its second index
     power: int = 0                 # power: p
     weighted: bool = False         # power: times the multiplicity m(α) (a consumed group)
@@ -71,10 +72,14 @@ def _named_text(o: Operand) -> str:
     return f"{o.name}[{','.join(o.indices)}]"
 
 
+def _carry_text(o: Operand) -> str:
+    return f"{o.name}{'@end' if o.anchor == 'end' else ''}[{','.join(o.indices)}]"
+
+
 def _cotangent_text(o: Operand) -> str:
     return f"d{o.name}[{','.join(o.indices)}]"
 
 
-_TEXT = exhaustive({Kind.TOKEN: _named_text, Kind.POWER: _power_text, Kind.CARRY: _named_text,
+_TEXT = exhaustive({Kind.TOKEN: _named_text, Kind.POWER: _power_text, Kind.CARRY: _carry_text,
                     Kind.DERIVED: _named_text, Kind.MASK: _mask_text, Kind.DECAY: _decay_text,
                     Kind.COTANGENT: _cotangent_text}, "Operand.text")

@@ -21,15 +21,23 @@ G that is exactly 0, or an initial G passed through an empty sequence, comes bac
 that, not bit for bit. Limits: the dropped state must appear as W's lone term with W's own
 index order (a transposed ``G[e, i]`` gets no recursion), and the codegen takes a recursion
 only where it needs fewer products (``codegen.triton_gen._derived_recursion``).
+
+``chunk_terms`` writes the recursion's increment as terms of one chunk (each delta by its
+state's own chunk terms): what a two-stage scan computes for every chunk at once, so that
+its second stage walks W elementwise instead of the state it drops
+(``codegen.triton_gen._staged_recursion``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from hladsl.ir.algebra import Algebra
+from hladsl.ir.chunk import ChunkProgram, TermProgram, operand_sizes
 from hladsl.ir.combine import expand
-from hladsl.ir.expr import Monomial, Poly, canonical_key
+from hladsl.ir.contract import plan
+from hladsl.ir.expr import Monomial, Poly, canonical_key, fresh_names
+from hladsl.ir.operands import Kind, Operand
 
 START, END, DELTA = "A", "N", "B"   # the carried state at the chunk start / end, the chunk's delta
 
@@ -120,3 +128,54 @@ def check(alg: Algebra, poly: Poly, rec: Recursion) -> None:
     defect = (_increment(alg, poly.renamed(rec.free), rec.weight) + walked.scaled(-1)).canonical()
     if defect.terms:
         raise AssertionError(f"the recursion of {rec.name} is wrong by {defect.text()}")
+
+
+def free_first(f, free):
+    """Factor ``f`` with the indices of each symmetric slot group reordered, free ones first:
+    the same tensor (the group's slots are interchangeable) in the orientation W's own
+    definition reads it (HLA2's W0 = S[w0,_1] C[_1,w1]; its recursion's S@N[_0,w0] C@B[_0,w1]
+    becomes S@N[w0,_0] C@B[_0,w1]), so a product needs no transpose and a state held
+    asymmetric all the same (an initial state as given) enters W as W's definition has it."""
+    idx = list(f.indices)
+    for group in f.symmetric:
+        slots = sorted(group)
+        names = sorted((idx[s] for s in slots), key=lambda i: i not in free)
+        for slot, name in zip(slots, names):
+            idx[slot] = name
+    return replace(f, indices=tuple(idx))
+
+
+def chunk_terms(program: ChunkProgram, rec: Recursion) -> tuple[TermProgram, ...] | None:
+    """``rec``'s increment W(A⊕B) - ρ_B^w W(A) as state-pass terms of one chunk: in each
+    monomial the one DELTA factor Y@B becomes Y's token-only terms (Y's own summary of the
+    chunk, scaled to its end: the chunk program's delta of Y), a START factor the carried
+    state, an END factor the carried state at the chunk's end (``anchor="end"``), ρ_B^p a
+    carry weight p. HLA2: S@N[w0,s] (k[n,s] v[n,w1]) - (G's chunk terms). None where a
+    monomial has no DELTA factor or several, or Y has no token-only term."""
+    states = dict(program.states)
+    out = []
+    for m in rec.terms.terms:
+        deltas = [f for f in m.factors if f.where == DELTA]
+        rho = dict(m.rho)
+        weight = rho.pop(DELTA, 0)
+        if len(deltas) != 1 or rho:
+            return None
+        (y,) = deltas
+        carried = tuple(Operand(Kind.CARRY, f.name, free_first(f, rec.free).indices,
+                                anchor="end" if f.where == END else "")
+                        for f in m.factors if f.where != DELTA)
+        own = [t for t in states[y.name]
+               if not any(o.kind in (Kind.CARRY, Kind.DERIVED) for o in t.operands)]
+        if not own:
+            return None
+        for t in own:
+            taken = set(m.indices()) | set(rec.free)
+            inner = [i for o in t.operands for i in o.indices if i not in t.output]
+            names = dict(zip(t.output, y.indices))
+            names.update(zip(dict.fromkeys(inner), fresh_names(taken, len(set(inner)), "y")))
+            operands = carried + tuple(replace(o, indices=tuple(names[i] for i in o.indices)) for o in t.operands)
+            sizes = operand_sizes(program, operands)
+            pl = plan(tuple(o.indices for o in operands), rec.free, tuple(sorted(sizes.items())))
+            out.append(TermProgram(float(m.coef) * t.coef, operands, rec.free, pl, weight,
+                                   f"{m.text()}, {y.name}@B = {t.source}"))
+    return tuple(out)

@@ -156,7 +156,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     # the one-level scan may store the output's derived carries instead of the states read only
     # through them (triton_gen._derived_starts: HLA2's W0 = S C - G instead of C and G)
     derived = plan.derived_starts and store_chunks and not states_only
-    derived_only = set(ctx["chunk_scan"]["derived_only"]) if derived else set()
+    # (a second stage that walks the derived carries never stores the states they drop)
+    derived_only = set(ctx["chunk_scan"]["derived_only"]) if derived or (staged and staged["derived"]) else set()
     sdot_beside = set(ctx["chunk_scan"]["sdot_beside_derived"]) if derived else set()
     for s in ctx["states"]:
         if s["read"]:
@@ -292,8 +293,9 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
                                                states=_names(cs["states"]) if stage else None)
         plan.scan_groups = launch.scan_groups(n_chunks, plan.walkers * heads, first.device,
                                               plan.walk["VARLEN"], cs["groupable"], direction)
+        # (a second stage walking the derived carries has no other way to give them to the output)
         plan.derived_starts = (direction == "forward" and plan.scan_groups == 1 and bool(cs["derived_starts"])
-                               and launch.DERIVED_STARTS)
+                               and (launch.DERIVED_STARTS or bool(stage and stage["derived"])))
         if stage:   # the two-stage scan's second stage (triton_gen._second_stage)
             plan.stage_launch = launch.split_blocks(
                 (n_chunks, n_seq * heads), ctx["splits"], program, common, first, stage["delta_chained_dots"],
@@ -364,14 +366,21 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
                                 may_fall_back, overrides)
         increments = per_chunk(stage["buffers"])
         reads = {f"starts_{s['name']}": state_args[f"starts_{s['name']}"] for s in stage["reads"]}
+        reads.update((f"deltas_{b['name']}", deltas[f"deltas_{b['name']}"]) for b in stage["delta_reads"])
         for part in range(len(stage["delta_code"])):   # one launch a part: a state, or a term (triton_gen._second_stage)
             launch.launch_narrowing(module.stage_kernel, plan, "stage_launch",
                                     {**tokens, **reads, **increments, **common, "PART": part},
                                     may_fall_back, overrides)
+        if stage["derived"]:   # the derived carries' walk (triton_gen._staged_recursion)
+            walked = {k: v for k, v in state_args.items()
+                      if k.startswith(("init_", "final_")) and k.split("_", 1)[1] in _names(stage["walked"])}
+            walk = {**walked, "HAS_INIT": state_args["HAS_INIT"],
+                    **{k: v for k, v in derived_args.items() if k.startswith("dstart_")}}
+        else:
+            walk = _states_args(state_args, stage["states"])
         launch.launch_narrowing(module.stage_scan_kernel, plan, "stage_scan_launch",
-                                {**_states_args(state_args, stage["states"]), **increments, **gate, **fixed,
-                                 **ONE_LEVEL, "group_len": rows[2], "STORE_CHUNKS": store_chunks},
-                                may_fall_back, overrides)
+                                {**walk, **increments, **gate, **fixed, **ONE_LEVEL, "group_len": rows[2],
+                                 "STORE_CHUNKS": store_chunks}, may_fall_back, overrides)
         return {}   # (no reverse scan reads a two-stage pass's deltas)
     if plan.scan_groups == 1:
         launch.launch_narrowing(module.scan_kernel, plan, "scan_launch",
