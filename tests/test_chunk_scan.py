@@ -317,7 +317,10 @@ def test_the_second_stage_walks_the_derived_carries(params, gated, launched, mon
     ``stage_scan_kernel`` walks them, stores them at each chunk start and recovers G (and h) at
     the end; the output kernel loads them (DERIVED_STARTS) and no chunk start of C, G (m, h) is
     stored. Over two value blocks, from an initial S that is not symmetric (held as given: W0
-    reads it as its definition does), outputs and final states against the float64 torch program."""
+    reads it as its definition does), outputs and final states against the float64 torch program.
+    The first stage's updates are elementwise (a decayed carry plus a delta): its scan kernel
+    walks the states' flat layout in blocks (``flat``, here 4 blocks of 64 elements: S's 64 in
+    the first, C's 256 in all four, m's 8), the grid no longer split over the value dim."""
     from hladsl.runtime.chunk_torch import outputs, state_pass
     from hladsl.runtime.triton_forward import forward_triton
     from test_triton_backward import _inputs
@@ -329,6 +332,8 @@ def test_the_second_stage_walks_the_derived_carries(params, gated, launched, mon
             output_args.append(args)
         return real(kernel, grid, args, *rest)
     monkeypatch.setattr(launch, "launch", spy)
+    monkeypatch.setattr(launch, "FLAT_SCAN_BLOCK", 64)
+    launch.forget_plans()
     alg = hladsl.compile_spec("hla2", **params)
     program = chunk_program(alg, 16, (("d", 8), ("dv", 32)), gated)
     tiles, lam, init, _, _ = _inputs(program, bool(params), seed=6)
@@ -348,6 +353,7 @@ def test_the_second_stage_walks_the_derived_carries(params, gated, launched, mon
         == {"starts_S", "deltas_S"} | {f"deltas_{d}" for d in derived}
     assert {k for k in args["stage_scan_kernel"] if k.startswith("dstart_")} == {f"dstart_{d}" for d in derived}
     assert ("stage_kernel", (3, 2, 2)) in launched.grids and ("stage_scan_kernel", (2, 2)) in launched.grids
+    assert ("scan_kernel", (2, 4)) in launched.grids
     (out,) = output_args
     assert out["DERIVED_STARTS"] is True
     for n in ["C", "G"] + (["m", "h"] if params else []):   # (parameters only: the final states stand in)

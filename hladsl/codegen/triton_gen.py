@@ -711,9 +711,15 @@ def _chunk_scan(low: _Lowering, program: ChunkProgram, states: list[dict], split
     # and one stage (the second stage's increments read the first's per-chunk starts).
     grown = {name for name, terms in program.states if len(positions(name, terms, ("scan", "delta")))}
     groupable = (staged is None and not aux and grown <= set(with_delta) and all(s["read"] for s in states))
+    # A two-stage scan's first stage whose updates are each state's decayed carry plus its own
+    # delta (no product: HLA3's SK, SQ, P; HLA2's S, C) walks every state element alone: its scan
+    # kernel splits the states' flat layout over programs (``flat``), instead of holding the
+    # value-free ones whole in every block (HLA3's two 128 x 128 at d = 128 spilled: 18 ms of
+    # its 44 ms forward at T = 16k). (One stage keeps its tiles: its derived starts read them.)
+    flat = staged is not None and not any(positions(name, terms, ("scan",)) for name, terms in walked)
     return {"deltas": with_delta, "buffers": buffers, "aux": [a.name for a in aux], "groupable": groupable,
             "states": [s for s in states if s["name"] in dict(walked)], "reads": [], "delta_reads": [],
-            "derived": [], "parts": False,
+            "derived": [], "parts": False, "flat": flat,
             "delta_defs": _defs(delta_defs), "delta_code": delta_code,
             "delta_chained_dots": delta_chained, "scan_code": scan_code,
             "scan_chained_dots": scan_chained,
@@ -776,6 +782,7 @@ def _second_stage(low: _Lowering, program: ChunkProgram, states: list[dict], sta
     scan_code, scan_chained = _scan_code(low, upper, carry_only, [], staged.upper,
                                          "the chunk's increment (stage_kernel)")
     return {"deltas": list(staged.upper), "buffers": buffers, "aux": [], "groupable": False, "parts": True,
+            "flat": False,
             "states": [s for s in states if s["name"] in staged.upper],
             "stored": [s["name"] for s in states if s["name"] in staged.upper and s["read"]],
             "reads": [s for s in states if s["name"] in staged.reads], "delta_reads": [], "derived": [],
@@ -976,7 +983,7 @@ def _staged_recursion(low: _Lowering, program: ChunkProgram, states: list[dict],
                                                             for m in d.poly.terms for f in m.factors}]
     weight = {r.name: r.weight for r in recursions}
     stage = {"deltas": [c["buffer"]["name"] for c in code_of], "buffers": [c["buffer"] for c in code_of],
-             "aux": [], "groupable": False, "parts": True,
+             "aux": [], "groupable": False, "parts": True, "flat": False,
              "states": [named[x] for x in staged.upper],    # (the tiles the walk holds are theirs' sizes)
              "reads": [named[x] for x in order if x in set(starts) | set(ends)],
              "delta_reads": [b for b in cs["buffers"] if b["name"] in ends],

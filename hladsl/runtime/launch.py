@@ -844,6 +844,20 @@ def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict,
     return grid, block, Tiling(choices, retile, narrowable=tuple(f"B_{d}" for d in widths if d not in packed))
 
 
+FLAT_SCAN_BLOCK = 1024   # state elements a program of a flat scan walks (8 a thread at 4 warps)
+
+
+def flat_scan_blocks(walkers: int, program, states) -> tuple[tuple, dict, Tiling]:
+    """Grid, block arguments and Tiling of a scan kernel that walks its states' flat layout
+    (``triton_gen._chunk_scan``'s ``flat``: every update the state's decayed carry plus its
+    own delta): (walkers, blocks of FLAT_SCAN_BLOCK elements of the largest state), 4 warps.
+    Nothing to tune or narrow: the blocks hold no tile a dot needs."""
+    largest = max(math.prod(program.state_shape(n)) for n in states)
+    block = {"FLAT": min(FLAT_SCAN_BLOCK, block_size(largest)), "num_warps": 4}
+    grid = (walkers, -(-largest // block["FLAT"]))
+    return grid, block, Tiling({}, lambda chosen: (grid, block), sets=())
+
+
 NARROWEST_SPLIT = 16   # tl.dot's minimum tile
 
 

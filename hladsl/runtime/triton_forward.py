@@ -288,9 +288,11 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
         plan.delta_launch = launch.split_blocks((n_chunks, n_seq * heads), ctx["splits"], program, common,
                                                 first, cs["delta_chained_dots"])
         stage = cs["stage"]
-        plan.scan_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common, first,
-                                               cs["scan_chained_dots"], state_block, scan=True,
-                                               states=_names(cs["states"]) if stage else None)
+        plan.scan_launch = (launch.flat_scan_blocks(plan.walkers * heads, program, _names(cs["states"]))
+                            if cs["flat"] else
+                            launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common, first,
+                                                cs["scan_chained_dots"], state_block, scan=True,
+                                                states=_names(cs["states"]) if stage else None))
         plan.scan_groups = launch.scan_groups(n_chunks, plan.walkers * heads, first.device,
                                               plan.walk["VARLEN"], cs["groupable"], direction)
         # (a second stage walking the derived carries has no other way to give them to the output)
