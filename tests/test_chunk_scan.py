@@ -492,8 +492,10 @@ def test_scan_kernels_over_two_value_blocks(name, params, varlen, in_place, laun
     got = backward_triton(program, f32(tiles), lam.float(), f32(init), grad_o.float(), f32(grad_final),
                           alg.eps, schedule="scan", reverse_block=16, seq_chunks=seq_chunks)
     walkers = 4 if varlen else 2     # (sequences, heads) walked; two value blocks each
-    assert ("scan_kernel", (walkers, 2)) in launched.grids and ("rscan_kernel", (walkers, 2)) in launched.grids
     staged = name == "hla3"
+    # (in two stages the first stage walks the states' flat layouts: one block of 1024 elements here)
+    assert ("scan_kernel", (walkers, 1 if staged else 2)) in launched.grids
+    assert ("rscan_kernel", (walkers, 2)) in launched.grids
     assert (("rstage_scan_kernel", (walkers, 2)) in launched.grids) == staged
     ref = _varlen_reference(program, tiles, lam, init, grad_o, grad_final, alg.eps, seq_chunks)
     if seq_chunks is None:
@@ -795,6 +797,37 @@ def test_the_scan_drops_the_state_a_derived_carry_recovers(tmp_path):
         o = op(q, k, v)[0]
         want = hladsl.load(str(path), backend="torch")(q.double(), k.double(), v.double())[0]
         assert ((o.double() - want).norm() / want.norm()).item() < 1e-5
+
+
+# HLA2 with G's cross term twice: W0's recursion reads C at the chunk start under ρ_B beside
+# S@N ΔC (W0(A⊕B) = ρ² W0(A) - ρ C@A ΔS + S@N ΔC - ΔG): two products a step, no fewer than
+# the one-stage scan's, but the two-stage scan takes it (its increments are parallel)
+_G_CROSS_TWICE = _G_TWICE.replace("g_twice", "g_cross_twice").replace("cross S@B", "cross 2 S@B").replace(
+    "- 2 G[i, e]", "- G[i, e]")
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["ungated", "gated"])
+def test_a_recursion_reading_a_chunk_start_in_two_stages(gated, tmp_path, launched):
+    """The second stage's increment with a START factor under the chunk's decay (ρ_B C@A ΔS,
+    ``ir.recursion.chunk_terms``: a carry weight where gated, 1 without gates -- an ungated
+    stage kernel once read an undefined lam_end), against the float64 torch program."""
+    path = tmp_path / "cross_twice.hla"
+    path.write_text(_G_CROSS_TWICE)
+    cs = triton_gen.kernel_context(chunk_program(hladsl.compile_spec(str(path)), 16, (("d", 8), ("dv", 8)),
+                                                 gated), stage_complete=True)["chunk_scan"]
+    assert cs["stage"]["derived"] and {s["name"] for s in cs["stage"]["reads"]} == {"C", "S"}
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (0.5 * torch.randn(1, 40, 2, 8, generator=gen) for _ in range(3))
+    g = -0.3 * torch.rand(1, 40, 2, generator=gen) if gated else None
+    op = hladsl.load(str(path), backend="triton", chunk_size=16)
+    op.schedule = "staged"
+    o, final = op(q, k, v, g=g, output_final_state=True)
+    want, want_final = hladsl.load(str(path), backend="torch")(
+        q.double(), k.double(), v.double(), g=None if g is None else g.double(), output_final_state=True)
+    assert "stage_scan_kernel" in launched
+    assert ((o.double() - want).norm() / want.norm()).item() < 1e-5
+    for n in want_final:
+        assert ((final[n].double() - want_final[n]).norm() / want_final[n].norm()).item() < 1e-5, n
 
 
 def test_an_empty_sequence_returns_its_initial_state_to_the_recovery_s_rounding():

@@ -68,7 +68,11 @@ def test_no_recursion_where_a_term_reads_two_carried_states(tmp_path):
     alg, derived = _derived(str(path))
     assert recursion(alg, "W0", derived["W0"], set()) is None
     alg, derived = _derived("hla3")
-    assert recursion(alg, "W0", derived["W0"], set()).dropped == "G1"
+    rec = recursion(alg, "W0", derived["W0"], set())
+    assert rec.dropped == "G1"
+    # its deltas of combine-only states (X1@B, ...) are no chunk terms: none (once a KeyError)
+    from hladsl.ir.recursion import chunk_terms
+    assert chunk_terms(chunk_program(alg, 16, tuple((x, 8) for x in alg.dims), True), rec) is None
 
 
 def test_the_increment_as_chunk_terms():

@@ -553,9 +553,14 @@ def kernel_context(program: ChunkProgram, stage_complete: bool = False) -> dict:
         st["starts_sdot"] = (read_only_as_sdot(output_text, f"st_{st['name']}")
                              and st["name"] not in stage_reads)
     chunk_scan = _chunk_scan(low, program, states, splits)   # fresh kernel regions
-    if chunk_scan:
+    # (a scan in two stages of its own, HLA3's, serves the backward too, which reads every
+    # state's chunk starts: derived starts only in the forward-only module of a complete scan)
+    if chunk_scan and (stage_complete or not chunk_scan["stage"]):
         chunk_scan.update(_derived_starts(low, program, states, splits, "\n".join(
             [num["pre"], num["loop"], num["post"], den["pre"], den["loop"], den["post"]]), chunk_scan))
+    elif chunk_scan:
+        chunk_scan.update(NO_DERIVED_STARTS)
+    if chunk_scan:
         chunk_scan["stored"] = [s["name"] for s in chunk_scan["states"]
                                 if s["read"] and not (chunk_scan["stage"] and s["name"] in chunk_scan["derived_only"])]
     fused = _fused(low, program, splits, o_dim)   # a fresh kernel region: last

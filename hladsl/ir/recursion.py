@@ -150,17 +150,19 @@ def chunk_terms(program: ChunkProgram, rec: Recursion) -> tuple[TermProgram, ...
     monomial the one DELTA factor Y@B becomes Y's token-only terms (Y's own summary of the
     chunk, scaled to its end: the chunk program's delta of Y), a START factor the carried
     state, an END factor the carried state at the chunk's end (``anchor="end"``), ρ_B^p a
-    carry weight p. HLA2: S@N[w0,s] (k[n,s] v[n,w1]) - (G's chunk terms). None where a
-    monomial has no DELTA factor or several, or Y has no token-only term."""
+    carry weight p (gated programs: ρ is 1 without gates). HLA2: S@N[w0,s] (k[n,s] v[n,w1]) -
+    (G's chunk terms). None where a monomial has no DELTA factor or several, or Y is no state
+    the chunk program holds (a combine-only one) or has no token-only term."""
     states = dict(program.states)
     out = []
     for m in rec.terms.terms:
         deltas = [f for f in m.factors if f.where == DELTA]
         rho = dict(m.rho)
         weight = rho.pop(DELTA, 0)
-        if len(deltas) != 1 or rho:
+        if len(deltas) != 1 or rho or deltas[0].name not in states:
             return None
         (y,) = deltas
+        weight = weight if program.gated else 0
         carried = tuple(Operand(Kind.CARRY, f.name, free_first(f, rec.free).indices,
                                 anchor="end" if f.where == END else "")
                         for f in m.factors if f.where != DELTA)
