@@ -111,7 +111,10 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
     program has no such scan. The output kernel is ``kernel_costs``' (a one-stage scan may
     store derived carries for it instead of the states they read, HLA2's W0, carry them by
     their own recursion instead of those states, and store both in bf16 where only bf16 dots
-    read them: not counted)."""
+    read them; a two-stage scan's second stage may walk those derived carries instead of the
+    states they drop, the output then forming none of them, and its first stage store only
+    the starts something reads: not counted -- ``codegen.triton_gen._derived_starts`` decides
+    them with the kernels' splits)."""
     plan_ = scan_plan(program)
     if two_stages:
         staged = split_complete_scan(program, plan_)
