@@ -135,18 +135,33 @@ def _cost(spec, params, out_dir, sizes=None, chunk=64, token_bytes=2):
     lines.append(f"{'fwd + bwd':12s} {sum(r.flops_per_token for r in rows):12.0f} "
                  f"{sum(r.bytes_per_token for r in rows):12.0f}   (the backward also re-runs "
                  f"state_pass)")
-    scan, staged = scan_costs(prog, token_bytes), scan_costs(prog, token_bytes, two_stages=True)
+    scan = scan_costs(prog, token_bytes, walked=_walked(prog, False))
+    staged = scan_costs(prog, token_bytes, two_stages=True, walked=_walked(prog, True))
     stages = " in two stages" if any(r.kernel == "stage" for r in scan) else ""
     for title, label, scan in ((f"the forward's state pass as a chunk scan{stages} (schedule \"scan\")",
                                 "scan fwd", scan),
                                ("the same in two stages (schedule \"staged\")", "staged fwd", staged)):
         if scan:
-            lines += ["", f"# {title}: instead of state_pass"]
+            # (a second stage walking the derived carries comes with its own output row)
+            own_output = any(r.kernel == "output" for r in scan)
+            lines += ["", f"# {title}: instead of state_pass{' and output' if own_output else ''}"]
             lines += [f"{r.kernel:12s} {r.flops_per_token:12.0f} {r.bytes_per_token:12.0f} "
                       f"{r.intensity:10.1f}  {r.what}" for r in scan]
-            lines.append(f"{label:12s} {sum(r.flops_per_token for r in scan + fwd[1:]):12.0f} "
-                         f"{sum(r.bytes_per_token for r in scan + fwd[1:]):12.0f}   (with output)")
+            rows_in = scan + ([] if own_output else fwd[1:])
+            lines.append(f"{label:12s} {sum(r.flops_per_token for r in rows_in):12.0f} "
+                         f"{sum(r.bytes_per_token for r in rows_in):12.0f}   (with output)")
     return "\n".join(lines) + "\n"
+
+
+def _walked(prog, stage_complete: bool) -> tuple[str, ...]:
+    """The derived carries a two-stage forward scan's second stage walks by their recursion
+    (``codegen.triton_gen._staged_recursion``), for ``ir.cost.scan_costs``."""
+    from hladsl.codegen.triton_gen import kernel_context
+    try:
+        cs = kernel_context(prog, stage_complete)["chunk_scan"]
+    except ValueError:
+        return ()
+    return tuple(d["name"][len("dr_"):] for d in cs["stage"]["derived"]) if cs and cs["stage"] else ()
 
 
 def _chunk(spec, params, out_dir):

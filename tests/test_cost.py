@@ -3,7 +3,7 @@ import pytest
 
 from hladsl.api import compile_spec
 from hladsl.emit import emit
-from hladsl.ir.cost import kernel_costs, scan_costs
+from hladsl.ir.cost import derived_macs, kernel_costs, scan_costs
 from hladsl.ir.pipeline import Target
 
 
@@ -82,3 +82,25 @@ def test_emit_cost_prints_the_scan_schedules():
     text = emit("hla3", "cost", {}, None)
     assert "as a chunk scan in two stages (schedule \"scan\")" in text and "\"staged\"" not in text
     assert "chunk scan" not in emit("power", "cost", {"p": 2}, None)
+
+
+def test_a_second_stage_walking_the_derived_carries():
+    """HLA2's two-stage scan walks W0 by its recursion (``walked``, what the codegen decides;
+    ``--emit cost`` asks it): the stage kernel's products are those of G's increment it
+    replaces, the walk and the first stage move W0 and the starts read (S, not C), and the
+    output row forms no derived carry (its FLOPs less W0's contraction)."""
+    C, d = 64, 64
+    c = compile_spec("hla2", target=Target(C, (("d", d), ("dv", d)), gated=True))
+    plain = scan_costs(c.program, two_stages=True)
+    walk = scan_costs(c.program, two_stages=True, walked=("W0",))
+    assert [r.kernel for r in walk] == ["delta", "scan", "stage", "stage_scan", "output"]
+    assert walk[0] == plain[0] and walk[2].flops_per_token == plain[2].flops_per_token
+    tile = d * d * 4   # S, C, G, W0: d x d fp32
+    assert walk[1].bytes_per_token == (2 * tile + tile) / C                   # ΔS, ΔC read; S's starts written
+    assert walk[2].bytes_per_token == (3 * C * d * 2 + 4 * C + 3 * tile) / C  # q, k, v, Λ; S start, ΔS; W0's increment
+    assert walk[3].bytes_per_token == 2 * tile / C
+    output = kernel_costs(c.program)[1]
+    assert walk[4].flops_per_token == output.flops_per_token - 2 * derived_macs(c.program) / C == 2 * c.program.flops()["output"] / C
+    text = emit("hla2", "cost", {}, None)
+    assert "# the same in two stages (schedule \"staged\"): instead of state_pass and output" in text
+    assert "every chunk's increment of W0 by its recursion" in text

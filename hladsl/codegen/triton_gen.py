@@ -965,6 +965,8 @@ def _staged_recursion(low: _Lowering, program: ChunkProgram, states: list[dict],
     carried = [o for ts in terms_of.values() for t in ts for o in t.operands if o.kind is Kind.CARRY]
     ends = [x for x in order if any(o.name == x and o.anchor == "end" for o in carried)]
     starts = [x for x in order if any(o.name == x and not o.anchor for o in carried)]
+    if set(starts + ends) & set(only):
+        return None   # (the first stage stores no chunk start of a state the output reads only through W)
     roles = {(t.state, t.index): t.role for t in low.scan_plan.terms}
     states_of = dict(program.states)
     entry = {d["name"]: d for d in derived}

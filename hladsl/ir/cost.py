@@ -102,7 +102,8 @@ def kernel_costs(program: ChunkProgram, backward: BackwardProgram | None = None,
     return rows
 
 
-def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = False) -> list[KernelCost]:
+def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = False,
+               walked: tuple[str, ...] = ()) -> list[KernelCost]:
     """The forward's state pass as a chunk scan (``ir.scan``; schedule "scan": one stage, or
     two where the program's scan has only two, HLA3's) or, with ``two_stages``, a complete
     scan split in two (``staged_scan(complete=True)``; schedule "staged"): per kernel, FLOPs
@@ -111,10 +112,12 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
     program has no such scan. The output kernel is ``kernel_costs``' (a one-stage scan may
     store derived carries for it instead of the states they read, HLA2's W0, carry them by
     their own recursion instead of those states, and store both in bf16 where only bf16 dots
-    read them; a two-stage scan's second stage may walk those derived carries instead of the
-    states they drop, the output then forming none of them, and its first stage store only
-    the starts something reads: not counted -- ``codegen.triton_gen._derived_starts`` decides
-    them with the kernels' splits)."""
+    read them: not counted). ``walked``: the derived carries a two-stage scan's second stage
+    walks by their recursion instead of the states they drop (``codegen.triton_gen.
+    _staged_recursion`` decides, with the kernels' splits): its rows are then those kernels' --
+    the stage kernel's chunk terms (``ir.recursion.chunk_terms``), the walk of W, a first stage
+    storing only the starts something reads -- and an "output" row of its own (no derived
+    carry formed, W's starts read)."""
     plan_ = scan_plan(program)
     if two_stages:
         staged = split_complete_scan(program, plan_)
@@ -153,6 +156,8 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
             KernelCost("scan", 2 * (0 if staged else plan_.scan_macs) / C,
                        (summaries + states(n for n in lower if n in read or (staged and n in staged.reads))) / C,
                        "sequential: reads the deltas, writes the chunk-start states")]
+    if staged and walked:
+        return rows[:1] + _derived_walk(program, staged, walked, summaries, tokens, states, lam, token_bytes)
     if staged:
         upper = list(staged.upper)
         increments = terms_of(upper, ("delta", "scan", "walk"))
@@ -162,3 +167,36 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
                  KernelCost("stage_scan", 0.0, (states(upper) + states(n for n in upper if n in read)) / C,
                             "sequential: reads the increments, writes the upper chunk-start states")]
     return rows
+
+
+def _derived_walk(program: ChunkProgram, staged, walked, summaries: int, tokens, states, lam: int,
+                  token_bytes: int) -> list[KernelCost]:
+    """``scan_costs``' rows after the delta kernel where the second stage walks the derived
+    carries ``walked``: the first stage's scan storing the starts the stage kernel or the output
+    reads directly, the stage kernel (W's chunk terms from the tokens, the starts and the deltas
+    of the states at the chunk's end), the walk of W, and the output kernel reading W."""
+    from hladsl.ir.chunk import poly_sizes
+    from hladsl.ir.recursion import chunk_terms, recursion
+    C, alg = program.chunk, program.algebra
+    derived = [d for d in program.derived if d.name in walked]
+    terms = [t for d in derived for t in chunk_terms(program, recursion(alg, d.name, d.poly, set()))]
+    carried = [o for t in terms for o in t.operands if o.kind is Kind.CARRY]
+    ends = {o.name for o in carried if o.anchor == "end"}
+    out_terms = program.output + program.normalizer
+    direct = _carried(out_terms)
+    w_bytes = sum(prod(n for i, n in poly_sizes(program, d.poly).items() if i in d.poly.free)
+                  for d in derived) * FP32
+    stored = states(n for n in staged.lower if n in direct or n in {o.name for o in carried})
+    o_bytes = C * output_size(program) * token_bytes
+    flops = program.flops()
+    return [KernelCost("scan", 0.0, (summaries + stored) / C,
+                       "sequential, elementwise: reads the deltas, writes the starts read"),
+            KernelCost("stage", 2 * sum(t.plan.flops for t in terms) / C,
+                       (tokens(terms) + lam + states({o.name for o in carried}) + states(ends) + w_bytes) / C,
+                       "every chunk's increment of " + ", ".join(d.name for d in derived) + " by its recursion"),
+            KernelCost("stage_scan", 0.0, 2 * w_bytes / C,
+                       "sequential: reads the increments, writes " + ", ".join(d.name for d in derived)
+                       + " at each chunk start"),
+            KernelCost("output", 2 * flops["output"] / C,
+                       (tokens(out_terms) + lam + states(direct) + w_bytes + o_bytes) / C,
+                       "output terms; reads the derived carries' starts and the states it reads itself")]
