@@ -154,14 +154,14 @@ def _cost(spec, params, out_dir, sizes=None, chunk=64, token_bytes=2):
 
 
 def _walked(prog, stage_complete: bool) -> tuple[str, ...]:
-    """The derived carries a two-stage forward scan's second stage walks by their recursion
-    (``codegen.triton_gen._staged_recursion``), for ``ir.cost.scan_costs``."""
+    """The derived carries a forward scan carries by their recursion (``codegen.triton_gen``'s
+    ``_derived_recursion`` in one stage, ``_staged_recursion`` in two), for ``ir.cost.scan_costs``."""
     from hladsl.codegen.triton_gen import kernel_context
     try:
         cs = kernel_context(prog, stage_complete)["chunk_scan"]
     except ValueError:
         return ()
-    return tuple(d["name"][len("dr_"):] for d in cs["stage"]["derived"]) if cs and cs["stage"] else ()
+    return tuple(cs["recursions"]) if cs else ()
 
 
 def _chunk(spec, params, out_dir):

@@ -84,11 +84,11 @@ def test_emit_cost_prints_the_scan_schedules():
     assert "chunk scan" not in emit("power", "cost", {"p": 2}, None)
 
 
-def test_a_second_stage_walking_the_derived_carries():
-    """HLA2's two-stage scan walks W0 by its recursion (``walked``, what the codegen decides;
-    ``--emit cost`` asks it): the stage kernel's products are those of G's increment it
-    replaces, the walk and the first stage move W0 and the starts read (S, not C), and the
-    output row forms no derived carry (its FLOPs less W0's contraction)."""
+def test_scans_carrying_the_derived_carries():
+    """HLA2's scans carry W0 by its recursion (``walked``, what the codegen decides; ``--emit
+    cost`` asks it). In two stages the stage kernel's products are those of G's increment it
+    replaces, the walk and the first stage move W0 and the starts read (S, not C); the output
+    row forms no derived carry (its FLOPs less W0's contraction)."""
     C, d = 64, 64
     c = compile_spec("hla2", target=Target(C, (("d", d), ("dv", d)), gated=True))
     plain = scan_costs(c.program, two_stages=True)
@@ -101,6 +101,12 @@ def test_a_second_stage_walking_the_derived_carries():
     assert walk[3].bytes_per_token == 2 * tile / C
     output = kernel_costs(c.program)[1]
     assert walk[4].flops_per_token == output.flops_per_token - 2 * derived_macs(c.program) / C == 2 * c.program.flops()["output"] / C
+    # one stage (round 26's recursion): one product a chunk, S@N ΔC, for G's update; ΔS, ΔC, ΔG
+    # read, S and W0 written
+    one = scan_costs(c.program, walked=("W0",))
+    assert [r.kernel for r in one] == ["delta", "scan", "output"] and one[2] == walk[4]
+    assert one[1].flops_per_token == 2 * d ** 3 / C and one[1].bytes_per_token == 5 * tile / C
     text = emit("hla2", "cost", {}, None)
     assert "# the same in two stages (schedule \"staged\"): instead of state_pass and output" in text
     assert "every chunk's increment of W0 by its recursion" in text
+    assert "writes the starts read and W0" in text

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from math import prod
 
 from hladsl.ir.backward import BackwardProgram, output_size
-from hladsl.ir.chunk import ChunkProgram
+from hladsl.ir.chunk import ChunkProgram, poly_sizes
 from hladsl.ir.contract import plan
 from hladsl.ir.operands import Kind
+from hladsl.ir.recursion import chunk_terms, recursion
 from hladsl.ir.scan import has_chunk_scan, scan_plan, split_complete_scan, staged_scan
 
 FP32 = 4
@@ -109,15 +110,14 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
     scan split in two (``staged_scan(complete=True)``; schedule "staged"): per kernel, FLOPs
     and HBM bytes per token as ``kernel_costs`` counts them. Its sequential kernels' FLOPs
     are what one program per (sequence, head) walks chunk after chunk. Empty where the
-    program has no such scan. The output kernel is ``kernel_costs``' (a one-stage scan may
-    store derived carries for it instead of the states they read, HLA2's W0, carry them by
-    their own recursion instead of those states, and store both in bf16 where only bf16 dots
-    read them: not counted). ``walked``: the derived carries a two-stage scan's second stage
-    walks by their recursion instead of the states they drop (``codegen.triton_gen.
-    _staged_recursion`` decides, with the kernels' splits): its rows are then those kernels' --
-    the stage kernel's chunk terms (``ir.recursion.chunk_terms``), the walk of W, a first stage
-    storing only the starts something reads -- and an "output" row of its own (no derived
-    carry formed, W's starts read)."""
+    program has no such scan. The output kernel is ``kernel_costs``', except where the scan
+    carries derived carries by their recursion (``walked``, what the codegen decides with the
+    kernels' splits: ``codegen.triton_gen._derived_recursion`` in one stage, ``_staged_recursion``
+    in two) instead of the states they drop: the rows are then those kernels' -- in one stage
+    the recursion's products for the dropped states' updates and W's starts stored; in two, the
+    stage kernel's chunk terms (``ir.recursion.chunk_terms``), the walk of W and a first stage
+    storing only the starts something reads -- and an "output" row of their own (no derived
+    carry formed, W's starts read). Starts count as fp32 (the kernels store some in bf16)."""
     plan_ = scan_plan(program)
     if two_stages:
         staged = split_complete_scan(program, plan_)
@@ -158,6 +158,18 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
                        "sequential: reads the deltas, writes the chunk-start states")]
     if staged and walked:
         return rows[:1] + _derived_walk(program, staged, walked, summaries, tokens, states, lam, token_bytes)
+    if walked:
+        recs = [recursion(alg, d.name, d.poly, set(names) - set(_only_derived(program)))
+                for d in program.derived if d.name in walked]
+        dropped = {r.dropped for r in recs}
+        kept = plan_.scan_macs - sum(t.macs for t in plan_.terms if t.state in dropped and t.role == "scan")
+        products = sum(_poly_macs(program, r.terms, r.free) for r in recs)
+        direct = _carried(out_terms)
+        return rows[:1] + [
+            KernelCost("scan", 2 * (kept + products) / C,
+                       (summaries + states(n for n in names if n in direct) + _w_bytes(program, walked)) / C,
+                       "sequential: reads the deltas, writes the starts read and " + ", ".join(walked)),
+            _output_reading(program, walked, tokens, states, lam, token_bytes)]
     if staged:
         upper = list(staged.upper)
         increments = terms_of(upper, ("delta", "scan", "walk"))
@@ -169,34 +181,59 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
     return rows
 
 
+def _only_derived(program: ChunkProgram) -> set[str]:
+    """States the outputs read only through derived carries."""
+    return ({f.name for d in program.derived for m in d.poly.terms for f in m.factors}
+            - _carried(program.output + program.normalizer))
+
+
+def _poly_macs(program: ChunkProgram, poly, free) -> int:
+    """Multiply-adds of a sum of products of state tiles (a recursion's terms)."""
+    dims = dict(program.sizes)
+    total = 0
+    for m in poly.terms:
+        index = {i: dims[s] for f in m.factors for i, s in zip(f.indices, program.algebra.summary(f.name).dims)}
+        total += plan(tuple(f.indices for f in m.factors), free, tuple(sorted(index.items()))).flops
+    return total
+
+
+def _w_bytes(program: ChunkProgram, walked) -> int:
+    """A chunk start of the derived carries ``walked`` (fp32)."""
+    return sum(prod(n for i, n in poly_sizes(program, d.poly).items() if i in d.poly.free)
+               for d in program.derived if d.name in walked) * FP32
+
+
+def _output_reading(program: ChunkProgram, walked, tokens, states, lam: int, token_bytes: int) -> KernelCost:
+    """The output kernel where a scan stored the derived carries ``walked`` at each chunk start:
+    no derived carry formed; W's starts and the states it reads itself read."""
+    C = program.chunk
+    out_terms = program.output + program.normalizer
+    return KernelCost("output", 2 * program.flops()["output"] / C,
+                      (tokens(out_terms) + lam + states(_carried(out_terms)) + _w_bytes(program, walked)
+                       + C * output_size(program) * token_bytes) / C,
+                      "output terms; reads the derived carries' starts and the states it reads itself")
+
+
 def _derived_walk(program: ChunkProgram, staged, walked, summaries: int, tokens, states, lam: int,
                   token_bytes: int) -> list[KernelCost]:
     """``scan_costs``' rows after the delta kernel where the second stage walks the derived
     carries ``walked``: the first stage's scan storing the starts the stage kernel or the output
     reads directly, the stage kernel (W's chunk terms from the tokens, the starts and the deltas
     of the states at the chunk's end), the walk of W, and the output kernel reading W."""
-    from hladsl.ir.chunk import poly_sizes
-    from hladsl.ir.recursion import chunk_terms, recursion
     C, alg = program.chunk, program.algebra
     derived = [d for d in program.derived if d.name in walked]
     terms = [t for d in derived for t in chunk_terms(program, recursion(alg, d.name, d.poly, set()))]
     carried = [o for t in terms for o in t.operands if o.kind is Kind.CARRY]
     ends = {o.name for o in carried if o.anchor == "end"}
-    out_terms = program.output + program.normalizer
-    direct = _carried(out_terms)
-    w_bytes = sum(prod(n for i, n in poly_sizes(program, d.poly).items() if i in d.poly.free)
-                  for d in derived) * FP32
+    direct = _carried(program.output + program.normalizer)
+    w_bytes = _w_bytes(program, walked)
     stored = states(n for n in staged.lower if n in direct or n in {o.name for o in carried})
-    o_bytes = C * output_size(program) * token_bytes
-    flops = program.flops()
+    names = ", ".join(d.name for d in derived)
     return [KernelCost("scan", 0.0, (summaries + stored) / C,
                        "sequential, elementwise: reads the deltas, writes the starts read"),
             KernelCost("stage", 2 * sum(t.plan.flops for t in terms) / C,
                        (tokens(terms) + lam + states({o.name for o in carried}) + states(ends) + w_bytes) / C,
-                       "every chunk's increment of " + ", ".join(d.name for d in derived) + " by its recursion"),
+                       f"every chunk's increment of {names} by its recursion"),
             KernelCost("stage_scan", 0.0, 2 * w_bytes / C,
-                       "sequential: reads the increments, writes " + ", ".join(d.name for d in derived)
-                       + " at each chunk start"),
-            KernelCost("output", 2 * flops["output"] / C,
-                       (tokens(out_terms) + lam + states(direct) + w_bytes + o_bytes) / C,
-                       "output terms; reads the derived carries' starts and the states it reads itself")]
+                       f"sequential: reads the increments, writes {names} at each chunk start"),
+            _output_reading(program, walked, tokens, states, lam, token_bytes)]
