@@ -970,10 +970,11 @@ def _staged_recursion(low: _Lowering, program: ChunkProgram, states: list[dict],
     roles = {(t.state, t.index): t.role for t in low.scan_plan.terms}
     states_of = dict(program.states)
     entry = {d["name"]: d for d in derived}
+    free = {d.name: d.poly.free for d in program.derived}
     defs, code_of, chained = {}, [], False
     for r in recursions:
         low.region()
-        lines = ["# " + comment(r.text(dict((d.name, d.poly.free) for d in program.derived)[r.name]))]
+        lines = ["# " + comment(r.text(free[r.name]))]
         for x in ends:   # (its first-stage update: carry and delta, no cross term -- ir.recursion's fold)
             keep = frozenset(n for n in range(len(states_of[x])) if roles[(x, n)] == "carry")
             lines += [f"# {x} at the chunk's end: its start (scan_kernel) and its delta (delta_kernel)",
@@ -991,7 +992,7 @@ def _staged_recursion(low: _Lowering, program: ChunkProgram, states: list[dict],
     weight = {r.name: r.weight for r in recursions}
     stage = {"deltas": [c["buffer"]["name"] for c in code_of], "buffers": [c["buffer"] for c in code_of],
              "aux": [], "groupable": False, "parts": True, "flat": False,
-             "states": [named[x] for x in staged.upper],    # (the tiles the walk holds are theirs' sizes)
+             "states": [named[x] for x in staged.upper],    # (W's tiles are the size of the states it drops)
              "reads": [named[x] for x in order if x in set(starts) | set(ends)],
              "delta_reads": [b for b in cs["buffers"] if b["name"] in ends],
              "delta_defs": _defs(defs), "delta_code": code_of, "delta_chained_dots": chained,
