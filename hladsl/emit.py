@@ -135,8 +135,9 @@ def _cost(spec, params, out_dir, sizes=None, chunk=64, token_bytes=2):
     lines.append(f"{'fwd + bwd':12s} {sum(r.flops_per_token for r in rows):12.0f} "
                  f"{sum(r.bytes_per_token for r in rows):12.0f}   (the backward also re-runs "
                  f"state_pass)")
-    scan = scan_costs(prog, token_bytes, walked=_walked(prog, False))
-    staged = scan_costs(prog, token_bytes, two_stages=True, walked=_walked(prog, True))
+    scan = scan_costs(prog, token_bytes, walked=tuple(_forward_scan(prog, False).get("recursions", ())))
+    staged = scan_costs(prog, token_bytes, two_stages=True,
+                        walked=tuple(_forward_scan(prog, True).get("recursions", ())))
     stages = " in two stages" if any(r.kernel == "stage" for r in scan) else ""
     for title, label, scan in ((f"the forward's state pass as a chunk scan{stages} (schedule \"scan\")",
                                 "scan fwd", scan),
@@ -153,15 +154,18 @@ def _cost(spec, params, out_dir, sizes=None, chunk=64, token_bytes=2):
     return "\n".join(lines) + "\n"
 
 
-def _walked(prog, stage_complete: bool) -> tuple[str, ...]:
-    """The derived carries a forward scan carries by their recursion (``codegen.triton_gen``'s
-    ``_derived_recursion`` in one stage, ``_staged_recursion`` in two), for ``ir.cost.scan_costs``."""
+def _forward_scan(prog, stage_complete: bool) -> dict:
+    """The chunk scan of the forward module ``stage_complete`` selects (``codegen.triton_gen``:
+    ``recursions`` holds the derived carries it carries by their recursion, ``_derived_recursion``
+    in one stage, ``_staged_recursion`` in two); empty where it has none or the program has no
+    Triton kernels."""
     from hladsl.codegen.triton_gen import kernel_context
+    if not prog.derived:
+        return {}
     try:
-        cs = kernel_context(prog, stage_complete)["chunk_scan"]
+        return kernel_context(prog, stage_complete)["chunk_scan"] or {}
     except ValueError:
-        return ()
-    return tuple(cs["recursions"]) if cs else ()
+        return {}
 
 
 def _chunk(spec, params, out_dir):
@@ -277,17 +281,12 @@ def reverse_scan_lines(bwd) -> list[str]:
 
 
 def _scan_recursions(prog) -> dict[str, tuple[str, str]]:
-    """The derived carries a forward scan carries by their recursion -> (which scans: "one-stage"
-    ``codegen.triton_gen._derived_recursion``, "two-stage" ``_staged_recursion``, or both; the
-    recursion); none where the program has no Triton kernels."""
-    from hladsl.codegen.triton_gen import kernel_context
+    """The derived carries a forward scan carries by their recursion -> (which scans: "one-stage",
+    "two-stage" or both; the recursion)."""
     found: dict[str, tuple[list[str], str]] = {}
-    for stage_complete in (False, True) if prog.derived else ():
-        try:
-            scan = kernel_context(prog, stage_complete)["chunk_scan"]
-        except ValueError:
-            return {}
-        for name, text in (scan["recursions"] if scan else {}).items():
+    for stage_complete in (False, True):
+        scan = _forward_scan(prog, stage_complete)
+        for name, text in scan.get("recursions", {}).items():
             found.setdefault(name, ([], text))[0].append("two-stage" if scan["stage"] else "one-stage")
     return {name: (" and ".join(dict.fromkeys(scans)), text) for name, (scans, text) in found.items()}
 

@@ -17,6 +17,7 @@ from hladsl.codegen import triton_gen  # noqa: E402
 from hladsl.ir.pipeline import chunk_program  # noqa: E402
 from hladsl.ir.scan import staged_scan  # noqa: E402
 from hladsl.runtime import autotune, launch  # noqa: E402
+from test_recursion import S_AND_C  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -758,13 +759,7 @@ def test_the_scan_carries_the_derived_carries_the_output_reads(params, gated, mo
 # HLA2 with G held transposed, and with W0 = S C - 2 G: derived starts, but no recursion the
 # scan takes (the dropped state must be W's lone term in W's index order; the recursion of
 # the second reads C at the chunk start beside S' ΔC: 2 products, no fewer than today's)
-_G_TRANSPOSED = """
-mechanism g_transposed {
-  dims d, dv
-  input q[d], k[d], v[dv]
-  state S[i, j] = k[i] k[j]  symmetric(i, j)
-  state C[i, e] = q[i] v[e]
-  state G[e, i] = 0  cross S@B[i, j] C@A[j, e]
+_G_TRANSPOSED = "mechanism g_transposed {" + S_AND_C + """  state G[e, i] = 0  cross S@B[i, j] C@A[j, e]
   output o[e] = q[i] (S[i, j] C[j, e] - G[e, i])
 }
 """

@@ -9,13 +9,14 @@ import hladsl
 from hladsl.ir.pipeline import chunk_program
 from hladsl.ir.recursion import check, recursion
 
-CUBIC = """
-mechanism cubic {
+# HLA2's first two summaries: the opening of the test specs built on them (and tests/test_chunk_scan.py's)
+S_AND_C = """
   dims d, dv
   input q[d], k[d], v[dv]
   state S[i, j] = k[i] k[j]  symmetric(i, j)
   state C[i, e] = q[i] v[e]
-  output o[e] = q[i] S[i, j] S[j, l] C[l, e]
+"""
+CUBIC = "mechanism cubic {" + S_AND_C + """  output o[e] = q[i] S[i, j] S[j, l] C[l, e]
 }
 """
 

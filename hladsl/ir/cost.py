@@ -41,15 +41,16 @@ class KernelCost:
 
 def derived_macs(program: ChunkProgram) -> int:
     """Multiply-adds per chunk of the derived carries (sums of carried-state products)."""
-    sizes = dict(program.sizes)
+    return sum(_poly_macs(program, d.poly, d.poly.free) for d in program.derived)
+
+
+def _poly_macs(program: ChunkProgram, poly, free) -> int:
+    """Multiply-adds of a sum of products of state tiles (a derived carry, a recursion's terms)."""
+    dims = dict(program.sizes)
     total = 0
-    for d in program.derived:
-        for m in d.poly.terms:
-            index = {}
-            for f in m.factors:
-                index.update((i, sizes[s]) for i, s in zip(f.indices, program.algebra.summary(f.name).dims))
-            total += plan(tuple(f.indices for f in m.factors), d.poly.free,
-                          tuple(sorted(index.items()))).flops
+    for m in poly.terms:
+        index = {i: dims[s] for f in m.factors for i, s in zip(f.indices, program.algebra.summary(f.name).dims)}
+        total += plan(tuple(f.indices for f in m.factors), free, tuple(sorted(index.items()))).flops
     return total
 
 
@@ -159,8 +160,7 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
     if staged and walked:
         return rows[:1] + _derived_walk(program, staged, walked, summaries, tokens, states, lam, token_bytes)
     if walked:
-        recs = [recursion(alg, d.name, d.poly, set(names) - set(_only_derived(program)))
-                for d in program.derived if d.name in walked]
+        recs = _recursions(program, walked)
         dropped = {r.dropped for r in recs}
         kept = plan_.scan_macs - sum(t.macs for t in plan_.terms if t.state in dropped and t.role == "scan")
         products = sum(_poly_macs(program, r.terms, r.free) for r in recs)
@@ -181,20 +181,12 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
     return rows
 
 
-def _only_derived(program: ChunkProgram) -> set[str]:
-    """States the outputs read only through derived carries."""
-    return ({f.name for d in program.derived for m in d.poly.terms for f in m.factors}
-            - _carried(program.output + program.normalizer))
-
-
-def _poly_macs(program: ChunkProgram, poly, free) -> int:
-    """Multiply-adds of a sum of products of state tiles (a recursion's terms)."""
-    dims = dict(program.sizes)
-    total = 0
-    for m in poly.terms:
-        index = {i: dims[s] for f in m.factors for i, s in zip(f.indices, program.algebra.summary(f.name).dims)}
-        total += plan(tuple(f.indices for f in m.factors), free, tuple(sorted(index.items()))).flops
-    return total
+def _recursions(program: ChunkProgram, walked) -> list:
+    """The recursions of the derived carries ``walked`` (``ir.recursion``), each dropping a
+    state the outputs read only through derived carries."""
+    derived = {f.name for d in program.derived for m in d.poly.terms for f in m.factors}
+    elsewhere = {n for n, _ in program.states} - (derived - _carried(program.output + program.normalizer))
+    return [recursion(program.algebra, d.name, d.poly, elsewhere) for d in program.derived if d.name in walked]
 
 
 def _w_bytes(program: ChunkProgram, walked) -> int:
@@ -220,15 +212,15 @@ def _derived_walk(program: ChunkProgram, staged, walked, summaries: int, tokens,
     carries ``walked``: the first stage's scan storing the starts the stage kernel or the output
     reads directly, the stage kernel (W's chunk terms from the tokens, the starts and the deltas
     of the states at the chunk's end), the walk of W, and the output kernel reading W."""
-    C, alg = program.chunk, program.algebra
-    derived = [d for d in program.derived if d.name in walked]
-    terms = [t for d in derived for t in chunk_terms(program, recursion(alg, d.name, d.poly, set()))]
+    C = program.chunk
+    recs = _recursions(program, walked)
+    terms = [t for r in recs for t in chunk_terms(program, r)]
     carried = [o for t in terms for o in t.operands if o.kind is Kind.CARRY]
     ends = {o.name for o in carried if o.anchor == "end"}
     direct = _carried(program.output + program.normalizer)
     w_bytes = _w_bytes(program, walked)
     stored = states(n for n in staged.lower if n in direct or n in {o.name for o in carried})
-    names = ", ".join(d.name for d in derived)
+    names = ", ".join(r.name for r in recs)
     return [KernelCost("scan", 0.0, (summaries + stored) / C,
                        "sequential, elementwise: reads the deltas, writes the starts read"),
             KernelCost("stage", 2 * sum(t.plan.flops for t in terms) / C,

@@ -374,10 +374,8 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
                                     {**tokens, **reads, **increments, **common, "PART": part},
                                     may_fall_back, overrides)
         if stage["derived"]:   # the derived carries' walk (triton_gen._staged_recursion)
-            walked = {k: v for k, v in state_args.items()
-                      if k.startswith(("init_", "final_")) and k.split("_", 1)[1] in _names(stage["walked"])}
-            walk = {**walked, "HAS_INIT": state_args["HAS_INIT"],
-                    **{k: v for k, v in derived_args.items() if k.startswith("dstart_")}}
+            walk = {k: v for k, v in _states_args(state_args, stage["walked"]).items() if not k.startswith("starts_")}
+            walk.update((k, v) for k, v in derived_args.items() if k.startswith("dstart_"))
         else:
             walk = _states_args(state_args, stage["states"])
         launch.launch_narrowing(module.stage_scan_kernel, plan, "stage_scan_launch",
