@@ -135,9 +135,11 @@ def _cost(spec, params, out_dir, sizes=None, chunk=64, token_bytes=2):
     lines.append(f"{'fwd + bwd':12s} {sum(r.flops_per_token for r in rows):12.0f} "
                  f"{sum(r.bytes_per_token for r in rows):12.0f}   (the backward also re-runs "
                  f"state_pass)")
-    scan = scan_costs(prog, token_bytes, walked=tuple(_forward_scan(prog, False).get("recursions", ())))
+    scan = scan_costs(prog, token_bytes, walked=tuple(_forward_scan(prog, False).get("recursions", ())),
+                      derived_kernel=_derived_kernel(prog, False))
     staged = scan_costs(prog, token_bytes, two_stages=True,
-                        walked=tuple(_forward_scan(prog, True).get("recursions", ())))
+                        walked=tuple(_forward_scan(prog, True).get("recursions", ())),
+                        derived_kernel=_derived_kernel(prog, True))
     stages = " in two stages" if any(r.kernel == "stage" for r in scan) else ""
     for title, label, scan in ((f"the forward's state pass as a chunk scan{stages} (schedule \"scan\")",
                                 "scan fwd", scan),
@@ -166,6 +168,13 @@ def _forward_scan(prog, stage_complete: bool) -> dict:
         return kernel_context(prog, stage_complete)["chunk_scan"] or {}
     except ValueError:
         return {}
+
+
+def _derived_kernel(prog, stage_complete: bool) -> bool:
+    """Does that forward module's scan form the derived carries in ``derived_kernel``
+    (``runtime.launch.DERIVED_KERNEL``)?"""
+    from hladsl.runtime import launch
+    return bool(_forward_scan(prog, stage_complete).get("derived_kernel")) and launch.DERIVED_KERNEL
 
 
 def _chunk(spec, params, out_dir):

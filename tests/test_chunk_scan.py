@@ -265,8 +265,8 @@ def test_plans_of_one_and_two_stages_never_mix(launched, monkeypatch):
 @pytest.mark.parametrize("gated,by_term", [(False, False), (True, False), (True, True)],
                          ids=["plain", "gated", "gated-by-term"])
 def test_two_stage_scan_over_two_value_blocks(gated, by_term, launched, monkeypatch):
-    """The two-stage scan's kernels split the value dim (two blocks of 16): the lower states
-    without it (SK, SQ) are read whole by every block of the increments; chunk starts and
+    """The two-stage scan's increments split the value dim (two blocks of 16): the lower states
+    without it (SK, SQ) are read whole by every block (both scans walk flat layouts); chunk starts and
     outputs against the float64 torch program. ``by_term``: the increments one term a launch
     (``triton_gen.STAGE_PARTS_BY_TERM``, off by default), each adding its state's earlier ones."""
     from hladsl.codegen import triton_gen
@@ -282,7 +282,7 @@ def test_two_stage_scan_over_two_value_blocks(gated, by_term, launched, monkeypa
     want = outputs(program, "output", tiles, lam, starts, torch.float64)
     o, got = forward_triton(program, {k: v.float() for k, v in tiles.items()}, None if lam is None else lam.float(),
                             {k: v.float() for k, v in init.items()}, alg.eps, schedule="scan", state_block=16)
-    assert ("stage_kernel", (3, 2, 2)) in launched.grids and ("stage_scan_kernel", (2, 2)) in launched.grids
+    assert ("stage_kernel", (3, 2, 2)) in launched.grids and ("stage_scan_kernel", (2, 1)) in launched.grids
     assert launched.count("stage_kernel") == (12 if by_term else 3)   # G1, G2, G3: 4 terms each
     assert (o.double() - want).norm() / want.norm() < 1e-5
     for s in final:
@@ -360,6 +360,75 @@ def test_the_second_stage_walks_the_derived_carries(params, gated, launched, mon
     for n in ["C", "G"] + (["m", "h"] if params else []):   # (parameters only: the final states stand in)
         assert out[f"starts_{n}"] is got[n], n
     assert out["starts_S"].shape[2] == 3 and out["starts_S"].dtype == torch.float32   # (stage_kernel reads it)
+
+
+@pytest.mark.parametrize("params,gated,varlen,on", [({}, False, False, True), ({"normalize": True}, True, False, True),
+                                                   ({}, True, True, True), ({"normalize": True}, True, False, False)],
+                         ids=["plain", "gated-norm", "gated-varlen", "off"])
+def test_the_derived_kernel_forms_the_derived_carries(params, gated, varlen, on, launched, monkeypatch):
+    """HLA3's scan runs in two stages whose second walks the states (its W0's recursion has no
+    chunk terms): ``derived_kernel`` forms W0 (and Wn0) at every chunk start from the starts both
+    stages stored, over two value blocks, and the output kernel loads them (DERIVED_STARTS) --
+    outputs and final states against the float64 torch program, from an initial state; G1..G3
+    (h1..h3) starts are still stored (the derived kernel reads them). The second stage's walk is
+    elementwise (``flat``: one block of 1024 elements). DERIVED_KERNEL off (an A/B switch): the
+    output kernel forms them itself."""
+    from hladsl.runtime.chunk_torch import outputs, state_pass
+    from hladsl.runtime.triton_forward import forward_triton
+    from test_triton_backward import _inputs
+    output_args = []
+    real = launch.launch
+
+    def spy(kernel, grid, args, *rest):
+        if kernel.fn.__name__ == "output_kernel":
+            output_args.append(args)
+        return real(kernel, grid, args, *rest)
+    monkeypatch.setattr(launch, "launch", spy)
+    launch.forget_plans()
+    alg = hladsl.compile_spec("hla3", **params)
+    program = chunk_program(alg, 16, (("d", 8), ("dv", 32)), gated)
+    tiles, lam, init, _, _ = _inputs(program, bool(params), seed=7)
+    seq_chunks = None
+    if varlen:   # sequences of 1 and 2 chunks in one row (N = 1)
+        seq_chunks = torch.tensor([0, 1, 3], dtype=torch.int32)
+        tiles = {k: v[:1].clone() for k, v in tiles.items()}
+        tiles = {k: torch.cat([v, v.flip(2)], dim=2)[:, :, :3] for k, v in tiles.items()}
+        lam = torch.cat([lam[:1], lam[:1]], dim=2)[:, :, :3]
+        init = {k: torch.cat([v[:1], -0.5 * v[:1]]) for k, v in init.items()}
+    with launch.switched(DERIVED_KERNEL=on):
+        o, got = forward_triton(program, {k: v.float() for k, v in tiles.items()},
+                                None if lam is None else lam.float(), {k: v.float() for k, v in init.items()},
+                                alg.eps, schedule="scan", state_block=16, seq_chunks=seq_chunks)
+    pieces = [(slice(0, 1), slice(0, 1), 0), (slice(0, 1), slice(1, 3), 1)] if varlen else [(slice(None), slice(None), None)]
+    for rows, chunks, seq in pieces:
+        part = {k: v[rows, :, chunks] for k, v in tiles.items()}
+        start = init if seq is None else {k: v[seq:seq + 1] for k, v in init.items()}
+        gates = None if lam is None else lam[rows, :, chunks]
+        starts, want = state_pass(program, part, gates, start, torch.float64)
+        want_o = outputs(program, "output", part, gates, starts, torch.float64)
+        if params:
+            want_o = want_o / (outputs(program, "normalizer", part, gates, starts, torch.float64)[..., None] + alg.eps)
+        assert ((o[rows, :, chunks].double() - want_o).norm() / want_o.norm()).item() < 1e-5
+        for s in want:
+            final = got[s] if seq is None else got[s][seq:seq + 1]
+            assert ((final.double() - want[s]).norm() / want[s].norm()).item() < 1e-5, s
+    args = dict(launched.args)
+    assert ("stage_scan_kernel", (4 if varlen else 2, 1)) in launched.grids   # (walkers, flat blocks)
+    (out,) = output_args
+    if not on:
+        assert "derived_kernel" not in launched and out["DERIVED_STARTS"] is False
+        return
+    derived = ["dr_W0", "dr_Wn0"] if params else ["dr_W0"]
+    uppers = ["G1", "G2", "G3"] + (["h1", "h2", "h3"] if params else [])
+    lowers = ["SK", "SQ", "P"] + (["m"] if params else [])
+    assert {k for k in args["derived_kernel"] if k.startswith("starts_")} == {f"starts_{n}" for n in lowers + uppers}
+    assert ("derived_kernel", (3, 2, 2)) in launched.grids   # (chunks, sequence·head, value blocks)
+    assert out["DERIVED_STARTS"] is True
+    for d in derived:
+        assert out[f"dstart_{d}"] is args["derived_kernel"][f"dstart_{d}"]
+    for n in uppers:   # stored by the second stage's scan, read by the derived kernel
+        assert args["derived_kernel"][f"starts_{n}"] is args["stage_scan_kernel"][f"starts_{n}"], n
+        assert args["derived_kernel"][f"starts_{n}"].shape[2] == 3
 
 
 @pytest.mark.parametrize("name,schedule", [("ahla", "scan"), ("hla2", "scan"), ("linear", "two_pass")])

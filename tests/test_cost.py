@@ -110,3 +110,23 @@ def test_scans_carrying_the_derived_carries():
     assert "# the same in two stages (schedule \"staged\"): instead of state_pass and output" in text
     assert "every chunk's increment of W0 by its recursion" in text
     assert "writes the starts read and W0" in text
+
+
+def test_the_derived_kernel_row():
+    """HLA3's two-stage scan walks the states; ``derived_kernel`` then forms W0 at every chunk
+    start (``derived_kernel``, what the codegen and launch.DERIVED_KERNEL decide; ``--emit
+    cost`` asks them): W0's contraction moves from the output row to its own, which reads every
+    state W0 reads and writes W0; the output row reads W0, not G1..G3."""
+    C, d = 64, 64
+    c = compile_spec("hla3", target=Target(C, (("d", d), ("dv", d)), gated=True))
+    plain = scan_costs(c.program)
+    rows = scan_costs(c.program, derived_kernel=True)
+    assert [r.kernel for r in rows] == [r.kernel for r in plain] + ["derived", "output"]
+    assert rows[:4] == plain
+    tile = d * d * 4   # SK, SQ, P, G1..G3, W0: d x d fp32
+    assert rows[4].flops_per_token == 2 * derived_macs(c.program) / C
+    assert rows[4].bytes_per_token == (6 * tile + tile) / C
+    output = kernel_costs(c.program)[1]
+    assert rows[5].flops_per_token == output.flops_per_token - rows[4].flops_per_token
+    assert rows[5].bytes_per_token == output.bytes_per_token - 3 * tile / C + tile / C
+    assert "every chunk's W0 from the stored starts" in emit("hla3", "cost", {}, None)

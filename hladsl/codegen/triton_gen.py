@@ -553,16 +553,13 @@ def kernel_context(program: ChunkProgram, stage_complete: bool = False) -> dict:
         st["starts_sdot"] = (read_only_as_sdot(output_text, f"st_{st['name']}")
                              and st["name"] not in stage_reads)
     chunk_scan = _chunk_scan(low, program, states, splits)   # fresh kernel regions
-    # (a scan in two stages of its own, HLA3's, serves the backward too, which reads every
-    # state's chunk starts: derived starts only in the forward-only module of a complete scan)
-    if chunk_scan and (stage_complete or not chunk_scan["stage"]):
-        chunk_scan.update(_derived_starts(low, program, states, splits, "\n".join(
-            [num["pre"], num["loop"], num["post"], den["pre"], den["loop"], den["post"]]), chunk_scan))
-    elif chunk_scan:
-        chunk_scan.update(NO_DERIVED_STARTS)
     if chunk_scan:
+        chunk_scan.update(_derived_starts(low, program, states, splits, "\n".join(
+            [num["pre"], num["loop"], num["post"], den["pre"], den["loop"], den["post"]]), chunk_scan,
+            stage_complete))
+        walks_derived = bool(chunk_scan["stage"] and chunk_scan["stage"]["derived"])
         chunk_scan["stored"] = [s["name"] for s in chunk_scan["states"]
-                                if s["read"] and not (chunk_scan["stage"] and s["name"] in chunk_scan["derived_only"])]
+                                if s["read"] and not (walks_derived and s["name"] in chunk_scan["derived_only"])]
     fused = _fused(low, program, splits, o_dim)   # a fresh kernel region: last
     return {
         "name": alg.name,
@@ -786,8 +783,10 @@ def _second_stage(low: _Lowering, program: ChunkProgram, states: list[dict], sta
     carry_only = lambda name, terms, roles: positions(name, terms, ("carry",))   # noqa: E731
     scan_code, scan_chained = _scan_code(low, upper, carry_only, [], staged.upper,
                                          "the chunk's increment (stage_kernel)")
+    # its walk is each state's decayed carry plus its increment: flat, as the first stage's
+    # (HLA3's G1..G3 at d = 128: 1.8 ms of its 16k forward in value blocks, run 202)
     return {"deltas": list(staged.upper), "buffers": buffers, "aux": [], "groupable": False, "parts": True,
-            "flat": False,
+            "flat": not any(_dots(c["code"]) for c in scan_code),
             "states": [s for s in states if s["name"] in staged.upper],
             "stored": [s["name"] for s in states if s["name"] in staged.upper and s["read"]],
             "reads": [s for s in states if s["name"] in staged.reads], "delta_reads": [], "derived": [],
@@ -797,11 +796,11 @@ def _second_stage(low: _Lowering, program: ChunkProgram, states: list[dict], sta
 
 NO_RECURSION = {"recursion_code": "", "recover_code": "", "dropped": [], "recursions": {}}
 NO_DERIVED_STARTS = {"derived_starts": [], "derived_only": [], "derived_scan_code": "", "sdot_beside_derived": [],
-                     **NO_RECURSION}
+                     "derived_kernel": None, **NO_RECURSION}
 
 
 def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], splits, output_body: str,
-                    chunk_scan: dict) -> dict:
+                    chunk_scan: dict, stage_complete: bool) -> dict:
     """Where the output kernel reads some states only through derived carries (HLA2's C and G,
     only in W0 = S C - G) and the derived carries take no more bytes than those states, the
     one-level scan computes the derived carries at each chunk start (where it holds the states)
@@ -809,8 +808,12 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
     their contraction, and never reads the states in ``derived_only``); empty entries where that
     does not apply. Each is stored in the output's SDOT where that kernel reads it only as an
     SDOT dot operand (``starts_sdot``, as the states' chunk starts), and so are the states it
-    then reads only so (``sdot_beside_derived``). The derived code is lowered
-    afresh, its temps renamed (``dt``) so that they cannot meet the scan's own."""
+    then reads only so (``sdot_beside_derived``: the output kernel rounds them as loaded). In two
+    stages the second walks the derived carries by their recursion where it can (only in the
+    forward-only module of a complete scan: a scan in two stages of its own, HLA3's, serves the
+    backward, which reads every state's starts), else ``derived_kernel`` forms them at every
+    chunk start at once from the starts both stages stored (``_derived_kernel``). The derived
+    code is lowered afresh, its temps renamed (``dt``) so that they cannot meet the scan's own."""
     none = dict(NO_DERIVED_STARTS)
     read = [st for st in states if st["read"] and not st["tiled"]]
     only = [st["name"] for st in read if not re.search(rf"\bst_{st['name']}\b", output_body)]
@@ -832,15 +835,32 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
         return none
     low.region()
     code = re.sub(r"\bt(\d+)\b", r"dt\1", low.derived())
-    found = {"derived_starts": derived, "derived_only": only, "derived_scan_code": code}
-    if chunk_scan["stage"]:   # the second stage walks the derived carries, or there are none
-        staged = _staged_recursion(low, program, states, splits, chunk_scan, only, derived)
-        return {**found, "sdot_beside_derived": [], **staged} if staged else none
+    found = {"derived_starts": derived, "derived_only": only, "derived_scan_code": code, "derived_kernel": None}
+    chained = low.block.chained
     # states the output then reads only as SDOT operands (HLA2's S: in W0's contraction no more)
     beside = [st["name"] for st in read if st["name"] not in only
               and read_only_as_sdot(output_body, f"st_{st['name']}")]
+    if chunk_scan["stage"]:   # the second stage walks the derived carries, or a kernel forms them
+        staged = _staged_recursion(low, program, states, splits, chunk_scan, only, derived) \
+            if stage_complete else None
+        if staged:
+            return {**found, "sdot_beside_derived": [], **staged}
+        return {**found, "sdot_beside_derived": beside, **NO_RECURSION,
+                "derived_kernel": _derived_kernel(program, states, chained)}
     return {**found, "sdot_beside_derived": beside,
             **_derived_recursion(low, program, chunk_scan, only, splits, code)}
+
+
+def _derived_kernel(program: ChunkProgram, states: list[dict], chained: bool) -> dict:
+    """``derived_kernel`` of a two-stage scan whose second stage walks the states, not the
+    derived carries (HLA3's W0 = SK SQ P - G1 - G2 - G3, whose recursion's chunk terms hold two
+    deltas at once): after both stages, one program a chunk (and block of the state pass's
+    split dims, over which no derived carry sums) forms the derived carries from the stored
+    chunk starts and stores them, so the output kernel neither holds the states they read
+    whole in fp32 nor forms their fp32-accurate products (at d = 128 HLA3's output kernel held
+    six 128 x 128 fp32 tiles). ``reads``: the states the derived carries read."""
+    read = {f.name for d in program.derived for m in d.poly.terms for f in m.factors}
+    return {"reads": [st for st in states if st["name"] in read], "chained_dots": chained}
 
 
 def _dots(code: str) -> int:

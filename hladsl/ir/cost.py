@@ -105,7 +105,7 @@ def kernel_costs(program: ChunkProgram, backward: BackwardProgram | None = None,
 
 
 def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = False,
-               walked: tuple[str, ...] = ()) -> list[KernelCost]:
+               walked: tuple[str, ...] = (), derived_kernel: bool = False) -> list[KernelCost]:
     """The forward's state pass as a chunk scan (``ir.scan``; schedule "scan": one stage, or
     two where the program's scan has only two, HLA3's) or, with ``two_stages``, a complete
     scan split in two (``staged_scan(complete=True)``; schedule "staged"): per kernel, FLOPs
@@ -118,7 +118,10 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
     the recursion's products for the dropped states' updates and W's starts stored; in two, the
     stage kernel's chunk terms (``ir.recursion.chunk_terms``), the walk of W and a first stage
     storing only the starts something reads -- and an "output" row of their own (no derived
-    carry formed, W's starts read). Starts count as fp32 (the kernels store some in bf16)."""
+    carry formed, W's starts read). ``derived_kernel``: a second stage that walks the states is
+    followed by ``derived_kernel`` forming the derived carries from every start (what the codegen
+    and the launch rule decide: ``codegen.triton_gen._derived_kernel``), with the output row
+    reading them. Starts count as fp32 (the kernels store some in bf16)."""
     plan_ = scan_plan(program)
     if two_stages:
         staged = split_complete_scan(program, plan_)
@@ -178,6 +181,13 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
                             "every chunk's increments of the upper states from the lower starts"),
                  KernelCost("stage_scan", 0.0, (states(upper) + states(n for n in upper if n in read)) / C,
                             "sequential: reads the increments, writes the upper chunk-start states")]
+        if derived_kernel and program.derived:
+            carries = tuple(d.name for d in program.derived)
+            reads = {f.name for d in program.derived for m in d.poly.terms for f in m.factors}
+            rows += [KernelCost("derived", 2 * derived_macs(program) / C,
+                                (states(reads) + _w_bytes(program, carries)) / C,
+                                f"every chunk's {', '.join(carries)} from the stored starts"),
+                     _output_reading(program, carries, tokens, states, lam, token_bytes)]
     return rows
 
 

@@ -648,6 +648,13 @@ def _launch_variant(kernel, grid, args: dict, may_fall_back: bool, tiling: Tilin
 # The forward's one-level scan stores the output's derived carries instead of the states the
 # output reads only through them (triton_gen._derived_starts: HLA2's W0 = S C - G, not C, G).
 DERIVED_STARTS = True
+# A two-stage scan whose second stage walks the states (HLA3's) has ``derived_kernel`` form the
+# output's derived carries at every chunk start (triton_gen._derived_kernel), the output kernel
+# loading them. Measured (run 202, H100, B = 2, H = 16, bf16, HLA3's forward, off -> on): d = 128,
+# T = 16k 26.56 -> 21.69 ms (its output kernel 10.5 -> 2.17 ms, the derived kernel 3.25);
+# d = 64 3.806 -> 3.651 at 16k, 14.79 -> 14.26 at 64k.
+DERIVED_KERNEL = True
+DERIVED_BLOCK = None     # the derived kernel's value blocks (None: ``split_blocks``' rule; 64: 22.67 ms, 32: 24.71)
 
 # A forward call with nothing to differentiate, like an earlier one in all but its tensors'
 # data, replays that call's launches (runtime.binding, op._BoundForward).

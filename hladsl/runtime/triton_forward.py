@@ -156,9 +156,12 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     # the one-level scan may store the output's derived carries instead of the states read only
     # through them (triton_gen._derived_starts: HLA2's W0 = S C - G instead of C and G)
     derived = plan.derived_starts and store_chunks and not states_only
-    # (a second stage that walks the derived carries never stores the states they drop)
-    derived_only = set(ctx["chunk_scan"]["derived_only"]) if derived or (staged and staged["derived"]) else set()
-    sdot_beside = set(ctx["chunk_scan"]["sdot_beside_derived"]) if derived else set()
+    # (a second stage that walks the derived carries never stores the states they drop; the
+    # derived kernel reads every state's starts, as stored for the stage kernel: fp32)
+    by_kernel = bool(plan.chunk_scan and ctx["chunk_scan"]["derived_kernel"])
+    derived_only = set(ctx["chunk_scan"]["derived_only"]) \
+        if (derived and not by_kernel) or (staged and staged["derived"]) else set()
+    sdot_beside = set(ctx["chunk_scan"]["sdot_beside_derived"]) if derived and not by_kernel else set()
     for s in ctx["states"]:
         if s["read"]:
             init = state_args[f"init_{s['name']}"]
@@ -179,6 +182,11 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
                    store_chunks=store_chunks, derived_args=derived_args)
     if states_only:
         return None, final
+    if derived and by_kernel:
+        reads = {f"starts_{s['name']}": state_args[f"starts_{s['name']}"] for s in ctx["chunk_scan"]["derived_kernel"]["reads"]}
+        dstarts = {k: v for k, v in derived_args.items() if k.startswith("dstart_")}
+        launch.launch_narrowing(module.derived_kernel, plan, "derived_launch", {**reads, **dstarts, **common},
+                                num_stages is None, state_options)
 
     return _output(module, ctx, plan, program, tiles, lam, out_args, eps, out_dtype, scales, output_options,
                    num_stages is None), final
@@ -298,13 +306,21 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
         # (a second stage walking the derived carries has no other way to give them to the output)
         plan.derived_starts = (direction == "forward" and plan.scan_groups == 1 and bool(cs["derived_starts"])
                                and (launch.DERIVED_STARTS or bool(stage and stage["derived"])))
+        if plan.derived_starts and cs["derived_kernel"]:   # formed after both stages (triton_gen._derived_kernel)
+            plan.derived_starts = launch.DERIVED_KERNEL
+            plan.derived_launch = launch.split_blocks(
+                (n_chunks, n_seq * heads), ctx["splits"], program, common, first, cs["derived_kernel"]["chained_dots"],
+                state_block or launch.DERIVED_BLOCK, warps=launch.stage_warps(launch.feature_blocks(program, common)),
+                states=_names(cs["derived_kernel"]["reads"]))
         if stage:   # the two-stage scan's second stage (triton_gen._second_stage)
             plan.stage_launch = launch.split_blocks(
                 (n_chunks, n_seq * heads), ctx["splits"], program, common, first, stage["delta_chained_dots"],
                 state_block or launch.STAGE_BLOCK, warps=launch.stage_warps(launch.feature_blocks(program, common)))
-            plan.stage_scan_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common,
-                                                         first, stage["scan_chained_dots"], state_block, scan=True,
-                                                         states=_names(stage["states"]))
+            plan.stage_scan_launch = (launch.flat_scan_blocks(plan.walkers * heads, program, _names(stage["states"]))
+                                      if stage["flat"] else
+                                      launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common,
+                                                          first, stage["scan_chained_dots"], state_block, scan=True,
+                                                          states=_names(stage["states"])))
         if plan.scan_groups > 1:   # the groups' walks (phases 1 and 3); the walk over groups is scan_launch's
             plan.group_scan_launch = launch.split_blocks(plan.walkers * heads * plan.scan_groups, ctx["splits"],
                                                          program, common, first, cs["scan_chained_dots"],
