@@ -257,6 +257,7 @@ def output_kernel(
     decay_start_w1 = tl.exp(1 * lam)  # exp(1·Λ_Tt)
     mask_le_w2 = tl.exp(tl.where(offs_t[:, None] >= offs_t[None, :], 2 * (lam[:, None] - lam[None, :]), float("-inf")))  # M[Tt,Tn1] = [Tn1 <= Tt]·exp(2(Λ_Tt−Λ_Tn1))
     if DERIVED_STARTS:  # the scan stored the derived carries at each chunk start
+        st_S = st_S.to(SDOT)  # read only as an SDOT operand now: rounded as loaded
         doff_dr_W0 = offs_d[:, None] * D_dv + offs_dv[None, :]
         dmsk_dr_W0 = (offs_d[:, None] < D_d) & (offs_dv[None, :] < D_dv)
         dr_W0 = tl.load(dstart_dr_W0 + (crow * n_chunks + i_c) * (D_d * D_dv) + doff_dr_W0, mask=dmsk_dr_W0, other=0.0)
