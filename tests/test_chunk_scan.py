@@ -45,6 +45,20 @@ def launched(monkeypatch):
     return names
 
 
+@pytest.fixture
+def output_args(monkeypatch):
+    """The arguments of every output kernel launch."""
+    found = []
+    real = launch.launch
+
+    def spy(kernel, grid, args, *rest):
+        if kernel.fn.__name__ == "output_kernel":
+            found.append(args)
+        return real(kernel, grid, args, *rest)
+    monkeypatch.setattr(launch, "launch", spy)
+    return found
+
+
 class _Launched(list):
     def __init__(self):
         super().__init__()
@@ -311,7 +325,7 @@ def test_final_states_alone_in_two_stages(name, launched):
 
 
 @pytest.mark.parametrize("params,gated", [({}, True), ({"normalize": True}, False)], ids=["gated", "norm-plain"])
-def test_the_second_stage_walks_the_derived_carries(params, gated, launched, monkeypatch):
+def test_the_second_stage_walks_the_derived_carries(params, gated, launched, output_args, monkeypatch):
     """HLA2's complete scan in two stages (schedule "staged", "auto" at d = 128) with its derived
     carries' recursion (``triton_gen._staged_recursion``): ``stage_kernel`` computes every chunk's
     increment of W0 (and Wn0) from S's chunk starts and deltas and the tokens,
@@ -325,14 +339,6 @@ def test_the_second_stage_walks_the_derived_carries(params, gated, launched, mon
     from hladsl.runtime.chunk_torch import outputs, state_pass
     from hladsl.runtime.triton_forward import forward_triton
     from test_triton_backward import _inputs
-    output_args = []
-    real = launch.launch
-
-    def spy(kernel, grid, args, *rest):
-        if kernel.fn.__name__ == "output_kernel":
-            output_args.append(args)
-        return real(kernel, grid, args, *rest)
-    monkeypatch.setattr(launch, "launch", spy)
     monkeypatch.setattr(launch, "FLAT_SCAN_BLOCK", 64)
     launch.forget_plans()
     alg = hladsl.compile_spec("hla2", **params)
@@ -365,7 +371,7 @@ def test_the_second_stage_walks_the_derived_carries(params, gated, launched, mon
 @pytest.mark.parametrize("params,gated,varlen,on", [({}, False, False, True), ({"normalize": True}, True, False, True),
                                                    ({}, True, True, True), ({"normalize": True}, True, False, False)],
                          ids=["plain", "gated-norm", "gated-varlen", "off"])
-def test_the_derived_kernel_forms_the_derived_carries(params, gated, varlen, on, launched, monkeypatch):
+def test_the_derived_kernel_forms_the_derived_carries(params, gated, varlen, on, launched, output_args):
     """HLA3's scan runs in two stages whose second walks the states (its W0's recursion has no
     chunk terms): ``derived_kernel`` forms W0 (and Wn0) at every chunk start from the starts both
     stages stored, over two value blocks, and the output kernel loads them (DERIVED_STARTS) --
@@ -376,14 +382,6 @@ def test_the_derived_kernel_forms_the_derived_carries(params, gated, varlen, on,
     from hladsl.runtime.chunk_torch import outputs, state_pass
     from hladsl.runtime.triton_forward import forward_triton
     from test_triton_backward import _inputs
-    output_args = []
-    real = launch.launch
-
-    def spy(kernel, grid, args, *rest):
-        if kernel.fn.__name__ == "output_kernel":
-            output_args.append(args)
-        return real(kernel, grid, args, *rest)
-    monkeypatch.setattr(launch, "launch", spy)
     launch.forget_plans()
     alg = hladsl.compile_spec("hla3", **params)
     program = chunk_program(alg, 16, (("d", 8), ("dv", 32)), gated)
