@@ -6,6 +6,7 @@ under the Triton interpreter (CPU, float32) against the float64 torch backend: o
 final states and every gradient, dense and varlen, with and without an initial state, over
 one and two value blocks."""
 import os
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported anywhere
 
@@ -377,7 +378,7 @@ def test_the_derived_kernel_forms_the_derived_carries(params, gated, varlen, on,
     stages stored, over two value blocks, and the output kernel loads them (DERIVED_STARTS) --
     outputs and final states against the float64 torch program, from an initial state; G1..G3
     (h1..h3) starts are still stored (the derived kernel reads them). The second stage's walk is
-    elementwise (``flat``: one block of 1024 elements). DERIVED_KERNEL off (an A/B switch): the
+    elementwise (``flat``: one block of 256 elements, the largest state's). DERIVED_KERNEL off (an A/B switch): the
     output kernel forms them itself."""
     from hladsl.runtime.chunk_torch import outputs, state_pass
     from hladsl.runtime.triton_forward import forward_triton
@@ -427,6 +428,33 @@ def test_the_derived_kernel_forms_the_derived_carries(params, gated, varlen, on,
     for n in uppers:   # stored by the second stage's scan, read by the derived kernel
         assert args["derived_kernel"][f"starts_{n}"] is args["stage_scan_kernel"][f"starts_{n}"], n
         assert args["derived_kernel"][f"starts_{n}"].shape[2] == 3
+
+
+def test_a_derived_carry_summing_over_the_value_dim(tmp_path, launched):
+    """A derived carry that sums over the value dim in one product (P[a, f] P[c, f] P[c, e]: f
+    is dv) while the same summed index name is d in another (W0's SK SQ P product) is never
+    formed by blocks of the value dim: no derived kernel (each block would hold part of the
+    sum), the output kernel forms it whole -- against the float64 torch program over two value
+    blocks of the scan."""
+    from hladsl.codegen.triton_gen import kernel_context
+    from hladsl.runtime.chunk_torch import outputs, state_pass
+    from hladsl.runtime.triton_forward import forward_triton
+    from test_triton_backward import _inputs
+    text = (Path(hladsl.__file__).parent / "specs" / "hla3.hla").read_text().replace("mechanism hla3 {", "mechanism hla3_extra {")
+    text = text.replace("- G3[a, e])\n", "- G3[a, e] + P[a, f] P[c, f] P[c, e])\n", 1)
+    assert "P[a, f] P[c, f]" in text
+    path = tmp_path / "hla3_extra.hla"
+    path.write_text(text)
+    alg = hladsl.compile_spec(str(path))
+    program = chunk_program(alg, 16, (("d", 8), ("dv", 32)), True)
+    assert kernel_context(program)["chunk_scan"]["derived_kernel"] is None
+    tiles, lam, init, _, _ = _inputs(program, False, seed=3)
+    o, _ = forward_triton(program, {k: v.float() for k, v in tiles.items()}, lam.float(),
+                          {k: v.float() for k, v in init.items()}, alg.eps, schedule="scan", state_block=16)
+    assert ("stage_kernel", (3, 2, 2)) in launched.grids and "derived_kernel" not in launched
+    starts, _ = state_pass(program, tiles, lam, init, torch.float64)
+    want = outputs(program, "output", tiles, lam, starts, torch.float64)
+    assert ((o.double() - want).norm() / want.norm()).item() < 1e-5
 
 
 @pytest.mark.parametrize("name,schedule", [("ahla", "scan"), ("hla2", "scan"), ("linear", "two_pass")])
@@ -561,7 +589,7 @@ def test_scan_kernels_over_two_value_blocks(name, params, varlen, in_place, laun
                           alg.eps, schedule="scan", reverse_block=16, seq_chunks=seq_chunks)
     walkers = 4 if varlen else 2     # (sequences, heads) walked; two value blocks each
     staged = name == "hla3"
-    # (in two stages the first stage walks the states' flat layouts: one block of 1024 elements here)
+    # (in two stages the first stage walks the states' flat layouts: one block here, the largest state's 256 elements)
     assert ("scan_kernel", (walkers, 1 if staged else 2)) in launched.grids
     assert ("rscan_kernel", (walkers, 2)) in launched.grids
     assert (("rstage_scan_kernel", (walkers, 2)) in launched.grids) == staged

@@ -394,9 +394,11 @@ class _Lowering:
 
     def derived_sums_over(self, dim: str) -> bool:
         """Does a derived carry sum over ``dim`` (one of its ``dim`` indices not free)? Then a
-        program holding one block of ``dim`` would form only part of it."""
-        return any(self.derived_dims[d.name].get(i) == dim and i not in d.poly.free
-                   for d in self.p.derived for m in d.poly.terms for i in m.indices())
+        program holding one block of ``dim`` would form only part of it. Read factor by factor:
+        a summed index name may stand for ``dim`` in one product and another dim in the next."""
+        return any(fd == dim and i not in d.poly.free
+                   for d in self.p.derived for m in d.poly.terms for f in m.factors
+                   for i, fd in zip(f.indices, self.state_dims[f.name]))
 
     @staticmethod
     def _accumulate(block: Block, acc: str, value: str, coef: float, first: bool) -> None:

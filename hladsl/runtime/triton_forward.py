@@ -157,7 +157,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     # through them (triton_gen._derived_starts: HLA2's W0 = S C - G instead of C and G)
     derived = plan.derived_starts and store_chunks and not states_only
     # (a second stage that walks the derived carries never stores the states they drop; the
-    # derived kernel reads every state's starts, as stored for the stage kernel: fp32)
+    # derived kernel reads the starts of every state the derived carries read, as stored: none
+    # of them in SDOT, as the stage kernel's reads and their products are fp32-accurate)
     by_kernel = bool(plan.chunk_scan and ctx["chunk_scan"]["derived_kernel"])
     derived_only = set(ctx["chunk_scan"]["derived_only"]) \
         if (derived and not by_kernel) or (staged and staged["derived"]) else set()
@@ -306,8 +307,8 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
         # (a second stage walking the derived carries has no other way to give them to the output)
         plan.derived_starts = (direction == "forward" and plan.scan_groups == 1 and bool(cs["derived_starts"])
                                and (launch.DERIVED_STARTS or bool(stage and stage["derived"])))
-        if plan.derived_starts and cs["derived_kernel"]:   # formed after both stages (triton_gen._derived_kernel)
-            plan.derived_starts = launch.DERIVED_KERNEL
+        if cs["derived_kernel"]:   # formed after both stages (triton_gen._derived_kernel)
+            plan.derived_starts = direction == "forward" and launch.DERIVED_KERNEL
             plan.derived_launch = launch.split_blocks(
                 (n_chunks, n_seq * heads), ctx["splits"], program, common, first, cs["derived_kernel"]["chained_dots"],
                 state_block or launch.DERIVED_BLOCK, warps=launch.stage_warps(launch.feature_blocks(program, common)),
