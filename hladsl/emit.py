@@ -207,6 +207,9 @@ def _program_text(prog) -> str:
             scans, text = recursions[d.name]
             lines.append(f"  the {scans} forward scan{'s carry' if ' and ' in scans else ' carries'} it by its "
                          f"own recursion (ir.recursion): {text}")
+        elif any(_derived_kernel(prog, stage_complete) for stage_complete in (False, True)):
+            lines.append("  the two-stage forward scan forms it at every chunk start once both stages are done "
+                         "(derived_kernel); the output kernel loads it")
     lines += precision_plan(prog).describe()
     lines.append("output terms (parallel over chunks):")
     for t in prog.output:

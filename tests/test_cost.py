@@ -130,3 +130,5 @@ def test_the_derived_kernel_row():
     assert rows[5].flops_per_token == output.flops_per_token - rows[4].flops_per_token
     assert rows[5].bytes_per_token == output.bytes_per_token - 3 * tile / C + tile / C
     assert "every chunk's W0 from the stored starts" in emit("hla3", "cost", {}, None)
+    assert "forms it at every chunk start once both stages are done (derived_kernel)" in emit("hla3", "chunk", {}, None)
+    assert "derived_kernel" not in emit("hla2", "chunk", {}, None)
