@@ -430,6 +430,33 @@ def test_the_derived_kernel_forms_the_derived_carries(params, gated, varlen, on,
         assert args["derived_kernel"][f"starts_{n}"].shape[2] == 3
 
 
+def test_the_kept_state_pass_feeds_the_derived_kernel(launched, output_args, monkeypatch):
+    """An eager forward under autograd runs the backward's state pass and keeps it
+    (``launch.KEEP_STATE_PASS``); its output kernel reads those starts, and HLA3's derived
+    carries come from ``derived_kernel`` run on them (the backward's state pass stores every
+    state's starts) -- o and every gradient against the float64 torch op."""
+    gen = torch.Generator().manual_seed(12)
+    B, T, H, d = 1, 40, 2, 8
+    q, k, v = (0.5 * torch.randn(B, T, H, d, generator=gen, dtype=torch.float64) for _ in range(3))
+    g = -0.1 * torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    w = torch.randn(B, T, H, d, generator=gen, dtype=torch.float64)
+    ref = hladsl.load("hla3", backend="torch", chunk_size=16)
+    op = hladsl.load("hla3", backend="triton", chunk_size=16)
+    monkeypatch.setattr(op, "schedule", "scan")   # (hladsl.load is memoised)
+
+    def loss_and_grads(m, dtype):
+        leaves = [x.to(dtype).requires_grad_() for x in (q, k, v, g)]
+        o, _ = m(*leaves[:3], g=leaves[3])
+        return o.detach().double(), [x.double() for x in torch.autograd.grad((o * w.to(dtype)).sum(), leaves)]
+    want_o, want = loss_and_grads(ref, torch.float64)
+    got_o, got = loss_and_grads(op, torch.float32)
+    assert launched.count("derived_kernel") == 1 and [a["DERIVED_STARTS"] for a in output_args] == [True]
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()   # noqa: E731
+    assert rel(got_o, want_o) < 1e-5
+    for a, b in zip(got, want):
+        assert rel(a, b) < 1e-4
+
+
 def test_a_derived_carry_summing_over_the_value_dim(tmp_path, launched):
     """A derived carry that sums over the value dim in one product (P[a, f] P[c, f] P[c, e]: f
     is dv) while the same summed index name is d in another (W0's SK SQ P product) is never

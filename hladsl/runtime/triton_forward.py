@@ -184,10 +184,8 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     if states_only:
         return None, final
     if derived and by_kernel:
-        reads = {f"starts_{s['name']}": state_args[f"starts_{s['name']}"] for s in ctx["chunk_scan"]["derived_kernel"]["reads"]}
-        dstarts = {k: v for k, v in derived_args.items() if k.startswith("dstart_")}
-        launch.launch_narrowing(module.derived_kernel, plan, "derived_launch", {**reads, **dstarts, **common},
-                                num_stages is None, state_options)
+        _run_derived_kernel(module, ctx, plan, state_args, {k: v for k, v in derived_args.items() if k.startswith("dstart_")},
+                            num_stages is None, state_options)
 
     return _output(module, ctx, plan, program, tiles, lam, out_args, eps, out_dtype, scales, output_options,
                    num_stages is None), final
@@ -216,14 +214,34 @@ def derived_start_args(ctx: dict, like: torch.Tensor, alloc=None, rows: tuple = 
             if alloc else like for d in (cs["derived_starts"] if cs else ())}
 
 
+def _run_derived_kernel(module, ctx, plan, starts: dict, dstarts: dict, may_fall_back: bool,
+                        options: dict | None = None) -> None:
+    """``derived_kernel`` (``triton_gen._derived_kernel``): the derived carries at every chunk
+    start into the ``dstarts`` buffers, from the ``starts_<state>`` buffers in ``starts``."""
+    reads = {f"starts_{s['name']}": starts[f"starts_{s['name']}"] for s in ctx["chunk_scan"]["derived_kernel"]["reads"]}
+    launch.launch_narrowing(module.derived_kernel, plan, "derived_launch", {**reads, **dstarts, **plan.common},
+                            may_fall_back, options)
+
+
 def _given_starts_output(module, ctx, plan, program, tiles, lam, given, eps, out_dtype, scales, options,
                          may_fall_back: bool):
-    """forward_triton's output kernel alone, reading the chunk starts in ``given``."""
+    """forward_triton's output kernel alone, reading the chunk starts in ``given`` (and the
+    derived carries ``derived_kernel`` forms from them, where the plan has one: the backward's
+    state pass stores every state's starts)."""
     starts, final = given
     args = {f"starts_{s['name']}": starts[s["name"]] for s in ctx["states"] if s["read"]}
-    unread = derived_start_args(ctx, next(iter(final.values())))
-    if unread:
-        args.update(unread, DERIVED_STARTS=False)
+    like = next(iter(final.values()))
+    cs = ctx["chunk_scan"]
+    if plan.derived_starts and cs and cs["derived_kernel"]:
+        sdot = {**plan.common, **plan.output_launch, **(options or {})}["SDOT"]
+        rows = tuple(next(iter(tiles.values())).shape[:3])
+        dstarts = derived_start_args(ctx, like, per_chunk_alloc(like, None), rows, sdot)
+        _run_derived_kernel(module, ctx, plan, args, dstarts, may_fall_back)
+        args.update(dstarts, DERIVED_STARTS=True)
+    else:
+        unread = derived_start_args(ctx, like)
+        if unread:
+            args.update(unread, DERIVED_STARTS=False)
     return _output(module, ctx, plan, program, tiles, lam, args, eps, out_dtype, scales, options,
                    may_fall_back), final
 
