@@ -283,13 +283,12 @@ def test_two_stage_scan_over_two_value_blocks(gated, by_term, launched, monkeypa
     """The two-stage scan's increments split the value dim (two blocks of 16): the lower states
     without it (SK, SQ) are read whole by every block (both scans walk flat layouts); chunk starts and
     outputs against the float64 torch program. ``by_term``: the increments one term a launch
-    (``triton_gen.STAGE_PARTS_BY_TERM``, off by default), each adding its state's earlier ones."""
-    from hladsl.codegen import triton_gen
+    (``launch.STAGE_PARTS`` "term", off by default), each adding its state's earlier ones; the
+    parts one module holds both ways (``part_sets``)."""
     from hladsl.runtime.chunk_torch import outputs, state_pass
     from hladsl.runtime.triton_forward import forward_triton
     from test_triton_backward import _inputs
-    monkeypatch.setattr(triton_gen, "STAGE_PARTS_BY_TERM", by_term)
-    monkeypatch.setattr(triton_gen, "_MODULES", {})
+    monkeypatch.setattr(launch, "STAGE_PARTS", "term" if by_term else "state")
     alg = hladsl.compile_spec("hla3")
     program = chunk_program(alg, 16, (("d", 8), ("dv", 32)), gated)
     tiles, lam, init, _, _ = _inputs(program, False, seed=4)
@@ -299,6 +298,8 @@ def test_two_stage_scan_over_two_value_blocks(gated, by_term, launched, monkeypa
                             {k: v.float() for k, v in init.items()}, alg.eps, schedule="scan", state_block=16)
     assert ("stage_kernel", (3, 2, 2)) in launched.grids and ("stage_scan_kernel", (2, 1)) in launched.grids
     assert launched.count("stage_kernel") == (12 if by_term else 3)   # G1, G2, G3: 4 terms each
+    parts = [args["PART"] for name, args in launched.args if name == "stage_kernel"]
+    assert parts == (list(range(3, 15)) if by_term else [0, 1, 2])
     assert (o.double() - want).norm() / want.norm() < 1e-5
     for s in final:
         assert (got[s].double() - final[s]).norm() / final[s].norm() < 1e-5, s

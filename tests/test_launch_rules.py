@@ -368,13 +368,15 @@ def test_split_walkers_of_wide_value_free_states_run_one_a_sm(gpu_of_132_sms):
 
 
 def test_launch_switches_from_the_environment_are_checked_and_typed():
-    assert launch.switches_from_env("EXACT_STATE_DOTS=bf16x3 STAGE_WARPS=8, STAGE_BLOCK=none FORWARD_CHUNK=64") == {
-        "EXACT_STATE_DOTS": "bf16x3", "STAGE_WARPS": 8, "STAGE_BLOCK": None, "FORWARD_CHUNK": 64}
+    assert launch.switches_from_env("EXACT_STATE_DOTS=bf16x3 STAGE_WARPS=8, STAGE_BLOCK=none FORWARD_CHUNK=64 "
+                                    "STAGE_PARTS=term") == {
+        "EXACT_STATE_DOTS": "bf16x3", "STAGE_WARPS": 8, "STAGE_BLOCK": None, "FORWARD_CHUNK": 64, "STAGE_PARTS": "term"}
     assert launch.switches_from_env("") == {} and launch.switches_from_env(None) == {}
     for bad, says in (("NO_SUCH_RULE=1", "no launch rule constant"), ("STAGE_WARPS", "NAME=VALUE"),
                       ("KEEP_STATE_PASS=4", "is a bool"), ("SCAN_GROUP=many", "is a int"),
                       ("KEEP_STATE_PASS=treu", "is a bool"), ("FORWARD_CHUNK=abc", "takes a number or none"),
-                      ("EXACT_DOTS=bf16x2", "is one of tf32x3"), ("EXACT_STATE_DOTS=none", "is one of")):
+                      ("EXACT_DOTS=bf16x2", "is one of tf32x3"), ("EXACT_STATE_DOTS=none", "is one of"),
+                      ("STAGE_PARTS=terms", "is one of state, term")):
         with pytest.raises(ValueError, match=says) as err:
             launch.switches_from_env(bad)
         assert bad in str(err.value) and "HLADSL_LAUNCH" in str(err.value)

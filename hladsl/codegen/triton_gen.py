@@ -77,13 +77,6 @@ def constexprs(program: ChunkProgram) -> dict[str, int]:
 # the GPU suite verified are those with it off.
 STATE_PASS_READS_DELTAS = os.environ.get("HLADSL_STATE_PASS_READS_DELTAS") == "1"
 
-# A two-stage scan's increments one *term* a launch (each later term of a state adds its state's
-# running total back from HBM) instead of one state a launch: HLA3's 12 terms alone compile for
-# sm_90 at 4 warps without spills (160-236 registers), its 3 states spill 800-1688 B a thread.
-# Off until timed on the GPU (HLADSL_STAGE_PARTS=term turns it on for an A/B run); tested under
-# the interpreter (tests/test_chunk_scan.py).
-STAGE_PARTS_BY_TERM = os.environ.get("HLADSL_STAGE_PARTS") == "term"
-
 
 class _Lowering:
     """Walks one chunk program and collects the pieces of the template context."""
@@ -768,27 +761,38 @@ def _second_stage(low: _Lowering, program: ChunkProgram, states: list[dict], sta
     upper state but its carry, per chunk from the lower states' chunk starts (the walking
     state pass's own code for those terms, their precision included), then the walk of the
     upper states' carries plus those increments. The increments are lowered one state at a
-    time (one term, ``STAGE_PARTS_BY_TERM``) and launched so (``PART``, a constexpr: one
-    compiled variant a part): held in one program, HLA3's G1, G2, G3 spill 4280 B a thread at
-    255 registers (sm_90, 8 warps, ``benchmarks/compile_probe.py hla3 --schedule scan``)."""
+    time, and again one term at a time where a state has several, each launched alone
+    (``PART``, a constexpr: one compiled variant a part; ``part_sets``: the parts of each way,
+    which ``launch.STAGE_PARTS`` picks): held in one program, HLA3's G1, G2, G3 spill 4280 B a
+    thread at 255 registers (sm_90, 8 warps, ``benchmarks/compile_probe.py hla3 --schedule
+    scan``); a later term of a state adds its state's earlier ones from HBM (``accumulate``)."""
     upper = [(name, terms) for name, terms in program.states if name in staged.upper]
     buffers = _delta_buffers(program, states, staged.upper)
     defs, code_of, chained = {}, [], False
-    for (name, terms), buffer in zip(upper, buffers):
-        keep = positions(name, terms, ("delta", "scan", "walk"))
-        parts = [frozenset([n]) for n in sorted(keep)] if STAGE_PARTS_BY_TERM else [keep]
-        for k, part in enumerate(parts):   # (a later part adds its state's earlier ones: ``accumulate``)
-            low.region()
-            code_of.append({"name": name, "buffer": buffer, "accumulate": k > 0,
-                            "code": low.terms(terms, f"nx_{name}", defs, scale_end=True, only=part)["pre"]})
-            chained = chained or low.block.chained
+    keeps = [positions(name, terms, ("delta", "scan", "walk")) for name, terms in upper]
+    by_term = [[frozenset([n]) for n in sorted(keep)] for keep in keeps]
+    ways = {"state": [[keep] for keep in keeps]}
+    ways["term"] = by_term if any(len(t) > 1 for t in by_term) else None
+    part_sets = {}
+    for way, split in ways.items():
+        if split is None:   # one term a state: the same parts
+            part_sets[way] = part_sets["state"]
+            continue
+        part_sets[way] = []
+        for (name, terms), buffer, parts in zip(upper, buffers, split):
+            for k, part in enumerate(parts):
+                low.region()
+                part_sets[way].append(len(code_of))
+                code_of.append({"name": name, "buffer": buffer, "accumulate": k > 0,
+                                "code": low.terms(terms, f"nx_{name}", defs, scale_end=True, only=part)["pre"]})
+                chained = chained or low.block.chained
     carry_only = lambda name, terms, roles: positions(name, terms, ("carry",))   # noqa: E731
     scan_code, scan_chained = _scan_code(low, upper, carry_only, [], staged.upper,
                                          "the chunk's increment (stage_kernel)")
     # its walk is each state's decayed carry plus its increment: flat, as the first stage's
     # (HLA3's G1..G3 at d = 128: 1.8 ms of its 16k forward in value blocks, run 202)
     return {"deltas": list(staged.upper), "buffers": buffers, "aux": [], "groupable": False, "parts": True,
-            "flat": not any(_dots(c["code"]) for c in scan_code),
+            "part_sets": part_sets, "flat": not any(_dots(c["code"]) for c in scan_code),
             "states": [s for s in states if s["name"] in staged.upper],
             "stored": [s["name"] for s in states if s["name"] in staged.upper and s["read"]],
             "reads": [s for s in states if s["name"] in staged.reads], "delta_reads": [], "derived": [],
@@ -1012,8 +1016,9 @@ def _staged_recursion(low: _Lowering, program: ChunkProgram, states: list[dict],
     walked = [x for x in order if x in staged.upper or x in {f.name for d in program.derived
                                                             for m in d.poly.terms for f in m.factors}]
     weight = {r.name: r.weight for r in recursions}
+    every = list(range(len(code_of)))
     stage = {"deltas": [c["buffer"]["name"] for c in code_of], "buffers": [c["buffer"] for c in code_of],
-             "aux": [], "groupable": False, "parts": True, "flat": False,
+             "aux": [], "groupable": False, "parts": True, "part_sets": {"state": every, "term": every}, "flat": False,
              "states": [named[x] for x in staged.upper],    # (W's tiles are the size of the states it drops)
              "reads": [named[x] for x in order if x in set(starts) | set(ends)],
              "delta_reads": [b for b in cs["buffers"] if b["name"] in ends],

@@ -424,6 +424,12 @@ AUTO_STAGED_SCAN = True
 # ``state_blocks``'s rule) and its warps where set (None: ``stage_warps``' rule).
 STAGE_BLOCK = None
 STAGE_WARPS = None
+# The stage kernel's launches: one a state ("state"), or one a term where a state has several
+# ("term": each later term adds its state's running sum from HBM; HLA3's 12 terms compile for
+# sm_90 with no stack where its 3 states spill 160-1648 B a thread at d = 64 / 128 -- not yet
+# timed on the GPU, hence not the default). ``codegen.triton_gen._second_stage``'s part_sets.
+STAGE_PARTS = "state"
+STAGE_PARTS_MODES = ("state", "term")
 WIDE_STAGE_WARPS = 8
 
 
@@ -731,6 +737,8 @@ def check_switch(name: str, value):
         raise ValueError(f"launch.{name} takes a number or none, got {value!r}")
     if name in ("EXACT_DOTS", "EXACT_STATE_DOTS") and value not in EXACT_DOT_MODES:
         raise ValueError(f"launch.{name} is one of {', '.join(EXACT_DOT_MODES)}, got {value!r}")
+    if name == "STAGE_PARTS" and value not in STAGE_PARTS_MODES:
+        raise ValueError(f"launch.{name} is one of {', '.join(STAGE_PARTS_MODES)}, got {value!r}")
     return old
 
 

@@ -404,7 +404,7 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
         increments = per_chunk(stage["buffers"])
         reads = {f"starts_{s['name']}": state_args[f"starts_{s['name']}"] for s in stage["reads"]}
         reads.update((f"deltas_{b['name']}", deltas[f"deltas_{b['name']}"]) for b in stage["delta_reads"])
-        for part in range(len(stage["delta_code"])):   # one launch a part: a state, or a term (triton_gen._second_stage)
+        for part in stage["part_sets"][launch.STAGE_PARTS]:   # one launch a part: a state, or a term (triton_gen._second_stage)
             launch.launch_narrowing(module.stage_kernel, plan, "stage_launch",
                                     {**tokens, **reads, **increments, **common, "PART": part},
                                     may_fall_back, overrides)
