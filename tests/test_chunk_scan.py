@@ -305,15 +305,17 @@ def test_two_stage_scan_over_two_value_blocks(gated, by_term, launched, monkeypa
         assert (got[s].double() - final[s]).norm() / final[s].norm() < 1e-5, s
 
 
-@pytest.mark.parametrize("name", ["hla2", "hla3_masked"])
-def test_final_states_alone_in_two_stages(name, launched):
+@pytest.mark.parametrize("name,parts", [("hla2", "state"), ("hla3_masked", "state"), ("hla3_masked", "term")])
+def test_final_states_alone_in_two_stages(name, parts, launched, monkeypatch):
     """Context parallelism's segment pass (``states_only``: the final states, no output kernel)
     with a complete scan in two stages: the first stage still stores the chunk starts its
     second stage's increments read; gated, from an initial state, over two value blocks,
-    against the float64 torch program."""
+    against the float64 torch program. ``parts``: the stage kernel's launches one a state or
+    one a term (``launch.STAGE_PARTS``; HLA3-masked's upper states have several terms each)."""
     from hladsl.runtime.chunk_torch import state_pass
     from hladsl.runtime.triton_forward import forward_triton
     from test_triton_backward import _inputs
+    monkeypatch.setattr(launch, "STAGE_PARTS", parts)
     alg = hladsl.compile_spec(name)
     program = chunk_program(alg, 16, (("d", 8), ("dv", 32)), True)
     tiles, lam, init, _, _ = _inputs(program, False, seed=6)
@@ -322,6 +324,9 @@ def test_final_states_alone_in_two_stages(name, launched):
                             {k: v.float() for k, v in init.items()}, alg.eps, schedule="staged", state_block=16,
                             states_only=True)
     assert o is None and "stage_kernel" in launched and "stage_scan_kernel" in launched
+    sets = triton_gen.kernel_context(program, stage_complete=True)["chunk_scan"]["stage"]["part_sets"]
+    assert [a["PART"] for n, a in launched.args if n == "stage_kernel"] == sets[parts]
+    assert (len(sets["term"]) > len(sets["state"])) == (name == "hla3_masked")
     for s in want:
         assert (got[s].double() - want[s]).norm() / want[s].norm() < 1e-5, s
 
