@@ -259,7 +259,7 @@ def backward_context(program: ChunkProgram) -> dict:
     reverse = [g for g in every if g.target in REVERSE]
     parallel = [g for g in every if g.target in PARALLEL]
     uses_derived = any(o.kind is Kind.DERIVED for g in parallel for o in g.term.operands)
-    derived_states = {f.name for d in program.derived for m in d.poly.terms for f in m.factors}
+    derived_states = program.derived_reads()
     read_reverse = _carried(reverse)
     read_parallel = _carried(parallel) | (derived_states if uses_derived else set())
     for s in fwd["states"]:

@@ -505,8 +505,7 @@ def kernel_context(program: ChunkProgram, stage_complete: bool = False) -> dict:
     # scan's second stage reads (``_second_stage``)
     stage_reads = low.staged.reads if low.staged else ()
     read = dict.fromkeys([o.name for t in out_terms for o in t.operands if o.kind is Kind.CARRY]
-                         + [f.name for d in program.derived for m in d.poly.terms
-                            for f in m.factors] + list(stage_reads))
+                         + sorted(program.derived_reads()) + list(stage_reads))
     (o_index,) = alg.output.free
     o_dim = low.index_dims(program.output[0].operands)[o_index]
     splits = _state_splits(low, o_dim)
@@ -865,8 +864,7 @@ def _derived_kernel(program: ChunkProgram, states: list[dict], chained: bool) ->
     chunk starts and stores them, so the output kernel neither holds the states they read
     whole in fp32 nor forms their fp32-accurate products (at d = 128 HLA3's output kernel held
     six 128 x 128 fp32 tiles). ``reads``: the states the derived carries read."""
-    read = {f.name for d in program.derived for m in d.poly.terms for f in m.factors}
-    return {"reads": [st for st in states if st["name"] in read], "chained_dots": chained}
+    return {"reads": [st for st in states if st["name"] in program.derived_reads()], "chained_dots": chained}
 
 
 def _dots(code: str) -> int:
@@ -1013,8 +1011,7 @@ def _staged_recursion(low: _Lowering, program: ChunkProgram, states: list[dict],
         buffer = {**d, "var": f"nx_dr_{r.name}", "index": "", "own": owned_mask(d["name"], d["dims"], splits)}
         code_of.append({"name": r.name, "buffer": buffer, "accumulate": False, "code": "\n".join(lines)})
     named = {s["name"]: s for s in states}
-    walked = [x for x in order if x in staged.upper or x in {f.name for d in program.derived
-                                                            for m in d.poly.terms for f in m.factors}]
+    walked = [x for x in order if x in staged.upper or x in program.derived_reads()]
     weight = {r.name: r.weight for r in recursions}
     every = list(range(len(code_of)))
     stage = {"deltas": [c["buffer"]["name"] for c in code_of], "buffers": [c["buffer"] for c in code_of],

@@ -68,6 +68,10 @@ class ChunkProgram:
         return max((sum(o.kind is Kind.MASK for o in t.operands) for t in self.output + self.normalizer),
                    default=0)
 
+    def derived_reads(self) -> frozenset[str]:
+        """The states the derived carries read."""
+        return frozenset(f.name for d in self.derived for m in d.poly.terms for f in m.factors)
+
     def flops(self) -> dict[str, int]:
         return {"output": sum(t.plan.flops for t in self.output + self.normalizer),
                 "state": sum(t.plan.flops for _, ts in self.states for t in ts)}

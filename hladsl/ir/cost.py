@@ -76,8 +76,7 @@ def kernel_costs(program: ChunkProgram, backward: BackwardProgram | None = None,
 
     out_terms = program.output + program.normalizer
     state_terms = tuple(t for _, ts in program.states for t in ts)
-    read = _carried(out_terms) | {f.name for d in program.derived for m in d.poly.terms
-                                  for f in m.factors}
+    read = _carried(out_terms) | program.derived_reads()
     flops = program.flops()
     o_bytes = C * output_size(program) * token_bytes
     rows = [
@@ -147,7 +146,7 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
                 for k, t in enumerate(ts) if role[(name, k)].role in roles]
 
     out_terms = program.output + program.normalizer
-    read = _carried(out_terms) | {f.name for d in program.derived for m in d.poly.terms for f in m.factors}
+    read = _carried(out_terms) | program.derived_reads()
     names = [n for n, _ in program.states]
     lower = list(staged.lower) if staged else names
     first = terms_of(lower, ("delta",))
@@ -183,9 +182,8 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
                             "sequential: reads the increments, writes the upper chunk-start states")]
         if derived_kernel and program.derived:
             carries = tuple(d.name for d in program.derived)
-            reads = {f.name for d in program.derived for m in d.poly.terms for f in m.factors}
             rows += [KernelCost("derived", 2 * derived_macs(program) / C,
-                                (states(reads) + _w_bytes(program, carries)) / C,
+                                (states(program.derived_reads()) + _w_bytes(program, carries)) / C,
                                 f"every chunk's {', '.join(carries)} from the stored starts"),
                      _output_reading(program, carries, tokens, states, lam, token_bytes)]
     return rows
@@ -194,7 +192,7 @@ def scan_costs(program: ChunkProgram, token_bytes: int = 2, two_stages: bool = F
 def _recursions(program: ChunkProgram, walked) -> list:
     """The recursions of the derived carries ``walked`` (``ir.recursion``), each dropping a
     state the outputs read only through derived carries."""
-    derived = {f.name for d in program.derived for m in d.poly.terms for f in m.factors}
+    derived = program.derived_reads()
     elsewhere = {n for n, _ in program.states} - (derived - _carried(program.output + program.normalizer))
     return [recursion(program.algebra, d.name, d.poly, elsewhere) for d in program.derived if d.name in walked]
 

@@ -69,7 +69,7 @@ class _Packer:
         self.sizes = dict(program.sizes)
         self.groups = {s.name: s.symmetric for s in alg.streaming if s.symmetric}
         self.dims = {s.name: s.dims for s in alg.streaming}
-        self.in_derived = {f.name for d in program.derived for m in d.poly.terms for f in m.factors}
+        self.in_derived = program.derived_reads()
         self.packed_dims: dict[tuple[str, int], PackedDim] = {}
         taken = set(alg.dims)
         for name, groups in self.groups.items():

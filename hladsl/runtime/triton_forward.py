@@ -327,6 +327,7 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
                                and (launch.DERIVED_STARTS or bool(stage and stage["derived"])))
         if cs["derived_kernel"]:   # formed after both stages (triton_gen._derived_kernel)
             plan.derived_starts = direction == "forward" and launch.DERIVED_KERNEL
+        if plan.derived_starts and cs["derived_kernel"]:
             plan.derived_launch = launch.split_blocks(
                 (n_chunks, n_seq * heads), ctx["splits"], program, common, first, cs["derived_kernel"]["chained_dots"],
                 state_block or launch.DERIVED_BLOCK, warps=launch.stage_warps(launch.feature_blocks(program, common)),
