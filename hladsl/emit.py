@@ -281,14 +281,16 @@ def reverse_scan_lines(bwd) -> list[str]:
     updates, or why there is none."""
     from hladsl.ir.scan import has_chunk_scan, reverse_scan, staged_reverse
     split = reverse_scan(bwd) if has_chunk_scan(bwd.forward) else None
+    staged = staged_reverse(bwd)
     if split is None:
-        staged = staged_reverse(bwd)
         return (["reverse scan: none (the forward has no one-stage chunk scan, or a d-state update walks the tokens)"]
                 + (staged.describe() if staged else []))
     lines = [f"reverse scan: {len(split.parallel)} d-state networks every chunk at once (no chunk-end "
              f"cotangent), then a scan of {len(split.carry)} carry networks"
              + (f" and {len(split.scan)} reading forward chunk deltas:" if split.scan else "")]
     lines += [f"  {g.text()}" for g in split.scan]
+    if staged:   # (launch.backward_module: after the complete scan in two stages, which keeps no delta)
+        lines += [f"after a state pass in two stages, {line}" for line in staged.describe()]
     return lines
 
 

@@ -16,7 +16,8 @@ import torch  # noqa: E402
 import hladsl  # noqa: E402
 from hladsl.codegen import triton_gen  # noqa: E402
 from hladsl.ir.pipeline import chunk_program  # noqa: E402
-from hladsl.ir.scan import staged_scan  # noqa: E402
+from hladsl.ir.backward import backward_program  # noqa: E402
+from hladsl.ir.scan import staged_reverse, staged_scan  # noqa: E402
 from hladsl.runtime import autotune, launch  # noqa: E402
 from test_recursion import S_AND_C  # noqa: E402
 
@@ -202,31 +203,37 @@ COMPLETE_STAGED = [("hla2", {}, True, True, False), ("hla2", {"normalize": True,
                          ids=[f"{c[0]}{'-norm' if c[1] else ''}-{'gated' if c[2] else 'plain'}"
                               f"{'-init' if c[3] else ''}{'-varlen' if c[4] else ''}" for c in COMPLETE_STAGED])
 def test_complete_scan_in_two_stages_matches_torch_float64(name, params, gated, with_init, varlen, launched):
-    """Schedule "staged": a forward with nothing to differentiate runs a complete chunk scan in
-    two stages (``launch.forward_module``, ``ir.scan.staged_scan(complete=True)``) -- the lower
-    states scanned, every chunk's increment of the upper ones from their stored starts, those
-    scanned; the output kernel forms the derived carries itself -- while the forward under
-    autograd and the backward keep the one-stage scan whose deltas the reverse scan reads.
-    Outputs, final states and gradients against the float64 torch program."""
+    """Schedule "staged": a complete chunk scan in two stages (``launch.forward_module``,
+    ``ir.scan.staged_scan(complete=True)``) -- the lower states scanned, every chunk's
+    increment of the upper ones from their stored starts, those scanned -- in a forward with
+    nothing to differentiate (the output kernel forms the derived carries itself) and in the
+    backward's state pass, which the forward under autograd runs (``launch.backward_module``),
+    storing every state's starts; the reverse pass then in two stages too
+    (``ir.scan.staged_reverse``: no forward delta to read). Outputs, final states and
+    gradients against the float64 torch program."""
     _check_scan_schedule(name, params, gated, with_init, 8, (1, 70, 2, 8) if varlen else (2, 53, 2, 8), 11,
                          torch.tensor([0, 21, 22, 70]) if varlen else None, schedule="staged")
     program = chunk_program(hladsl.compile_spec(name, **params), 16, (("d", 8), ("dv", 8)), gated)
-    upper = staged_scan(program, complete=True).upper
-    assert upper and staged_scan(program) is None   # (one stage unless asked)
-    # the plain call: two stages (one stage_kernel launch an upper state); under autograd: one
-    # stage, read back by the reverse scan
-    for kernel, launches in (("delta_kernel", 2), ("scan_kernel", 2), ("stage_kernel", len(upper)),
-                             ("stage_scan_kernel", 1), ("rdelta_kernel", 1), ("rscan_kernel", 1)):
-        assert launched.count(kernel) == launches, kernel
-    plain = ["delta_kernel", "scan_kernel"] + ["stage_kernel"] * len(upper) + ["stage_scan_kernel"]
-    assert launched[:len(plain) + 2] == plain + ["delta_kernel", "scan_kernel"]
+    forward = staged_scan(program, complete=True)
+    reverse = staged_reverse(backward_program(program))
+    assert forward.upper and staged_scan(program) is None   # (one stage unless asked)
+    # the plain call and the one under autograd: two stages (one stage_kernel launch an upper
+    # state); the backward's reverse pass: two stages (one rstage_kernel launch an upper d-state)
+    stages = ["delta_kernel", "scan_kernel"] + ["stage_kernel"] * len(forward.upper) + ["stage_scan_kernel"]
+    assert launched[:2 * len(stages)] == stages * 2
+    reversed_ = ["rdelta_kernel", "rscan_kernel"] + ["rstage_kernel"] * len(reverse.upper) + ["rstage_scan_kernel"]
+    for kernel in set(stages + reversed_):
+        assert launched.count(kernel) == (stages.count(kernel) * 2 or reversed_.count(kernel)), kernel
     assert "state_pass_kernel" not in launched and "reverse_kernel" not in launched
-    args = dict(launched.args)
+    assert "derived_kernel" not in launched
+    plain_args, kept_args = [args for kernel, args in launched.args if kernel == "stage_kernel"][::len(forward.upper)]
     stage = triton_gen.kernel_context(program, stage_complete=True)["chunk_scan"]["stage"]
-    reads = {k[len("starts_"):] for k in args["stage_kernel"] if k.startswith("starts_")}
-    # HLA2's second stage walks its derived carries (test_the_second_stage_walks_the_derived_carries)
-    assert reads == ({"S"} if stage["derived"] else set(staged_scan(program, complete=True).reads))
+    reads = lambda args: {k[len("starts_"):] for k in args if k.startswith("starts_")}   # noqa: E731
+    # HLA2's forward second stage walks its derived carries (test_the_second_stage_walks_the_derived_carries);
+    # the backward's carries the states themselves, whose starts it reads
+    assert reads(plain_args) == ({"S"} if stage["derived"] else set(forward.reads))
     assert bool(stage["derived"]) == (name == "hla2")
+    assert reads(kept_args) == set(forward.reads)
 
 
 def test_auto_stages_a_complete_scan_past_its_sequential_products():
@@ -256,7 +263,9 @@ def test_plans_of_one_and_two_stages_never_mix(launched, monkeypatch):
     """A forward's launch plan is made for one module variant (one stage, or a complete scan in
     two): calls of either kind in any order, with no plan forgotten between them, each run their
     own kernels and match float64 (a one-stage plan once served a two-stage call: the scan's
-    plan, then "staged"; the forward under autograd's, then a call with nothing to differentiate)."""
+    plan, then "staged"; the forward under autograd's, then a call with nothing to differentiate).
+    Under autograd the forward runs the backward's state pass: in two stages too under "staged"
+    (``launch.backward_module``), from the backward module of that variant."""
     gen = torch.Generator().manual_seed(5)
     q, k = (0.5 * torch.randn(2, 53, 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
     v = torch.randn(2, 53, 2, 8, generator=gen, dtype=torch.float64)
@@ -272,7 +281,7 @@ def test_plans_of_one_and_two_stages_never_mix(launched, monkeypatch):
             with torch.set_grad_enabled(grad):
                 o = op(*leaves)[0]
             assert ((o.detach().double() - want).norm() / want.norm()).item() < 1e-5, (schedule, grad)
-            assert ("stage_kernel" in launched) == (schedule == "staged" and not grad), (schedule, grad, launched)
+            assert ("stage_kernel" in launched) == (schedule == "staged"), (schedule, grad, launched)
     finally:
         op.schedule = "auto"
 
@@ -584,6 +593,38 @@ def test_auto_takes_the_chunk_scan_where_the_walk_cannot_split(monkeypatch):
     assert launch.use_chunk_scan("scan", staged, _Tile(torch.bfloat16, 4), walk_chained=True)
 
 
+def test_the_backward_stages_its_complete_scan_where_its_reverse_pass_would_walk(monkeypatch):
+    """``launch.backward_module``: under "auto", the backward module whose state pass is the
+    complete scan in two stages and whose reverse pass is then the two-stage one where the
+    one-stage module's reverse pass would walk and the scan's products reach STAGED_SCAN_MACS --
+    HLA3-masked (its one-stage scan holds aux summaries, AUTO_SCAN_AUX), not AHLA at d = 64 (its
+    walk is short: d^3 products), HLA2 (its reverse scan reads its deltas), HLA3 (its own scan
+    has two stages) or linear (nothing to split); "staged" wherever the complete scan splits;
+    never the walking schedules; fp32 tiles (a walk that splits) keep one stage."""
+    from hladsl.codegen.triton_bwd import backward_context
+
+    def context(name):
+        return backward_context(chunk_program(hladsl.compile_spec(name), 64, (("d", 64), ("dv", 64)), True))
+    contexts = {name: context(name) for name in ("hla3_masked", "ahla", "hla2", "hla3", "linear")}
+    bf16 = _Tile(torch.bfloat16, 4)
+    assert {n: launch.backward_module("auto", c, bf16) for n, c in contexts.items()} == {
+        "hla3_masked": True, "ahla": False, "hla2": False, "hla3": False, "linear": False}
+    with launch.switched(STAGED_SCAN_MACS=64 ** 3):
+        assert launch.backward_module("auto", contexts["ahla"], bf16)
+    assert {n: launch.backward_module("staged", c, bf16) for n, c in contexts.items()} == {
+        "hla3_masked": True, "ahla": True, "hla2": True, "hla3": False, "linear": False}
+    for schedule in ("scan", "two_pass", "fused"):
+        assert not any(launch.backward_module(schedule, c, bf16) for c in contexts.values())
+    assert not launch.backward_module("auto", contexts["hla3_masked"], _Tile(torch.float32, 4))
+    with launch.switched(AUTO_STAGED_BACKWARD=False):
+        assert not launch.backward_module("auto", contexts["hla3_masked"], bf16)
+    # the variant's reverse pass: two stages, reading no forward delta
+    staged = backward_context(chunk_program(hladsl.compile_spec("hla3_masked"), 64, (("d", 64), ("dv", 64)), True),
+                              stage_complete=True)
+    assert staged["forward"]["chunk_scan"]["stage"] and staged["reverse_scan"]["stage"]
+    assert not contexts["hla3_masked"]["reverse_scan"]["stage"]
+
+
 TWO_BLOCK_CASES = [(name, params, varlen, True) for name, params in
                    [("hla2", {}), ("hla2", {"normalize": True}), ("ahla", {})] for varlen in (False, True)]
 TWO_BLOCK_CASES.append(("hla2", {}, False, False))   # launch.REVERSE_IN_PLACE off
@@ -595,12 +636,14 @@ TWO_BLOCK_CASES += [("hla3", {}, varlen, True) for varlen in (False, True)]
                          ids=[f"{c[0]}{'-norm' if c[1] else ''}-{'varlen' if c[2] else 'dense'}"
                               f"{'' if c[3] else '-separate'}" for c in TWO_BLOCK_CASES])
 def test_scan_kernels_over_two_value_blocks(name, params, varlen, in_place, launched, monkeypatch):
-    """scan_kernel and rscan_kernel (and in two stages, rstage_scan_kernel) split the value
-    dim (two blocks of 16 here): states without it (S, m; HLA3's SK, SQ) and chunk summaries
-    without it (AHLA's Σ k qᵀ) are read whole by every block, states written by block 0;
-    against the float64 torch programs (forward and backward), with the reverse scan's
-    cotangents over its parts or in buffers of their own."""
+    """scan_kernel and rscan_kernel split the value dim (two blocks of 16 here): states without
+    it (S, m) and chunk summaries without it (AHLA's Σ k qᵀ) are read whole by every block,
+    states written by block 0; in two stages (HLA3) every scan walks the flat layouts instead
+    (blocks of 64 elements here: 4 of the largest state); against the float64 torch programs
+    (forward and backward), with the reverse scan's cotangents over its parts or in buffers of
+    their own."""
     monkeypatch.setattr(launch, "REVERSE_IN_PLACE", in_place)
+    monkeypatch.setattr(launch, "FLAT_SCAN_BLOCK", 64)
     from hladsl.runtime.chunk_torch import outputs, state_pass
     from hladsl.runtime.triton_backward import backward_triton
     from hladsl.runtime.triton_forward import forward_triton
@@ -622,10 +665,11 @@ def test_scan_kernels_over_two_value_blocks(name, params, varlen, in_place, laun
                           alg.eps, schedule="scan", reverse_block=16, seq_chunks=seq_chunks)
     walkers = 4 if varlen else 2     # (sequences, heads) walked; two value blocks each
     staged = name == "hla3"
-    # (in two stages the first stage walks the states' flat layouts: one block here, the largest state's 256 elements)
-    assert ("scan_kernel", (walkers, 1 if staged else 2)) in launched.grids
-    assert ("rscan_kernel", (walkers, 2)) in launched.grids
-    assert (("rstage_scan_kernel", (walkers, 2)) in launched.grids) == staged
+    # (in two stages the scans walk flat layouts: the largest state's 256 elements in 4 blocks;
+    # the reverse's second stage too: dP's)
+    assert ("scan_kernel", (walkers, 4 if staged else 2)) in launched.grids
+    assert ("rscan_kernel", (walkers, 4 if staged else 2)) in launched.grids
+    assert (("rstage_scan_kernel", (walkers, 4)) in launched.grids) == staged
     ref = _varlen_reference(program, tiles, lam, init, grad_o, grad_final, alg.eps, seq_chunks)
     if seq_chunks is None:
         starts, want_final = state_pass(program, tiles, lam, init, torch.float64)

@@ -243,20 +243,25 @@ def test_staged_scan_is_the_state_pass(params, gated):
 @pytest.mark.parametrize("name,params,split", [
     ("hla3", {}, (("G1", "G2", "G3"), ("SK", "SQ", "P"))),
     ("hla3", {"normalize": True}, (("G1", "G2", "G3", "h1", "h2", "h3"), ("SK", "SQ", "P", "m"))),
-    ("hla2", {}, None), ("ahla", {}, None), ("hla3_masked", {}, None), ("linear", {}, None),
-    ("power", {"p": 2}, None)])
+    ("hla2", {}, (("S", "G"), ("C",))), ("ahla", {}, (("E",), ("P",))),
+    ("hla3_masked", {}, (("H",), ("S", "P"))), ("hla3_masked", {"normalize": True}, (("H", "z"), ("S", "P", "m"))),
+    ("linear", {}, None), ("power", {"p": 2}, None)])
 def test_staged_reverse_of_the_shipped_specs(name, params, split):
-    """The reverse pass's two stages transpose the forward's: the forward's upper states'
-    d-states only decay and collect parallel networks (lower in reverse), and the d-states of
-    the lower states they read take the cross networks (upper in reverse: the forward's
-    ``reads``). Where the one-stage reverse scan applies (or, power, a state is packed): none."""
+    """The reverse pass's two stages transpose the forward's (HLA3's own, the others' complete
+    scan split in two): the forward's upper states' d-states only decay and collect parallel
+    networks (lower in reverse), and the d-states of the lower states they read take the cross
+    networks (upper in reverse: the forward's ``reads``). Where nothing crosses (linear) or a
+    state is packed (power): none."""
     from hladsl.ir.backward import backward_program
     from hladsl.ir.scan import staged_reverse, staged_scan
     program = compile_spec(name, **params).program
     got = staged_reverse(backward_program(program))
     assert (None if got is None else (got.lower, got.upper)) == split
     if got is not None:
-        assert got.upper == staged_scan(program).reads and got.reads == got.lower
+        forward = staged_scan(program) or staged_scan(program, complete=True)
+        # the transpose: the reverse's upper d-states are the forward's reads, and what they
+        # read the forward's upper states (HLA2's lower dS reads nothing across)
+        assert got.upper == forward.reads and got.reads == forward.upper and set(got.reads) <= set(got.lower)
         assert all(g.cotangent.name[len("end_"):] in got.lower for g in got.cross)
         # the kernels' networks (codegen.triton_bwd._reverse_scan): the first stage's part, each
         # upper d-state's increment (d W0 from d num before the networks reading it), the scans
@@ -274,9 +279,11 @@ def test_staged_reverse_of_the_shipped_specs(name, params, split):
             g for n in got.lower + got.upper for g in got.carry if g.name == n)
 
 
-@pytest.mark.parametrize("params", [{}, {"normalize": True}], ids=["plain", "norm"])
+@pytest.mark.parametrize("name,params", [("hla3", {}), ("hla3", {"normalize": True}), ("hla3_masked", {}),
+                                         ("hla3_masked", {"normalize": True}), ("ahla", {}), ("hla2", {})],
+                         ids=["hla3", "hla3-norm", "hla3_masked", "hla3_masked-norm", "ahla", "hla2"])
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
-def test_staged_reverse_is_the_reverse_pass(params, gated):
+def test_staged_reverse_is_the_reverse_pass(name, params, gated):
     """The two-stage reverse pass in float64 torch: the lower d-states scanned over their
     parallel networks, storing every chunk end; each chunk's increment of every upper d-state
     (its parallel and cross networks, reading the stored lower ends, the upper ends NaN);
@@ -285,7 +292,7 @@ def test_staged_reverse_is_the_reverse_pass(params, gated):
     from hladsl.ir.backward import backward_program, cotangent_name
     from hladsl.ir.scan import staged_reverse
     from hladsl.runtime.backward_torch import _output_cotangents, backward_torch
-    alg = hladsl.compile_spec("hla3", **params)
+    alg = hladsl.compile_spec(name, **params)
     program = chunk_program(alg, C, tuple(sorted((d, 4) for d in alg.dims)), gated)
     bwd = backward_program(program)
     staged = staged_reverse(bwd)

@@ -248,12 +248,15 @@ def _carried(grads) -> set[str]:
     return {o.name for g in grads for o in g.term.operands if o.kind is Kind.CARRY}
 
 
-def backward_context(program: ChunkProgram) -> dict:
+def backward_context(program: ChunkProgram, stage_complete: bool = False) -> dict:
     """Everything the backward template needs (plain data; with the forward context
-    under ``forward``, its states' ``read`` set to what the backward reads)."""
+    under ``forward``, its states' ``read`` set to what the backward reads).
+    ``stage_complete``: the variant whose recomputed state pass is the forward's complete
+    chunk scan in two stages (``kernel_context``'s), which keeps no forward delta, so its
+    reverse pass is the two-stage one (``ir.scan.staged_reverse``) where the program has it."""
     bwd = backward_program(program)
     low = _BwdLowering(bwd)
-    fwd = copy.deepcopy(kernel_context(program))
+    fwd = copy.deepcopy(kernel_context(program, stage_complete, every_start=True))
     packed = set(low.packed)
     every = list(bwd.all_terms())
     reverse = [g for g in every if g.target in REVERSE]
@@ -399,7 +402,7 @@ def _reverse_scan(low: _BwdLowering, bwd, fwd: dict, info) -> dict | None:
         # a group's map d(end) -> d(start) is one step's at the group's forward delta, where
         # a step reads forward deltas alone (no start states) that the forward groups
         # and every d-state has a part buffer (a group's own part of each is what it passes on)
-        ctx.update(starts=[info(n) for n in states if n in split.starts], stage=None,
+        ctx.update(starts=[info(n) for n in states if n in split.starts], stage=None, flat=False,
                    groupable=fwd["chunk_scan"]["groupable"] and not split.starts and set(states) <= set(
                        s["name"] for s in ctx["written"]))
         return ctx
@@ -445,11 +448,20 @@ def _rscan_context(low: _BwdLowering, bwd, walked: list, states: list, written: 
     """A reverse scan kernel's code: its d-states ``states`` walked last to first through the
     ``walked`` networks (carry, and one stage's scan networks reading the forward chunk
     ``deltas``), each chunk's own part (``written``, by the delta kernel before it) added."""
+    # a walk of carry networks alone (each d-state's decayed chunk-end cotangent: no forward
+    # delta, no product, no index moved) is elementwise: it walks the flat layouts in blocks,
+    # as the forward's flat scans do
+    flat = not deltas and all(all(o.kind is Kind.COTANGENT for o in g.term.operands) and not g.broadcast
+                              for g in walked)
     low.region()
     scan_defs: dict = {}
     for b in deltas or []:   # a forward chunk summary no state holds: its axes' dims
         low.state_dims.setdefault(b["name"], tuple(b["dims"]))
-    _, scan_code, scan_written = _reverse_code(low, walked, scan_defs)
+    _, scan_code, scan_written = _reverse_code(low, walked, scan_defs, flat)
+    if flat and re.search(r"\b_dot\(|\boffs_|tl\.trans|\[:, None\]|\[None, :\]", scan_code):
+        flat = False   # (not elementwise after all: the tiled walk)
+        low.region()
+        _, scan_code, scan_written = _reverse_code(low, walked, scan_defs)
     if scan_defs:
         raise ValueError(f"{bwd.forward.algebra.name}: a carry or scan network of the reverse pass "
                          f"reads the tokens")
@@ -465,7 +477,7 @@ def _rscan_context(low: _BwdLowering, bwd, walked: list, states: list, written: 
     # every split dim) may have its chunk-end cotangents written over its parts: each chunk's
     # part is loaded before a barrier, its cotangent stored after it (run-time's choice)
     in_place = [n for n in states if n in has_part and all(d in low.state_dims[n] for d in splits)]
-    return {"deltas": deltas or [], "in_place": in_place, "splits": splits, "scan_code": scan_code,
+    return {"deltas": deltas or [], "in_place": in_place, "splits": splits, "flat": flat, "scan_code": scan_code,
             "scan_chained_dots": low.block.chained,
             "states": [info(n, own=owned_mask(n, low.state_dims[n], splits), end=ends[n]) for n in states]}
 
@@ -488,9 +500,10 @@ def _sums_split_partially(low: _BwdLowering, reverse, dim: str) -> bool:
     return True
 
 
-def _reverse_code(low: _BwdLowering, reverse, defs) -> tuple[str, str, list[str]]:
+def _reverse_code(low: _BwdLowering, reverse, defs, flat: bool = False) -> tuple[str, str, list[str]]:
     """(code of the derived carries' gradients ct_dr_*, code of the chunk-start
-    d-states ds_*, the states it writes), appended to the current block."""
+    d-states ds_*, the states it writes), appended to the current block. ``flat``: the
+    d-states' accumulators take their chunk-end cotangents' shape (a walk of flat blocks)."""
     block = low.block
     first = len(block.lines)
     to_derived = _group([g for g in reverse if g.target is Target.DERIVED], lambda g: g.name)
@@ -505,7 +518,8 @@ def _reverse_code(low: _BwdLowering, reverse, defs) -> tuple[str, str, list[str]
     for name, grads in to_carry.items():
         acc = f"ds_{name}"
         block.lines.append("")
-        block.assign(acc, f"tl.zeros(({low.target_shape(grads[0])},), dtype=tl.float32)")
+        block.assign(acc, f"tl.zeros_like(ct_end_{name})" if flat else
+                     f"tl.zeros(({low.target_shape(grads[0])},), dtype=tl.float32)")
         low.grads(grads, acc, defs)
     return derived, "\n".join(block.lines[start:]).strip("\n"), sorted(to_carry)
 
@@ -706,22 +720,23 @@ def render(context: dict, version: str) -> str:
     return prune_dead(render_template(TEMPLATE, version=version, bwd=context, **context["forward"]))
 
 
-def triton_bwd_source(program: ChunkProgram) -> str:
+def triton_bwd_source(program: ChunkProgram, stage_complete: bool = False) -> str:
     """The Python/Triton module of ``program``'s backward (what ``--emit triton_bwd`` prints)."""
-    return render(backward_context(program), __version__)
+    return render(backward_context(program, stage_complete), __version__)
 
 
-_MODULES: dict[int, tuple] = {}
+_MODULES: dict[tuple, tuple] = {}   # (id(program), variant) -> (program, module, context)
 
 
-def backward_kernels(program: ChunkProgram):
-    """(module, context) for ``program``'s backward, rendered once and disk-cached."""
-    hit = _MODULES.get(id(program))
+def backward_kernels(program: ChunkProgram, stage_complete: bool = False):
+    """(module, context) for ``program``'s backward, rendered once and disk-cached;
+    ``stage_complete``: the variant whose state pass runs the complete scan in two stages."""
+    hit = _MODULES.get((id(program), stage_complete))
     if hit is None or hit[0] is not program:
         from hladsl.codegen.cache import cache_key, load_module
-        context = backward_context(program)
+        context = backward_context(program, stage_complete)
         key = cache_key(context, template_text())
         module = load_module(f"{context['name']}_bwd", key, lambda: render(context, __version__))
-        hit = _MODULES[id(program)] = (program, module, context)
+        hit = _MODULES[(id(program), stage_complete)] = (program, module, context)
     return hit[1], hit[2]
 

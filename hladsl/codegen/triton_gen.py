@@ -488,10 +488,12 @@ def _defs(defs: dict) -> list[dict]:
     return [{"var": var, "text": text, "expr": expr} for var, (text, expr) in defs.items()]
 
 
-def kernel_context(program: ChunkProgram, stage_complete: bool = False) -> dict:
+def kernel_context(program: ChunkProgram, stage_complete: bool = False, every_start: bool = False) -> dict:
     """Everything the template needs, as plain data (also the cache key's program part).
     ``stage_complete``: a complete chunk scan runs in two stages (``ir.scan.staged_scan``; the
-    module a forward running its own state pass takes where ``launch.forward_module`` says)."""
+    module a forward running its own state pass takes where ``launch.forward_module`` says).
+    ``every_start``: its second stage carries every state, never a derived carry in a state's
+    place (the backward's state pass: it reads every state's chunk starts)."""
     low = _Lowering(program, stage_complete)
     alg = program.algebra
 
@@ -550,7 +552,7 @@ def kernel_context(program: ChunkProgram, stage_complete: bool = False) -> dict:
     if chunk_scan:
         chunk_scan.update(_derived_starts(low, program, states, splits, "\n".join(
             [num["pre"], num["loop"], num["post"], den["pre"], den["loop"], den["post"]]), chunk_scan,
-            stage_complete))
+            stage_complete and not every_start))
         walks_derived = bool(chunk_scan["stage"] and chunk_scan["stage"]["derived"])
         chunk_scan["stored"] = [s["name"] for s in chunk_scan["states"]
                                 if s["read"] and not (walks_derived and s["name"] in chunk_scan["derived_only"])]
@@ -805,7 +807,7 @@ NO_DERIVED_STARTS = {"derived_starts": [], "derived_only": [], "derived_scan_cod
 
 
 def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], splits, output_body: str,
-                    chunk_scan: dict, stage_complete: bool) -> dict:
+                    chunk_scan: dict, walk_derived: bool) -> dict:
     """Where the output kernel reads some states only through derived carries (HLA2's C and G,
     only in W0 = S C - G) and the derived carries take no more bytes than those states, the
     one-level scan computes the derived carries at each chunk start (where it holds the states)
@@ -814,8 +816,8 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
     does not apply. Each is stored in the output's SDOT where that kernel reads it only as an
     SDOT dot operand (``starts_sdot``, as the states' chunk starts), and so are the states it
     then reads only so (``sdot_beside_derived``: the output kernel rounds them as loaded). In two
-    stages the second walks the derived carries by their recursion where it can (only in the
-    forward-only module of a complete scan: a scan in two stages of its own, HLA3's, serves the
+    stages the second walks the derived carries by their recursion where it can and
+    ``walk_derived`` (the forward-only module of a complete scan; not where it serves the
     backward, which reads every state's starts), else ``derived_kernel`` forms them at every
     chunk start at once from the starts both stages stored (``_derived_kernel``). The derived
     code is lowered afresh, its temps renamed (``dt``) so that they cannot meet the scan's own."""
@@ -847,7 +849,7 @@ def _derived_starts(low: _Lowering, program: ChunkProgram, states: list[dict], s
               and read_only_as_sdot(output_body, f"st_{st['name']}")]
     if chunk_scan["stage"]:   # the second stage walks the derived carries, or a kernel forms them
         staged = _staged_recursion(low, program, states, splits, chunk_scan, only, derived) \
-            if stage_complete else None
+            if walk_derived else None
         if staged:
             return {**found, "sdot_beside_derived": [], **staged}
         return {**found, "sdot_beside_derived": beside, **NO_RECURSION,

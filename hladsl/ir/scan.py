@@ -411,12 +411,13 @@ class StagedReverse:
 
 
 def staged_reverse(bwd: BackwardProgram) -> StagedReverse | None:
-    """The two-stage split of ``bwd``'s reverse pass, or None: where the one-stage
-    ``reverse_scan`` applies, a state is packed, nothing crosses, or the d-states do not
-    split so -- a carry network into another d-state, a cross network reading an upper
-    d-state's end or a derived carry."""
+    """The two-stage split of ``bwd``'s reverse pass, or None: where a state is packed,
+    nothing crosses, or the d-states do not split so -- a carry network into another
+    d-state, a cross network reading an upper d-state's end or a derived carry. It reads
+    no forward delta, so it serves a program whose one-stage ``reverse_scan`` exists too
+    wherever that one's deltas are not at hand (after a state pass in two stages)."""
     program = bwd.forward
-    if program.packed or reverse_scan(bwd) is not None:
+    if program.packed:
         return None
     parallel, carry, cross = [], [], []
     for g in bwd.all_terms():

@@ -369,9 +369,10 @@ SCHEDULES = ("auto", "two_pass", "fused", "scan", "staged")
 # once from the lower states' stored starts, and both walks are elementwise -- for more
 # bytes (the lower starts and the increments go through HBM; the output kernel forms its
 # derived carries, HLA2's W0, itself). A forward that runs its own state pass takes that
-# module where the walk's products reach STAGED_SCAN_MACS a chunk and head; the backward and
-# an eager forward under autograd (which runs the backward's, KEEP_STATE_PASS) keep the
-# one-stage scan, whose deltas the reverse scan reads.
+# module where the walk's products reach STAGED_SCAN_MACS a chunk and head; the backward (and
+# an eager forward under autograd, which runs the backward's, KEEP_STATE_PASS) keeps the
+# one-stage scan, whose deltas the reverse scan reads, except where ``backward_module`` takes
+# the two-stage one (its reverse pass then in two stages, reading no delta).
 # H100 (run 175, B = 2, H = 16, bf16, forward, ms, one stage -> two, at 16k / 64k): HLA3-masked
 # (4 d^3) at d = 64 1.279 -> 0.918, 4.903 -> 3.595, at d = 128 6.068 -> 4.185, 24.0 -> 16.52;
 # HLA2 and AHLA (d^3) at d = 128 3.245 -> 3.192 and 12.96 -> 12.33, 1.726 -> 1.605 and 6.655
@@ -529,6 +530,33 @@ def use_reverse_scan(schedule: str, chunk_scan: bool, reverse_scan: dict | None)
     starts; it runs while ``STAGED_REVERSE`` (the A/B switch against the walk)."""
     staged_ok = STAGED_REVERSE or not (reverse_scan or {}).get("stage")
     return chunk_scan and bool(reverse_scan) and staged_ok and schedule in ("scan", "staged", "auto")
+
+
+def backward_module(schedule: str, ctx: dict, first) -> bool:
+    """Whether the backward takes the module whose recomputed state pass is the complete
+    chunk scan in two stages and whose reverse pass is then the two-stage one
+    (``triton_bwd.backward_context(stage_complete=True)``), from its one-stage module's
+    context: "staged" takes it where the program's complete scan splits so; "auto" where,
+    besides, its sequential products reach STAGED_SCAN_MACS a chunk and head (as
+    ``forward_module``), a chunk scan would run (``use_chunk_scan``'s test: a walk that
+    splits its value dim walks) and the one-stage module's reverse pass would walk (its
+    chunk scan not taken: the forward deltas it would read hold aux summaries,
+    AUTO_SCAN_AUX), while AUTO_STAGED_BACKWARD. H100, B = 2, H = 16, d = 64, bf16, fwd + bwd
+    at 16k / 64k (run 207): HLA3-masked (4 d^3) 13.0 -> 7.55 and 50.8 -> 29.3 ms (its walking
+    reverse pass was 7.06 of 13.1, its walking state pass 1.84: run 206); AHLA (d^3) slower,
+    2.92 -> 4.57 and 11.2 -> 17.8 -- its walks are short."""
+    fwd = ctx["forward"]
+    if not fwd["stageable_scan_macs"] or schedule not in ("staged", "auto"):
+        return False
+    if schedule == "staged":
+        return True
+    scans = first.shape[2] > 1 and not narrow_ok(first, fwd["state_chained_dots"])
+    one_stage = use_chunk_scan(schedule, fwd["chunk_scan"], first, fwd["state_chained_dots"])
+    return (AUTO_STAGED_BACKWARD and fwd["stageable_scan_macs"] >= STAGED_SCAN_MACS and scans
+            and not use_reverse_scan(schedule, one_stage, ctx["reverse_scan"]))
+
+
+AUTO_STAGED_BACKWARD = True
 
 
 # The reverse pass in two stages (``ir.scan.staged_reverse``) where a program has it, instead

@@ -16,7 +16,7 @@ from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime.backward_torch import check_backward_args
 
 
-@autotune.tunes_schedule(lambda a: backward_kernels(a["program"])[0].__name__)
+@autotune.tunes_schedule(lambda a: backward_kernels(a["program"])[0].__name__, ("fused", "two_pass", "scan", "staged"))
 def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                     init_states: dict[str, torch.Tensor], grad_o: torch.Tensor,
                     grad_final: dict[str, torch.Tensor] | None, eps: float,
@@ -40,9 +40,11 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     "fused" (one kernel per (sequence, head) walking the chunks backwards; programs
     without packed states), "scan" (the chunk-start states from the chunk-parallel state
     pass, and the reverse pass chunk-parallel too where the program has one:
-    ``launch.use_reverse_scan``; "staged" is "scan" here: two stages of a complete scan are a
-    forward's own, ``launch.forward_module``) or "auto" (fused on a GPU when there are enough
-    (sequence, head) pairs to fill it, else its state pass as forward_triton decides).
+    ``launch.use_reverse_scan``), "staged" (the complete chunk scan in two stages and the
+    reverse pass in two stages, where the program's scan splits so, else "scan":
+    ``launch.backward_module``) or "auto" (fused on a GPU when there are enough (sequence,
+    head) pairs to fill it, else its state pass as forward_triton decides, and the two-stage
+    module where the one-stage one's reverse pass would walk).
     targets_per_program:
     how many gradient target groups (token inputs, then Λ) one gradient program
     computes (default: launch.grad_target_sets' rule, one). seq_chunks: varlen, as for
@@ -55,15 +57,15 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     the gradient kernels (context parallelism's first backward step, runtime.context_parallel).
     kept: what ``keep_state_pass`` kept of the forward's run of step (a) below (the chunk-start
     states and the deltas the reverse scan reads), used where it fits this call's plan."""
-    module, ctx = backward_kernels(program)
-    fwd = ctx["forward"]
-    if schedule == "fused" and not ctx["fused"]:
+    if schedule == "fused" and not backward_kernels(program)[1]["fused"]:
         raise autotune.Unavailable(f"{program.algebra.name} has no fused backward (packed states)")
     first = tiles[next(iter(program.algebra.inputs))]
+    module, ctx, stage_complete = _module(program, schedule, first)
+    fwd = ctx["forward"]
     n_seq, heads, n_chunks = first.shape[:3]
     device = first.device
-    plan = _plan(program, ctx, first, precision, num_warps, reverse_block, schedule, targets_per_program,
-                 seq_chunks, reverse_only)
+    plan = _plan(program, ctx, stage_complete, first, precision, num_warps, reverse_block, schedule,
+                 targets_per_program, seq_chunks, reverse_only)
     walk, common, packed = plan.walk, plan.common, plan.packed
     check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, plan.walkers,
                         zero_init_ok=True)
@@ -144,13 +146,22 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     return d_tiles, d_lam, d_init
 
 
-def _plan(program, ctx, first, precision, num_warps, reverse_block, schedule, targets_per_program,
-          seq_chunks, reverse_only) -> "_BackwardPlan":
-    key = (id(program), tuple(first.shape[:4]), first.dtype, first.device, precision, num_warps,
-           reverse_block, schedule, targets_per_program, reverse_only)
+def _module(program, schedule: str, first) -> tuple:
+    """(module, context, stage_complete): the backward's kernels in the variant
+    ``launch.backward_module`` takes for this schedule and shape."""
+    module, ctx = backward_kernels(program)
+    if launch.backward_module(schedule, ctx, first):
+        return (*backward_kernels(program, stage_complete=True), True)
+    return module, ctx, False
+
+
+def _plan(program, ctx, stage_complete, first, precision, num_warps, reverse_block, schedule,
+          targets_per_program, seq_chunks, reverse_only) -> "_BackwardPlan":
+    key = (id(program), stage_complete, tuple(first.shape[:4]), first.dtype, first.device, precision,
+           num_warps, reverse_block, schedule, targets_per_program, reverse_only)
     return launch.remembered(_PLANS, key, lambda: _BackwardPlan(
         program, ctx, first, precision, num_warps, reverse_block, schedule, targets_per_program,
-        seq_chunks, fused_ok=not reverse_only), cacheable=seq_chunks is None)
+        seq_chunks, fused_ok=not reverse_only, stage_complete=stage_complete), cacheable=seq_chunks is None)
 
 
 def _state_pass(module, fwd, plan, program, tiles, lam, state_args: dict, scales, seq_chunks) -> tuple[dict, dict]:
@@ -198,8 +209,8 @@ class KeptStates:
 
 def _state_pass_form(plan) -> tuple:
     """What decides what a backward plan reads of its state pass, and their values."""
-    return (plan.chunk_scan, plan.scan_groups, plan.fused, getattr(plan, "reverse_scan", False),
-            plan.state_common["PREC"], plan.common["num_warps"])
+    return (plan.stage_complete, plan.chunk_scan, plan.scan_groups, plan.fused,
+            getattr(plan, "reverse_scan", False), plan.state_common["PREC"], plan.common["num_warps"])
 
 
 def keep_state_pass(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
@@ -212,10 +223,11 @@ def keep_state_pass(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     reads of it, the chunk-start states of the states the output reads, the final states
     {summary: [N, H, *shape] fp32}). The forward's output kernel reads those starts, so the
     call's state pass runs once: at T = 64k it is a sixth of hla2's fwd + bwd."""
-    module, ctx = backward_kernels(program)
-    fwd = ctx["forward"]
     first = tiles[next(iter(program.algebra.inputs))]
-    plan = _plan(program, ctx, first, precision, num_warps, None, schedule, None, seq_chunks, False)
+    module, ctx, stage_complete = _module(program, schedule, first)
+    fwd = ctx["forward"]
+    plan = _plan(program, ctx, stage_complete, first, precision, num_warps, None, schedule, None, seq_chunks,
+                 False)
     if lam is not None:
         lam = lam.to(device=first.device, dtype=torch.float32).contiguous()
     state_args, final = _state_buffers(fwd, program, init_states, (plan.walkers, first.shape[1]), first.device)
@@ -280,7 +292,7 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
     if n_groups == 1:
         launch.launch_narrowing(module.rscan_kernel, plan, "rscan_launch",
                                 {**args, **parts, **{k: deltas[k] for k in read}, **gate, **walking, **ONE_LEVEL,
-                                 "group_len": rows[2]}, True)
+                                 **_prefetch(rs), "group_len": rows[2]}, True)
         stage = rs["stage"]
         if stage:   # the upper d-states: each one's increment at every chunk, then their walk
             # (the first stage's parts no chunk-end cotangent was written over are free now)
@@ -293,7 +305,7 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
             args, upper_init, upper_ends = _rscan_buffers(ctx, stage, parts, state_args, grad_final, seq_chunks, rows)
             launch.launch_narrowing(module.rstage_scan_kernel, plan, "rstage_scan_launch",
                                     {**args, **parts, **gate, **plan.walk, **plan.common, **ONE_LEVEL,
-                                     "group_len": rows[2]}, True)
+                                     **_prefetch(stage), "group_len": rows[2]}, True)
             d_init.update(upper_init)
             dends.update(upper_ends)
         return d_init, dends, 1
@@ -319,6 +331,22 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
                             {**args, "HAS_DFINAL": True, **{f"dfinal_{n}": x for n, x in ends.items()}, **parts,
                              **read_now, **gate, **walking, **again}, True)
     return d_init, dends, 1
+
+
+def _rscan_launch(rs: dict, walkers: int, program, common: dict, first, reverse_block, staged: bool) -> tuple:
+    """A reverse scan kernel's (grid, block arguments, Tiling): blocks of its d-states' flat
+    layouts where its walk is elementwise (``rs["flat"]``), else blocks of its split dims;
+    in two stages each scan's blocks sized by its own d-states."""
+    names = tuple(s["name"] for s in rs["states"])
+    if rs["flat"]:
+        return launch.flat_scan_blocks(walkers, program, names)
+    return launch.split_blocks(walkers, rs["splits"], program, common, first, rs["scan_chained_dots"],
+                               reverse_block, states=names if staged else None)
+
+
+def _prefetch(rs: dict) -> dict:
+    """A flat reverse scan's PREFETCH argument (``launch.SCAN_PREFETCH``, as the forward's scans)."""
+    return {"PREFETCH": launch.SCAN_PREFETCH} if rs["flat"] else {}
 
 
 def _part_buffers(written: list, state_args: dict, rows: tuple, spare: list) -> dict:
@@ -428,8 +456,9 @@ class _BackwardPlan:
     launches (target sets, the groups each holds, parts)."""
 
     def __init__(self, program, ctx, first, precision, num_warps, reverse_block, schedule,
-                 targets_per_program, seq_chunks, fused_ok: bool = True):
+                 targets_per_program, seq_chunks, fused_ok: bool = True, stage_complete: bool = False):
         self.program = program      # keeps id(program) in the plan's key from being reused
+        self.stage_complete = stage_complete   # the module variant (launch.backward_module)
         fwd = ctx["forward"]
         n_seq, heads, n_chunks = first.shape[:3]
         device = first.device
@@ -460,16 +489,14 @@ class _BackwardPlan:
             self.rdelta_launch = launch.split_blocks((n_chunks, n_seq * heads), [], program, common, first,
                                                      rs["delta_chained_dots"])
             stage = rs["stage"]
-            self.rscan_launch = launch.split_blocks(walkers * heads, rs["splits"], program, common, first,
-                                                    rs["scan_chained_dots"], reverse_block,
-                                                    states=tuple(s["name"] for s in rs["states"]) if stage else None)
+            self.rscan_launch = _rscan_launch(rs, walkers * heads, program, common, first, reverse_block,
+                                              bool(stage))
             if stage:   # the second stage (triton_bwd._reverse_scan): increments as the forward's
                 self.rstage_launch = launch.split_blocks((n_chunks, n_seq * heads), [], program, common, first,
                                                          stage["delta_chained_dots"],
                                                          warps=launch.stage_warps(launch.feature_blocks(program, common)))
-                self.rstage_scan_launch = launch.split_blocks(walkers * heads, stage["splits"], program, common,
-                                                              first, stage["scan_chained_dots"], reverse_block,
-                                                              states=tuple(s["name"] for s in stage["states"]))
+                self.rstage_scan_launch = _rscan_launch(stage, walkers * heads, program, common, first,
+                                                        reverse_block, True)
             if self.scan_groups > 1 and rs["groupable"]:   # the groups' walks of the two-level scan
                 self.group_rscan_launch = launch.split_blocks(walkers * heads * self.scan_groups, rs["splits"],
                                                               program, common, first, rs["scan_chained_dots"],
