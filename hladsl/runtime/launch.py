@@ -37,7 +37,9 @@ Rules:
   (``use_fused``); its state pass chunk-parallel (deltas, then a scan over them) where
   the walking one cannot be split over the value dim (``use_chunk_scan``; its scan kernel
   prefetching the next chunk's deltas, ``SCAN_PREFETCH``), a forward's complete scan in two
-  stages where its sequential products are large (``forward_module``), and the
+  stages where its sequential products are large (``forward_module``), the backward's
+  too where its one-stage reverse pass would walk (``backward_module``: its reverse pass
+  then in two stages), and the
   backward's reverse pass chunk-parallel after it (``use_reverse_scan``), its cotangents
   written over its per-chunk parts where that is safe (``reverse_in_place``: memory);
   the backward's scans in two levels, groups of chunks then a walk over the groups,
