@@ -616,13 +616,36 @@ def test_the_backward_stages_its_complete_scan_where_its_reverse_pass_would_walk
     for schedule in ("scan", "two_pass", "fused"):
         assert not any(launch.backward_module(schedule, c, bf16) for c in contexts.values())
     assert not launch.backward_module("auto", contexts["hla3_masked"], _Tile(torch.float32, 4))
-    with launch.switched(AUTO_STAGED_BACKWARD=False):
-        assert not launch.backward_module("auto", contexts["hla3_masked"], bf16)
+    for switch in ("AUTO_STAGED_BACKWARD", "AUTO_STAGED_SCAN"):
+        with launch.switched(**{switch: False}):
+            assert not launch.backward_module("auto", contexts["hla3_masked"], bf16)
+            assert launch.backward_module("staged", contexts["hla3_masked"], bf16)
+    with launch.switched(STAGED_REVERSE=False):   # (its reverse pass would walk: the one-stage module)
+        assert not launch.backward_module("staged", contexts["hla2"], bf16)
+    # a complete scan that splits with a reverse pass that does not: one stage
+    assert not launch.backward_module("staged", {**contexts["hla2"], "staged_reverse": False}, bf16)
     # the variant's reverse pass: two stages, reading no forward delta
     staged = backward_context(chunk_program(hladsl.compile_spec("hla3_masked"), 64, (("d", 64), ("dv", 64)), True),
                               stage_complete=True)
     assert staged["forward"]["chunk_scan"]["stage"] and staged["reverse_scan"]["stage"]
     assert not contexts["hla3_masked"]["reverse_scan"]["stage"]
+
+
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "no-prefetch"])
+def test_the_two_stage_backward_over_flat_blocks(prefetch, launched, monkeypatch):
+    """The two-stage backward's reverse scans walk flat blocks that do not divide the d-states
+    (d x dv = 8 x 12 = 96 elements, blocks of 64: the second part masked), with and without
+    the prefetch of the next chunk's parts, over sequences some of which are empty (first,
+    middle, last: walkers with no chunk) -- outputs, final states and every gradient against
+    the float64 torch program."""
+    monkeypatch.setattr(launch, "FLAT_SCAN_BLOCK", 64)
+    monkeypatch.setattr(launch, "SCAN_PREFETCH", prefetch)
+    _check_scan_schedule("hla3_masked", {"normalize": True}, True, True, 12, (1, 70, 2, 8), 13,
+                         torch.tensor([0, 0, 21, 21, 22, 70, 70]), schedule="staged")
+    walkers = 6 * 2   # (sequences, heads)
+    for kernel in ("rscan_kernel", "rstage_scan_kernel"):
+        assert (kernel, (walkers, 2)) in launched.grids, kernel
+        assert dict(launched.args)[kernel]["PREFETCH"] is prefetch
 
 
 TWO_BLOCK_CASES = [(name, params, varlen, True) for name, params in
@@ -687,18 +710,20 @@ def test_scan_kernels_over_two_value_blocks(name, params, varlen, in_place, laun
     for s in init:
         assert rel(got[2][s], ref[2][s]) <= 1e-4, s
     # a d-state with the value dim is written over its own parts (each block reads and
-    # writes only its columns); one without it (read whole by every block) never is
+    # writes only its columns); one without it (read whole by every block) never is; in flat
+    # walks (two stages) every one is (each element is one program's)
     with_value_dim = {n for n, x in init.items() if x.shape[-1] == 32}   # dv = 32, d = 8
     for kernel in ("rscan_kernel", "rstage_scan_kernel") if staged else ("rscan_kernel",):
         args = dict(launched.args)[kernel]
-        shared = {n for n in init if f"rdeltas_{n}" in args
-                  and args[f"dends_{n}"].data_ptr() == args[f"rdeltas_{n}"].data_ptr()}
-        own = set() if varlen or not in_place else with_value_dim & {n for n in init if f"rdeltas_{n}" in args}
+        parted = {n for n in init if f"rdeltas_{n}" in args}
+        shared = {n for n in parted if args[f"dends_{n}"].data_ptr() == args[f"rdeltas_{n}"].data_ptr()}
+        own = set() if varlen or not in_place else (parted if staged else with_value_dim & parted)
         assert shared == own, kernel
         assert args.get("IN_PLACE") == bool(own)
         assert varlen or not in_place or shared
-    if staged:   # dP (with dv) over its parts, dSK and dSQ (without) in buffers of their own
+    if staged:   # the second stage: dSK, dSQ (without dv) over their parts too
         assert {n for n in init if f"rdeltas_{n}" in args} == {"SK", "SQ", "P"}
+        assert varlen or not in_place or not with_value_dim >= shared
 
 
 def test_the_reverse_scan_follows_the_chunk_scan():

@@ -127,6 +127,12 @@ def test_emit_chunk_prints_the_scan_plan():
     text = emit("hla3", "chunk_bwd", {}, None)
     assert ("staged reverse scan: dG1, dG2, dG3 scanned first; then every chunk's increment of dSK, dSQ, dP "
             "at once (12 networks read only dG1, dG2, dG3 at the chunk end), then their carries scanned") in text
+    assert "after a state pass in two stages" not in text   # (HLA3's scan has two stages only)
+    text = emit("hla3_masked", "chunk_bwd", {}, None)   # one stage, and two after the complete scan's two
+    assert "reverse scan: 5 d-state networks every chunk at once" in text
+    assert ("after a state pass in two stages, staged reverse scan: dH scanned first; then every chunk's "
+            "increment of dS, dP at once (4 networks read only dH at the chunk end), then their carries "
+            "scanned") in text
 
 
 @pytest.mark.parametrize("name,gated,dv,block", [("hla2", True, 8, None), ("hla2", False, 8, None),

@@ -376,6 +376,9 @@ def backward_context(program: ChunkProgram, stage_complete: bool = False) -> dic
         "grad_groups": groups,
         "fused": None if fused is None else {**fused, "reads": [info(n) for n in fused["reads"]]},
         "reverse_scan": _reverse_scan(low, bwd, fwd, info),   # fresh kernel regions
+        # the reverse pass splits in two stages: what a module whose state pass runs the
+        # complete scan in two stages runs after it (launch.backward_module)
+        "staged_reverse": staged_reverse(bwd) is not None,
     }
 
 
@@ -385,7 +388,8 @@ def _reverse_scan(low: _BwdLowering, bwd, fwd: dict, info) -> dict | None:
     chunk-start states), then ``rscan_kernel`` walks the chunks last to first applying only
     the carry networks and, in one stage (``ir.scan.reverse_scan``), the scan networks
     (chunk-end cotangent x a forward chunk delta: no token load, no chained dot, so its value
-    dim can be split). In two stages (``ir.scan.staged_reverse``: HLA3), those two kernels
+    dim can be split). In two stages (``ir.scan.staged_reverse``: HLA3's, and any program's
+    after the complete scan in two stages, ``backward_context(stage_complete=True)``), those two kernels
     run the lower d-states alone and ``stage`` holds the second's: ``rstage_kernel``, every
     chunk's increment of each upper d-state (its parallel and cross networks, the latter
     reading the lower d-states' stored chunk ends and the chunk-start states), one launch a
@@ -398,11 +402,11 @@ def _reverse_scan(low: _BwdLowering, bwd, fwd: dict, info) -> dict | None:
         buffers = {b["name"]: b for b in fwd["chunk_scan"]["buffers"]}
         first = _rdelta_context(low, list(split.parallel), states, info)
         ctx = {**first, **_rscan_context(low, bwd, list(split.carry + split.scan), states, first["written"],
-                                         info, [buffers[n] for n in split.deltas])}
+                                         info, [buffers[n] for n in split.deltas], flat_ok=False)}
         # a group's map d(end) -> d(start) is one step's at the group's forward delta, where
         # a step reads forward deltas alone (no start states) that the forward groups
         # and every d-state has a part buffer (a group's own part of each is what it passes on)
-        ctx.update(starts=[info(n) for n in states if n in split.starts], stage=None, flat=False,
+        ctx.update(starts=[info(n) for n in states if n in split.starts], stage=None,
                    groupable=fwd["chunk_scan"]["groupable"] and not split.starts and set(states) <= set(
                        s["name"] for s in ctx["written"]))
         return ctx
@@ -444,15 +448,16 @@ def _rdelta_context(low: _BwdLowering, parallel: list, states: list, info) -> di
 
 
 def _rscan_context(low: _BwdLowering, bwd, walked: list, states: list, written: list, info,
-                   deltas: list | None = None) -> dict:
+                   deltas: list | None = None, flat_ok: bool = True) -> dict:
     """A reverse scan kernel's code: its d-states ``states`` walked last to first through the
     ``walked`` networks (carry, and one stage's scan networks reading the forward chunk
-    ``deltas``), each chunk's own part (``written``, by the delta kernel before it) added."""
+    ``deltas``), each chunk's own part (``written``, by the delta kernel before it) added.
+    ``flat_ok``: it may walk flat layouts (not the one-stage scan: its groups' walks split)."""
     # a walk of carry networks alone (each d-state's decayed chunk-end cotangent: no forward
     # delta, no product, no index moved) is elementwise: it walks the flat layouts in blocks,
     # as the forward's flat scans do
-    flat = not deltas and all(all(o.kind is Kind.COTANGENT for o in g.term.operands) and not g.broadcast
-                              for g in walked)
+    flat = flat_ok and not deltas and all(all(o.kind is Kind.COTANGENT for o in g.term.operands)
+                                          and not g.broadcast for g in walked)
     low.region()
     scan_defs: dict = {}
     for b in deltas or []:   # a forward chunk summary no state holds: its axes' dims
@@ -474,9 +479,10 @@ def _rscan_context(low: _BwdLowering, bwd, walked: list, states: list, written: 
     splits = [o] if all(list(low.state_dims[n]).count(o) <= 1 for n in states) and all(
         low.keeps_free(g, o) for g in walked) else []
     # a d-state every program of the scan reads and writes in its own tiles alone (it has
-    # every split dim) may have its chunk-end cotangents written over its parts: each chunk's
-    # part is loaded before a barrier, its cotangent stored after it (run-time's choice)
-    in_place = [n for n in states if n in has_part and all(d in low.state_dims[n] for d in splits)]
+    # every split dim; flat: every one) may have its chunk-end cotangents written over its
+    # parts: each chunk's part is loaded before a barrier, its cotangent stored after it
+    # (run-time's choice)
+    in_place = [n for n in states if n in has_part and (flat or all(d in low.state_dims[n] for d in splits))]
     return {"deltas": deltas or [], "in_place": in_place, "splits": splits, "flat": flat, "scan_code": scan_code,
             "scan_chained_dots": low.block.chained,
             "states": [info(n, own=owned_mask(n, low.state_dims[n], splits), end=ends[n]) for n in states]}

@@ -9,7 +9,7 @@ skipped). Candidates run on scratch copies of the kernel's tensors
 (``scratch_copies``), so a kernel that writes in place or accumulates never
 touches the caller's buffers while it is timed; the winner then runs once on the
 real ones. Runners decorated with ``tunes_schedule`` time their "fused", "two_pass"
-and "scan" schedules (the forward's "staged" too) the same way when asked for "auto".
+and "scan" schedules (and "staged") the same way when asked for "auto".
 
 Winners are kept in ``<cache dir>/autotune.json`` (``$HLADSL_CACHE_DIR``, default
 ``~/.cache/hladsl``), keyed by the GPU's name, the generated module (its name holds
@@ -228,7 +228,7 @@ def scratch_copies(args: dict) -> dict:
 
 def tunes_schedule(source: Callable[[dict], str], schedules=("fused", "two_pass", "scan")):
     """Decorates a runner with a ``schedule`` argument: under a tuning session
-    "auto" becomes the fastest of ``schedules`` (the forward's add "staged") for the shape class
+    "auto" becomes the fastest of ``schedules`` (the forward and backward add "staged") for the shape class
     (``source(arguments)`` names the generated module, for the key). The runner
     allocates its outputs, so the trial runs leave the caller's tensors alone."""
     def wrap(runner):

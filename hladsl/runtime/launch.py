@@ -406,8 +406,8 @@ def use_chunk_scan(schedule: str, chunk_scan: dict | None, first, walk_chained: 
     dim (chained bf16 / fp16 dots, ``state_blocks``): it then walks with one program per
     (sequence, head) -- hla2 at B = 2, H = 16: 32 programs on 132 SMs, 85 % of its forward --
     while the scan kernel, with no token work and no chained dots, splits. "staged" is "scan"
-    here: a forward's two stages are its module's (``forward_module``); the backward's state
-    pass is one stage where the program's scan has one."""
+    here: two stages of a complete scan are a module's of their own (a forward's,
+    ``forward_module``; the backward's, ``backward_module``)."""
     if schedule in ("scan", "staged"):
         if not chunk_scan:
             raise autotune.Unavailable("this program has no chunk-parallel state pass (a state is packed, "
@@ -538,24 +538,25 @@ def backward_module(schedule: str, ctx: dict, first) -> bool:
     """Whether the backward takes the module whose recomputed state pass is the complete
     chunk scan in two stages and whose reverse pass is then the two-stage one
     (``triton_bwd.backward_context(stage_complete=True)``), from its one-stage module's
-    context: "staged" takes it where the program's complete scan splits so; "auto" where,
-    besides, its sequential products reach STAGED_SCAN_MACS a chunk and head (as
-    ``forward_module``), a chunk scan would run (``use_chunk_scan``'s test: a walk that
-    splits its value dim walks) and the one-stage module's reverse pass would walk (its
-    chunk scan not taken: the forward deltas it would read hold aux summaries,
-    AUTO_SCAN_AUX), while AUTO_STAGED_BACKWARD. H100, B = 2, H = 16, d = 64, bf16, fwd + bwd
+    context: "staged" takes it where the program's complete scan and its reverse pass split
+    so (and STAGED_REVERSE); "auto" where, besides, its sequential products reach
+    STAGED_SCAN_MACS a chunk and head (as ``forward_module``), a chunk scan would run
+    (``use_chunk_scan``'s test: a walk that splits its value dim walks) and the one-stage
+    module's reverse pass would walk (its chunk scan not taken: the forward deltas it would
+    read hold aux summaries, AUTO_SCAN_AUX), while AUTO_STAGED_BACKWARD and AUTO_STAGED_SCAN. H100, B = 2, H = 16, d = 64, bf16, fwd + bwd
     at 16k / 64k (run 207): HLA3-masked (4 d^3) 13.0 -> 7.55 and 50.8 -> 29.3 ms (its walking
     reverse pass was 7.06 of 13.1, its walking state pass 1.84: run 206); AHLA (d^3) slower,
     2.92 -> 4.57 and 11.2 -> 17.8 -- its walks are short."""
     fwd = ctx["forward"]
-    if not fwd["stageable_scan_macs"] or schedule not in ("staged", "auto"):
+    if (not fwd["stageable_scan_macs"] or not ctx["staged_reverse"] or not STAGED_REVERSE
+            or schedule not in ("staged", "auto")):
         return False
     if schedule == "staged":
         return True
     scans = first.shape[2] > 1 and not narrow_ok(first, fwd["state_chained_dots"])
     one_stage = use_chunk_scan(schedule, fwd["chunk_scan"], first, fwd["state_chained_dots"])
-    return (AUTO_STAGED_BACKWARD and fwd["stageable_scan_macs"] >= STAGED_SCAN_MACS and scans
-            and not use_reverse_scan(schedule, one_stage, ctx["reverse_scan"]))
+    return (AUTO_STAGED_BACKWARD and AUTO_STAGED_SCAN and fwd["stageable_scan_macs"] >= STAGED_SCAN_MACS
+            and scans and not use_reverse_scan(schedule, one_stage, ctx["reverse_scan"]))
 
 
 AUTO_STAGED_BACKWARD = True

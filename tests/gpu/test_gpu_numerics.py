@@ -114,6 +114,13 @@ def test_forward_backward_matches_fp32_reference(spec, variant, d, record_proper
         chunks.append(chunk_for(*args, **kwargs))
         return chunks[-1]
     monkeypatch.setattr(launch, "chunk_for", recorded)
+    staged_backward = []   # launch.backward_module's choices ("auto": the two-stage backward where it walks)
+    backward_module = launch.backward_module
+
+    def chosen(*args, **kwargs):
+        staged_backward.append(backward_module(*args, **kwargs))
+        return staged_backward[-1]
+    monkeypatch.setattr(launch, "backward_module", chosen)
     gen = generator(1000 + d)
     op = load(spec, "auto", variant.normalize)
     ref = load(spec, "torch", variant.normalize)
@@ -130,6 +137,10 @@ def test_forward_backward_matches_fp32_reference(spec, variant, d, record_proper
         pytest.xfail(f"checked through the torch fallback, not generated kernels: {fallbacks[0]}")
     if variant.schedule == "auto" and variant != AUTO_GATED:   # (gated at d = 64: C = 64)
         assert launch.LONG_CHUNK in chunks, chunks
+    if variant == AUTO_GATED:   # HLA3-masked's scan products reach launch.STAGED_SCAN_MACS at d = 64
+        assert any(staged_backward) == (spec.id == "hla3_masked"), staged_backward
+    if variant.schedule == "staged":
+        assert all(staged_backward) and staged_backward, staged_backward
 
 
 # ------------------------------------------------------------------ wide value-free states
