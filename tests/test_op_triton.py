@@ -209,13 +209,15 @@ def test_bf16_on_the_interpreter_matches_the_torch_backend(name):
         assert ((got.grad.double() - want.grad).norm() / want.grad.norm()).item() < 2e-2
 
 
-@pytest.mark.parametrize("name,params,with_final", [("hla2", {}, True), ("linear", {"normalize": True}, False),
-                                                    ("power", {}, True)])
-def test_carry_gradient_stops_after_the_reverse_pass(name, params, with_final):
+@pytest.mark.parametrize("name,params,with_final,schedule", [
+    ("hla2", {}, True, "auto"), ("linear", {"normalize": True}, False, "auto"), ("power", {}, True, "auto"),
+    ("hla3_masked", {"normalize": True}, True, "staged")])
+def test_carry_gradient_stops_after_the_reverse_pass(name, params, with_final, schedule):
     """``Op.carry_grad_impl`` (context parallelism's first backward step): the initial
     state's gradient from the output's cotangent and, where given, the final states',
     without the gradient kernels, on the generated kernels as from torch's autograd of
-    the whole op (gated, float32)."""
+    the whole op (gated, float32); "staged": after the complete scan in two stages, the
+    reverse pass in two stages (``launch.backward_module``)."""
     from hladsl.runtime import triton_backward
     gen = torch.Generator().manual_seed(3)
     B, T, H, d = 2, 37, 2, 8
@@ -239,15 +241,18 @@ def test_carry_gradient_stops_after_the_reverse_pass(name, params, with_final):
         return spy
     for name_, real in launchers.items():
         setattr(triton_backward.launch, name_, spying(real))
+    op.schedule = schedule
     try:
         got = op.carry_grad_impl([q, k, v], g, None, [x.detach() for x in init.values()], w_o,
                                  [w_f[n] for n in shapes] if with_final else None)
     finally:
+        op.schedule = "auto"   # (hladsl.load is memoised)
         for name_, real in launchers.items():
             setattr(triton_backward.launch, name_, real)
     for a, b in zip(got, want):
         assert ((a - b).norm() / b.norm()).item() < 1e-4
     assert {"reverse_kernel", "rscan_kernel"} & set(ran) and "grad_kernel" not in ran, ran
+    assert ("stage_kernel" in ran and "rstage_scan_kernel" in ran) == (schedule == "staged"), ran
 
 
 @pytest.mark.parametrize("name,schedule", [("hla2", "auto"), ("power", "auto"), ("hla3", "scan")])
