@@ -565,9 +565,9 @@ def test_programs_without_a_chunk_scan_refuse_the_schedule(name, params):
         forward_triton(program, tiles, None, None, 1e-6, schedule="scan")
 
 
-class _Tile:
+class _Tile:   # [N, H, nC, C, d] of a token input
     def __init__(self, dtype, chunks):
-        self.dtype, self.shape, self.device = dtype, (2, 16, chunks, 64), torch.device("cuda")
+        self.dtype, self.shape, self.device = dtype, (2, 16, chunks, 64, 64), torch.device("cuda")
 
 
 def test_auto_takes_the_chunk_scan_where_the_walk_cannot_split(monkeypatch):
@@ -616,6 +616,10 @@ def test_the_backward_stages_its_complete_scan_where_its_reverse_pass_would_walk
     for schedule in ("scan", "two_pass", "fused"):
         assert not any(launch.backward_module(schedule, c, bf16) for c in contexts.values())
     assert not launch.backward_module("auto", contexts["hla3_masked"], _Tile(torch.float32, 4))
+    wide = _Tile(torch.bfloat16, 4)
+    wide.shape = (2, 16, 4, 64, 128)   # [N, H, nC, C, d]: d = 128, not yet timed
+    assert not launch.backward_module("auto", contexts["hla3_masked"], wide)
+    assert launch.backward_module("staged", contexts["hla3_masked"], wide)
     for switch in ("AUTO_STAGED_BACKWARD", "AUTO_STAGED_SCAN"):
         with launch.switched(**{switch: False}):
             assert not launch.backward_module("auto", contexts["hla3_masked"], bf16)

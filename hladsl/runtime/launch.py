@@ -543,7 +543,8 @@ def backward_module(schedule: str, ctx: dict, first) -> bool:
     STAGED_SCAN_MACS a chunk and head (as ``forward_module``), a chunk scan would run
     (``use_chunk_scan``'s test: a walk that splits its value dim walks) and the one-stage
     module's reverse pass would walk (its chunk scan not taken: the forward deltas it would
-    read hold aux summaries, AUTO_SCAN_AUX), while AUTO_STAGED_BACKWARD and AUTO_STAGED_SCAN. H100, B = 2, H = 16, d = 64, bf16, fwd + bwd
+    read hold aux summaries, AUTO_SCAN_AUX) and the token features are at most
+    STAGED_BACKWARD_MAX_DIM wide, while AUTO_STAGED_BACKWARD and AUTO_STAGED_SCAN. H100, B = 2, H = 16, d = 64, bf16, fwd + bwd
     at 16k / 64k (run 207): HLA3-masked (4 d^3) 13.0 -> 7.55 and 50.8 -> 29.3 ms (its walking
     reverse pass was 7.06 of 13.1, its walking state pass 1.84: run 206); AHLA (d^3) slower,
     2.92 -> 4.57 and 11.2 -> 17.8 -- its walks are short."""
@@ -556,10 +557,14 @@ def backward_module(schedule: str, ctx: dict, first) -> bool:
     scans = first.shape[2] > 1 and not narrow_ok(first, fwd["state_chained_dots"])
     one_stage = use_chunk_scan(schedule, fwd["chunk_scan"], first, fwd["state_chained_dots"])
     return (AUTO_STAGED_BACKWARD and AUTO_STAGED_SCAN and fwd["stageable_scan_macs"] >= STAGED_SCAN_MACS
-            and scans and not use_reverse_scan(schedule, one_stage, ctx["reverse_scan"]))
+            and scans and first.shape[4] <= STAGED_BACKWARD_MAX_DIM
+            and not use_reverse_scan(schedule, one_stage, ctx["reverse_scan"]))
 
 
 AUTO_STAGED_BACKWARD = True
+# measured at d = 64 only (runs 207, 208): wider features keep one stage under "auto" until timed
+# (AHLA's products reach STAGED_SCAN_MACS at d = 128, where its two-stage forward wins, run 175)
+STAGED_BACKWARD_MAX_DIM = 64
 
 
 # The reverse pass in two stages (``ir.scan.staged_reverse``) where a program has it, instead
