@@ -453,20 +453,14 @@ def _rscan_context(low: _BwdLowering, bwd, walked: list, states: list, written: 
     ``walked`` networks (carry, and one stage's scan networks reading the forward chunk
     ``deltas``), each chunk's own part (``written``, by the delta kernel before it) added.
     ``flat_ok``: it may walk flat layouts (not the one-stage scan: its groups' walks split)."""
-    # a walk of carry networks alone (each d-state's decayed chunk-end cotangent: no forward
-    # delta, no product, no index moved) is elementwise: it walks the flat layouts in blocks,
-    # as the forward's flat scans do
-    flat = flat_ok and not deltas and all(all(o.kind is Kind.COTANGENT for o in g.term.operands)
-                                          and not g.broadcast for g in walked)
+    # a walk of carry networks alone (each d-state's decayed chunk-end cotangent) is
+    # elementwise: it walks the flat layouts in blocks, as the forward's flat scans do
+    flat = flat_ok and not deltas and all(map(_elementwise, walked))
     low.region()
     scan_defs: dict = {}
     for b in deltas or []:   # a forward chunk summary no state holds: its axes' dims
         low.state_dims.setdefault(b["name"], tuple(b["dims"]))
     _, scan_code, scan_written = _reverse_code(low, walked, scan_defs, flat)
-    if flat and re.search(r"\b_dot\(|\boffs_|tl\.trans|\[:, None\]|\[None, :\]", scan_code):
-        flat = False   # (not elementwise after all: the tiled walk)
-        low.region()
-        _, scan_code, scan_written = _reverse_code(low, walked, scan_defs)
     if scan_defs:
         raise ValueError(f"{bwd.forward.algebra.name}: a carry or scan network of the reverse pass "
                          f"reads the tokens")
@@ -504,6 +498,14 @@ def _sums_split_partially(low: _BwdLowering, reverse, dim: str) -> bool:
         if len(along) > 1 or (along and along[0] not in g.cotangent.indices):
             return False
     return True
+
+
+def _elementwise(g: GradTerm) -> bool:
+    """Is ``g`` its own d-state's chunk-end cotangent, scaled (a carry network: no other
+    operand, no index moved or broadcast)?"""
+    ops = g.term.operands
+    return (len(ops) == 1 and ops[0].name == f"end_{g.name}" and ops[0].indices == g.term.output
+            and not g.broadcast)
 
 
 def _reverse_code(low: _BwdLowering, reverse, defs, flat: bool = False) -> tuple[str, str, list[str]]:

@@ -544,8 +544,8 @@ def backward_module(schedule: str, ctx: dict, first) -> bool:
     (``use_chunk_scan``'s test: a walk that splits its value dim walks) and the one-stage
     module's reverse pass would walk (its chunk scan not taken: the forward deltas it would
     read hold aux summaries, AUTO_SCAN_AUX) and the token features are at most
-    STAGED_BACKWARD_MAX_DIM wide, while AUTO_STAGED_BACKWARD and AUTO_STAGED_SCAN. H100, B = 2, H = 16, d = 64, bf16, fwd + bwd
-    at 16k / 64k (run 207): HLA3-masked (4 d^3) 13.0 -> 7.55 and 50.8 -> 29.3 ms (its walking
+    STAGED_BACKWARD_MAX_DIM wide, while AUTO_STAGED_BACKWARD and AUTO_STAGED_SCAN.
+    H100, B = 2, H = 16, d = 64, bf16, fwd + bwd at 16k / 64k (run 207): HLA3-masked (4 d^3) 13.0 -> 7.55 and 50.8 -> 29.3 ms (its walking
     reverse pass was 7.06 of 13.1, its walking state pass 1.84: run 206); AHLA (d^3) slower,
     2.92 -> 4.57 and 11.2 -> 17.8 -- its walks are short."""
     fwd = ctx["forward"]
