@@ -4,7 +4,8 @@ backward) for sm_90, without a GPU: the launches of ``forward_triton`` and
 compiled with Triton's own ptxas the way that launch would specialise it.
 
     python benchmarks/compile_probe.py hla2 [--d 64] [--chunk 64] [--schedule scan|staged] [--ungated]
-        [--pairs 32] [--sms 132] [--forward] [--out probe.json]
+        [--pairs 32] [--sms 132] [--forward] [--only grad_kernel] [--launch NAME=VALUE ...]
+        [--out probe.json]
 
 ``--pairs`` (sequence, head) pairs on a GPU of ``--sms`` SMs: the launch rules pick the block
 widths of that call (hla2's scan at d = 128: 32 pairs on 132 SMs give blocks of 32), not of
@@ -123,8 +124,15 @@ def main() -> int:
     parser.add_argument("--forward", action="store_true", help="the forward's kernels only")
     parser.add_argument("--pairs", type=int, default=2, help="(sequence, head) pairs of the call")
     parser.add_argument("--sms", type=int, default=132, help="SMs of the GPU the widths are chosen for")
+    parser.add_argument("--launch", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="launch rule constants set while recording (as hladsl bench's)")
+    parser.add_argument("--only", default=None, metavar="KERNEL",
+                        help="compile only the launches of this kernel (e.g. grad_kernel)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
+    from hladsl.bench import parse_switches
+    for name, value in parse_switches(args.launch).items():
+        launch.switch(name, value)
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the probe compiles real kernels")
     # a fresh Triton cache unless one is given: cached kernels would time as 0 s
@@ -133,7 +141,10 @@ def main() -> int:
     rows = []
     for kernel, kargs in record(args.spec, params, args.d, not args.ungated, args.chunk,
                                  args.schedule, args.pairs, args.sms, not args.forward):
-        row = dict(spec=args.spec, d=args.d, chunk=args.chunk, gated=not args.ungated, **compile_one(kernel, kargs))
+        if args.only and kernel.fn.__name__ != args.only:
+            continue
+        which = {k: kargs[k] for k in ("TARGETS", "PART", "PARTS") if k in kargs}
+        row = dict(**which, spec=args.spec, d=args.d, chunk=args.chunk, gated=not args.ungated, **compile_one(kernel, kargs))
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out:

@@ -69,6 +69,7 @@ def test_every_target_grouping_gives_the_same_gradients(name, params, gated, sch
     for per, networks in ((None, None), (2, 1), (1, 3), (64, 1000)):
         if networks:   # every group in parts of ``networks``
             monkeypatch.setattr(launch, "GRAD_WHOLE_MAX_MATMULS", -1)
+            monkeypatch.setattr(launch, "GRAD_LAM_WHOLE_MAX_MATMULS", -1)
             monkeypatch.setattr(launch, "GRAD_NETWORKS_PER_PROGRAM", networks)
         results.append(backward_triton(program, f32(tiles), lam.float(), f32(init), grad_o.float(),
                                        f32(grad_final), alg.eps, schedule=schedule, targets_per_program=per))
@@ -162,3 +163,25 @@ def test_part_test_is_membership():
                         got = bool(eval(test, {"PARTS": parts, "PART": part}))
                         empty = not any(n * parts // count == part for n in range(count))
                         assert got == want or (parts > count and got and empty), (nets, count, parts, part)
+
+
+@pytest.mark.parametrize("name,gated,parts", [
+    ("linear", True, [1, 1, 1, 1]),               # dΛ: 5 matmuls, under Λ's own limit
+    ("hla2", False, [1, 1, 1]),
+    ("hla3_masked", False, [1, 1, 1]),            # dq 47 matmuls: whole (runs 211, 212)
+    ("hla3_masked", True, [1, 1, 1, 8]),          # dΛ 52 matmuls of 32 networks: runs of 4
+    ("hla3", False, [9, 11, 1]),                  # dq, dk past GRAD_WHOLE_MAX_MATMULS: runs of 4
+])
+def test_token_groups_run_whole_and_large_lam_groups_in_runs(name, gated, parts):
+    """The gradient launches a backward plan holds (launch.grad_parts): a token input's group
+    whole up to GRAD_WHOLE_MAX_MATMULS, Λ's only up to GRAD_LAM_WHOLE_MAX_MATMULS (whole it
+    holds its networks' [C, C] tiles at once and spills), each beyond in runs of
+    GRAD_NETWORKS_PER_PROGRAM networks."""
+    from hladsl.codegen.triton_bwd import backward_kernels
+    from hladsl.runtime.triton_backward import _BackwardPlan
+    program = chunk_program(hladsl.compile_spec(name), 64, (("d", 64), ("dv", 64)), gated)
+    _, ctx = backward_kernels(program)
+    first = torch.zeros(2, 16, 4, 64, 64, dtype=torch.bfloat16)
+    plan = _BackwardPlan(program, ctx, first, None, 4, None, "two_pass", None, None)
+    assert [p for _, _, p in plan.grad_launches] == parts
+    assert [1 << n for n in range(len(parts))] == [t for t, _, _ in plan.grad_launches]

@@ -1073,27 +1073,34 @@ def grad_target_sets(groups: int, per_program: int | None = None) -> list[int]:
     return [((1 << min(per, groups - g)) - 1) << g for g in range(0, groups, per)]
 
 
-GRAD_WHOLE_MAX_MATMULS = 4
-GRAD_NETWORKS_PER_PROGRAM = 4     # runs of 2 until round 12 (timed: grad_parts)
+GRAD_WHOLE_MAX_MATMULS = 48        # a token input's group whole up to this many (4 until round 30)
+GRAD_LAM_WHOLE_MAX_MATMULS = 8     # Λ's group whole up to this many
+GRAD_NETWORKS_PER_PROGRAM = 4      # a parted group's runs (runs of 2 until round 12)
 
 
-def grad_parts(networks: int, matmuls: int) -> int:
-    """How many programs share one gradient target's ``networks``. A group whose
-    code (its networks reusing each other's products) has at most
-    GRAD_WHOLE_MAX_MATMULS full-width matmuls runs whole, in one program; a larger
-    one in contiguous runs of GRAD_NETWORKS_PER_PROGRAM networks, each run computing the
-    products its networks read (once, shared among them: ``triton_bwd._parted_code``; before
-    round 22 each network its own: ungated hla3 320 dots a chunk, 245 now, 184 whole),
-    their partial gradients summed afterwards (one more [C, dim] fp32
-    write and read each). Round 4 chose runs of 2 by sm_90 stack bytes (whole -> runs
-    of 2: hla2 dq (15 matmuls) 2216 -> <= 176, dΛ (22) 3800 -> <= 248). Timed on the H100
-    (runs 75, 76; B = 2, H = 16, d = 64, bf16, fwd + bwd at T = 64k): runs of 4 beat runs
-    of 2 for every spec (hla2 27.5 -> 24.9 ms, ahla 17.8 -> 14.4, hla3_masked -11 %;
-    runs of 1: hla2 32.7) although they spill more: fewer recomputed shared products win.
-    Whole groups win again for ahla (-19 %) and hla3_masked (-10 %) but lose for hla2
-    (+5 %), whose groups have the same matmul counts, sharing and spills as ahla's, so
-    GRAD_WHOLE_MAX_MATMULS stays 4 (a per-shape choice for timing, not a static rule)."""
-    if matmuls <= GRAD_WHOLE_MAX_MATMULS:
+def grad_parts(networks: int, matmuls: int, lam: bool = False) -> int:
+    """How many programs share one gradient target's ``networks``. A group whose code
+    (its networks reusing each other's products) has at most GRAD_WHOLE_MAX_MATMULS
+    full-width matmuls -- GRAD_LAM_WHOLE_MAX_MATMULS for Λ's group (``lam``) -- runs
+    whole, in one program; a larger one in contiguous runs of GRAD_NETWORKS_PER_PROGRAM
+    networks, each run computing the products its networks read (once, shared among them:
+    ``triton_bwd._parted_code``), their partial gradients summed afterwards (one more
+    [C, dim] fp32 write and read each).
+
+    Why the two limits (H100, B = 2, H = 16, d = 64, bf16, fwd + bwd; runs 211, 212): the
+    runs recompute what their networks share -- each run of hla3_masked's dq needs 24-30 of
+    the group's 47 matmuls, 162 over its six runs -- so a token input's group whole beats
+    runs of 4 for every spec that has one past 4 matmuls: ungated hla3_masked 6.19 -> 4.26
+    ms at 16k, 23.94 -> 16.53 at 64k; ahla 3.10 -> 2.53, 11.19 -> 9.61; hla2 4.72 -> 4.54,
+    18.0 -> 17.09 (in round 12, before the runs shared products, whole lost for hla2).
+    Λ's group is different: its networks hold [C, C] fp32 tiles (decay-mask gradients
+    beside their products), and whole it spills -- hla2's 3000 B of stack on sm_90 against
+    at most 520 B in runs (``benchmarks/compile_probe.py --only grad_kernel``) -- so gated,
+    every group whole lost (hla3_masked 9.40 -> 15.77 ms at 16k, hla2 6.97 -> 8.97), except
+    linear's 5-matmul Λ group (2.40 -> 2.02). GRAD_WHOLE_MAX_MATMULS caps a whole group at
+    the largest measured (hla3_masked's dq, 47): hla3's dq and dk (70, 84) compile for minutes
+    whole and run in parts."""
+    if matmuls <= (GRAD_LAM_WHOLE_MAX_MATMULS if lam else GRAD_WHOLE_MAX_MATMULS):
         return 1
     return max(1, -(-networks // GRAD_NETWORKS_PER_PROGRAM))
 

@@ -515,5 +515,6 @@ class _BackwardPlan:
         self.grad_launches = []
         for targets in launch.grad_target_sets(len(groups), targets_per_program):
             held = [g for n, g in enumerate(groups) if targets >> n & 1]
-            parts = launch.grad_parts(max(g["networks"] for g in held), sum(g["matmuls"] for g in held))
+            parts = launch.grad_parts(max(g["networks"] for g in held), sum(g["matmuls"] for g in held),
+                                      lam=any(g["input"] is None for g in held))
             self.grad_launches.append((targets, held, parts))
