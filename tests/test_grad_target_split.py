@@ -69,7 +69,6 @@ def test_every_target_grouping_gives_the_same_gradients(name, params, gated, sch
     for per, networks in ((None, None), (2, 1), (1, 3), (64, 1000)):
         if networks:   # every group in parts of ``networks``
             monkeypatch.setattr(launch, "GRAD_WHOLE_MAX_MATMULS", -1)
-            monkeypatch.setattr(launch, "GRAD_LAM_WHOLE_MAX_MATMULS", -1)
             monkeypatch.setattr(launch, "GRAD_NETWORKS_PER_PROGRAM", networks)
         results.append(backward_triton(program, f32(tiles), lam.float(), f32(init), grad_o.float(),
                                        f32(grad_final), alg.eps, schedule=schedule, targets_per_program=per))
@@ -166,22 +165,56 @@ def test_part_test_is_membership():
 
 
 @pytest.mark.parametrize("name,gated,parts", [
-    ("linear", True, [1, 1, 1, 1]),               # dΛ: 5 matmuls, under Λ's own limit
-    ("hla2", False, [1, 1, 1]),
-    ("hla3_masked", False, [1, 1, 1]),            # dq 47 matmuls: whole (runs 211, 212)
-    ("hla3_masked", True, [1, 1, 1, 8]),          # dΛ 52 matmuls of 32 networks: runs of 4
-    ("hla3", False, [9, 11, 1]),                  # dq, dk past GRAD_WHOLE_MAX_MATMULS: runs of 4
+    ("linear", True, [1, 1, 1, 1]),
+    ("hla2", True, [1, 1, 1, 1]),
+    ("hla3_masked", True, [1, 1, 1, 8]),          # dΛ: 52 matmuls of 32 networks, runs of 4
+    ("hla3", False, [9, 11, 1]),                  # dq, dk past GRAD_WHOLE_MAX_MATMULS
 ])
-def test_token_groups_run_whole_and_large_lam_groups_in_runs(name, gated, parts):
-    """The gradient launches a backward plan holds (launch.grad_parts): a token input's group
-    whole up to GRAD_WHOLE_MAX_MATMULS, Λ's only up to GRAD_LAM_WHOLE_MAX_MATMULS (whole it
-    holds its networks' [C, C] tiles at once and spills), each beyond in runs of
-    GRAD_NETWORKS_PER_PROGRAM networks."""
+def test_groups_start_whole_up_to_the_matmul_limit(name, gated, parts):
+    """The gradient launches a backward plan holds (launch.grad_parts): a group whole up to
+    GRAD_WHOLE_MAX_MATMULS, a larger one in runs of GRAD_NETWORKS_PER_PROGRAM networks."""
     from hladsl.codegen.triton_bwd import backward_kernels
     from hladsl.runtime.triton_backward import _BackwardPlan
     program = chunk_program(hladsl.compile_spec(name), 64, (("d", 64), ("dv", 64)), gated)
     _, ctx = backward_kernels(program)
     first = torch.zeros(2, 16, 4, 64, 64, dtype=torch.bfloat16)
     plan = _BackwardPlan(program, ctx, first, None, 4, None, "two_pass", None, None)
-    assert [p for _, _, p in plan.grad_launches] == parts
-    assert [1 << n for n in range(len(parts))] == [t for t, _, _ in plan.grad_launches]
+    assert [p for _, _, p, _ in plan.grad_launches] == parts
+    assert [t for t, _, _, _ in plan.grad_launches] == [1 << n for n in range(len(parts))]
+    assert all(runs == -(-max(g["networks"] for g in held) // 4) for _, held, _, runs in plan.grad_launches)
+
+
+def test_a_whole_group_whose_kernel_spilled_runs_in_runs_from_the_next_call(monkeypatch):
+    """The first backward call runs each group whole (up to the matmul limit); once a whole
+    kernel is known to spill past GRAD_WHOLE_MAX_SPILL (``launch.grad_whole_spills``; here
+    every compiled variant reports 2 KB, as on sm_90 for hla2's dΛ) later calls run that
+    group in runs -- the same gradients, summed over the runs."""
+    from hladsl.runtime import launch, triton_backward
+    from hladsl.runtime.triton_backward import backward_triton
+    compiled = set()   # what a GPU would have compiled: the variants launched so far
+
+    def local_bytes(kernel, args):
+        return 2048 if launch._fallback_key(kernel, args) in compiled else None
+    monkeypatch.setattr(launch, "local_bytes", local_bytes)
+    monkeypatch.setattr(launch, "_WHOLE_SPILLS", {})
+    program = chunk_program(hladsl.compile_spec("hla2"), C, (("d", 8), ("dv", 8)), True)
+    tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=3)
+    tiles, init, grad_final = ({k: v.float() for k, v in d.items()} for d in (tiles, init, grad_final))
+    parts_seen = []
+    real = launch.launch
+
+    def counting(kernel, grid, args, may, tiling=None):
+        if kernel.fn.__name__ == "grad_kernel" and args["PART"] == 0:
+            parts_seen.append(args["PARTS"])
+        compiled.add(launch._fallback_key(kernel, args))
+        return real(kernel, grid, args, may, tiling)
+    monkeypatch.setattr(launch, "launch", counting)
+    calls = [backward_triton(program, tiles, lam.float(), init, grad_o.float(), grad_final, 1e-6)
+             for _ in range(2)]
+    groups = len(triton_backward._PLANS[next(reversed(triton_backward._PLANS))].grad_launches)
+    first, second = parts_seen[:groups], parts_seen[groups:]
+    assert first == [1] * groups and second != first and max(second) > 1
+    (a_tiles, a_lam, a_init), (b_tiles, b_lam, b_init) = calls
+    assert all(_rel(b_tiles[x], a_tiles[x].double()) <= 1e-6 for x in tiles)
+    assert _rel(b_lam, a_lam.double()) <= 1e-6
+    assert all(torch.equal(a_init[s], b_init[s]) for s in init)

@@ -1073,36 +1073,64 @@ def grad_target_sets(groups: int, per_program: int | None = None) -> list[int]:
     return [((1 << min(per, groups - g)) - 1) << g for g in range(0, groups, per)]
 
 
-GRAD_WHOLE_MAX_MATMULS = 48        # a token input's group whole up to this many (4 until round 30)
-GRAD_LAM_WHOLE_MAX_MATMULS = 8     # Λ's group whole up to this many
+GRAD_WHOLE_MAX_MATMULS = 48        # a group whole up to this many full-width matmuls (4 until round 30)
+GRAD_WHOLE_MAX_SPILL = 1024        # ... unless its compiled kernel spills more bytes a thread
 GRAD_NETWORKS_PER_PROGRAM = 4      # a parted group's runs (runs of 2 until round 12)
 
 
-def grad_parts(networks: int, matmuls: int, lam: bool = False) -> int:
-    """How many programs share one gradient target's ``networks``. A group whose code
-    (its networks reusing each other's products) has at most GRAD_WHOLE_MAX_MATMULS
-    full-width matmuls -- GRAD_LAM_WHOLE_MAX_MATMULS for Λ's group (``lam``) -- runs
-    whole, in one program; a larger one in contiguous runs of GRAD_NETWORKS_PER_PROGRAM
-    networks, each run computing the products its networks read (once, shared among them:
-    ``triton_bwd._parted_code``), their partial gradients summed afterwards (one more
-    [C, dim] fp32 write and read each).
+def grad_parts(networks: int, matmuls: int) -> tuple[int, int]:
+    """(parts, runs): how many programs share one gradient target's ``networks`` first, and
+    how many once its whole kernel is known to spill (``grad_whole_spills``). A group whose
+    code (its networks reusing each other's products) has at most GRAD_WHOLE_MAX_MATMULS
+    full-width matmuls starts whole, in one program; a larger one -- or one whose whole
+    kernel spilled past GRAD_WHOLE_MAX_SPILL -- runs in contiguous runs of
+    GRAD_NETWORKS_PER_PROGRAM networks, each run computing the products its networks read
+    (once, shared among them: ``triton_bwd._parted_code``), their partial gradients summed
+    afterwards (one more [C, dim] fp32 write and read each).
 
-    Why the two limits (H100, B = 2, H = 16, d = 64, bf16, fwd + bwd; runs 211, 212): the
-    runs recompute what their networks share -- each run of hla3_masked's dq needs 24-30 of
-    the group's 47 matmuls, 162 over its six runs -- so a token input's group whole beats
-    runs of 4 for every spec that has one past 4 matmuls: ungated hla3_masked 6.19 -> 4.26
-    ms at 16k, 23.94 -> 16.53 at 64k; ahla 3.10 -> 2.53, 11.19 -> 9.61; hla2 4.72 -> 4.54,
-    18.0 -> 17.09 (in round 12, before the runs shared products, whole lost for hla2).
-    Λ's group is different: its networks hold [C, C] fp32 tiles (decay-mask gradients
-    beside their products), and whole it spills -- hla2's 3000 B of stack on sm_90 against
-    at most 520 B in runs (``benchmarks/compile_probe.py --only grad_kernel``) -- so gated,
-    every group whole lost (hla3_masked 9.40 -> 15.77 ms at 16k, hla2 6.97 -> 8.97), except
-    linear's 5-matmul Λ group (2.40 -> 2.02). GRAD_WHOLE_MAX_MATMULS caps a whole group at
-    the largest measured (hla3_masked's dq, 47): hla3's dq and dk (70, 84) compile for minutes
-    whole and run in parts."""
-    if matmuls <= (GRAD_LAM_WHOLE_MAX_MATMULS if lam else GRAD_WHOLE_MAX_MATMULS):
-        return 1
-    return max(1, -(-networks // GRAD_NETWORKS_PER_PROGRAM))
+    Why (H100, B = 2, H = 16, d = 64, bf16, fwd + bwd; runs 211-213): runs recompute what their
+    networks share -- each run of hla3_masked's dq needs 24-30 of the group's 47 matmuls, 162
+    over its six runs -- so a whole group wins wherever it spills little: ungated hla3_masked
+    6.19 -> 4.26 ms at 16k, 23.94 -> 16.53 at 64k (its dq, dk whole spill 832, 576 B of stack
+    on sm_90: ``benchmarks/compile_probe.py --only grad_kernel``); ahla 3.10 -> 2.53 and gated
+    3.68 vs 4.08 (no spill); gated linear's dΛ 2.88 -> 2.14; ungated hla2 4.72 -> 4.54 (round 12,
+    before the runs shared products, whole lost there). Where it spills 2 KB and more it loses:
+    gated hla3_masked 9.42 -> 10.71 with dq, dk whole (2112, 2040 B), 15.77 with its dΛ whole
+    too; gated hla2 6.97 -> 8.97 with its dΛ whole (3000 B); hla3's dv whole (33 matmuls,
+    2016 B) 7.47 -> 8.36 ms at 4k. Spills are the compiler's, not the program's to predict
+    (the groups' live tiles do not separate these), so the first call runs a group whole and
+    reads its kernel's local memory; past GRAD_WHOLE_MAX_SPILL later calls run it in runs.
+    GRAD_WHOLE_MAX_MATMULS caps the trial: every larger group measured spilled whole (hla3's
+    dq, dk: 70, 84 matmuls, 3856, 4648 B, 29-33 s to compile on a 2-core CPU)."""
+    runs = max(1, -(-networks // GRAD_NETWORKS_PER_PROGRAM))
+    return (1 if matmuls <= GRAD_WHOLE_MAX_MATMULS else runs), runs
+
+
+_WHOLE_SPILLS: dict = {}   # _fallback_key of a whole group's launch -> its local bytes a thread
+
+
+def grad_whole_spills(kernel, args: dict) -> bool:
+    """Whether the whole gradient group launched with ``args`` keeps more than
+    GRAD_WHOLE_MAX_SPILL bytes a thread in local memory: known once that variant has
+    compiled (its first launch), False before and where it is not known (the interpreter,
+    a tuned launch)."""
+    key = _fallback_key(kernel, args)
+    spilled = _WHOLE_SPILLS.get(key)
+    if spilled is None:
+        spilled = local_bytes(kernel, args)
+        if spilled is None:
+            return False
+        _WHOLE_SPILLS[key] = spilled
+    return spilled > GRAD_WHOLE_MAX_SPILL
+
+
+def local_bytes(kernel, args: dict) -> int | None:
+    """Local memory (spills, stack) a thread of the compiled variant of ``args`` keeps, in
+    bytes; None before it compiled or where launches are not direct (the interpreter)."""
+    from hladsl.runtime import direct
+    compiled, _ = direct.compiled_variant(kernel, args)
+    words = getattr(compiled, "n_spills", None)   # Triton counts 4-byte words
+    return None if words is None else 4 * words
 
 
 GRAD_LOOP_TILE_ELEMENTS = 4096

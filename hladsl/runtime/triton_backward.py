@@ -130,7 +130,10 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             **({"n_rblocks": blocks} if ctx["reverse_partial"] else {})}
     loop, dot = plan.grad_loop, plan.grad_dot
     everything = _grad_args(d_tiles, d_lam, grad_scales)
-    for targets, held, parts in plan.grad_launches:
+    for targets, held, parts, runs in plan.grad_launches:
+        base = {**args, **everything, **common, **loop, **dot, "TARGETS": targets}
+        if parts < runs and launch.grad_whole_spills(module.grad_kernel, {**base, "PART": 0, "PARTS": 1}):
+            parts = runs   # its whole kernel spilled on an earlier call (launch.grad_parts)
         # one part writes its targets; several sum in an fp32 buffer (part p > 0 adds to what
         # the parts before it stored), the last writing the target in its dtype (dΛ: fp32, in place)
         sums = {}
@@ -141,8 +144,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                     *x.shape[:4], x.shape[4], torch.float32, device)))
         for part in range(parts):
             launch.launch(module.grad_kernel, (n_chunks, n_seq * heads),
-                          {**args, **everything, **sums, **common, **loop, **dot,
-                           "TARGETS": targets, "PART": part, "PARTS": parts}, True)
+                          {**base, **sums, "PART": part, "PARTS": parts}, True)
     return d_tiles, d_lam, d_init
 
 
@@ -515,6 +517,5 @@ class _BackwardPlan:
         self.grad_launches = []
         for targets in launch.grad_target_sets(len(groups), targets_per_program):
             held = [g for n, g in enumerate(groups) if targets >> n & 1]
-            parts = launch.grad_parts(max(g["networks"] for g in held), sum(g["matmuls"] for g in held),
-                                      lam=any(g["input"] is None for g in held))
-            self.grad_launches.append((targets, held, parts))
+            parts, runs = launch.grad_parts(max(g["networks"] for g in held), sum(g["matmuls"] for g in held))
+            self.grad_launches.append((targets, held, parts, runs))
