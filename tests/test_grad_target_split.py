@@ -184,19 +184,14 @@ def test_groups_start_whole_up_to_the_matmul_limit(name, gated, parts):
     assert all(runs == -(-max(g["networks"] for g in held) // 4) for _, held, _, runs in plan.grad_launches)
 
 
-def test_a_whole_group_whose_kernel_spilled_runs_in_runs_from_the_next_call(monkeypatch):
-    """The first backward call runs each group whole (up to the matmul limit); once a whole
-    kernel is known to spill past GRAD_WHOLE_MAX_SPILL (``launch.grad_whole_spills``; here
-    every compiled variant reports 2 KB, as on sm_90 for hla2's dΛ) later calls run that
-    group in runs -- the same gradients, summed over the runs."""
-    from hladsl.runtime import launch, triton_backward
+def test_a_group_whose_whole_kernel_would_spill_runs_in_runs_from_the_first_call(monkeypatch):
+    """A group under the matmul limit runs whole unless its whole kernel, compiled before its
+    first launch, keeps more than GRAD_WHOLE_MAX_SPILL bytes in local memory
+    (``launch.grad_whole_spills``; here the compiler is told to report 2 KB, as sm_90 does for
+    hla2's dΛ): then every call -- the first too, so all calls sum alike -- runs it in runs,
+    with the same gradients as whole up to float32 rounding."""
+    from hladsl.runtime import launch
     from hladsl.runtime.triton_backward import backward_triton
-    compiled = set()   # what a GPU would have compiled: the variants launched so far
-
-    def local_bytes(kernel, args):
-        return 2048 if launch._fallback_key(kernel, args) in compiled else None
-    monkeypatch.setattr(launch, "local_bytes", local_bytes)
-    monkeypatch.setattr(launch, "_WHOLE_SPILLS", {})
     program = chunk_program(hladsl.compile_spec("hla2"), C, (("d", 8), ("dv", 8)), True)
     tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=3)
     tiles, init, grad_final = ({k: v.float() for k, v in d.items()} for d in (tiles, init, grad_final))
@@ -206,15 +201,19 @@ def test_a_whole_group_whose_kernel_spilled_runs_in_runs_from_the_next_call(monk
     def counting(kernel, grid, args, may, tiling=None):
         if kernel.fn.__name__ == "grad_kernel" and args["PART"] == 0:
             parts_seen.append(args["PARTS"])
-        compiled.add(launch._fallback_key(kernel, args))
         return real(kernel, grid, args, may, tiling)
     monkeypatch.setattr(launch, "launch", counting)
-    calls = [backward_triton(program, tiles, lam.float(), init, grad_o.float(), grad_final, 1e-6)
-             for _ in range(2)]
-    groups = len(triton_backward._PLANS[next(reversed(triton_backward._PLANS))].grad_launches)
-    first, second = parts_seen[:groups], parts_seen[groups:]
-    assert first == [1] * groups and second != first and max(second) > 1
-    (a_tiles, a_lam, a_init), (b_tiles, b_lam, b_init) = calls
-    assert all(_rel(b_tiles[x], a_tiles[x].double()) <= 1e-6 for x in tiles)
-    assert _rel(b_lam, a_lam.double()) <= 1e-6
-    assert all(torch.equal(a_init[s], b_init[s]) for s in init)
+    results, seen = [], []
+    for spilled in (None, 0, 2048, 2048):   # the interpreter (unknown), no spill, spills (twice)
+        monkeypatch.setattr(launch, "_WHOLE_SPILLS", {})
+        monkeypatch.setattr(launch, "local_bytes", lambda kernel, grid, args, b=spilled: b)
+        parts_seen.clear()
+        results.append(backward_triton(program, tiles, lam.float(), init, grad_o.float(), grad_final, 1e-6))
+        seen.append(list(parts_seen))
+    assert seen[0] == seen[1] == [1, 1, 1, 1]
+    assert seen[2] == seen[3] == [2, 2, 1, 5]   # runs of 4 networks of 7, 8, 4, 18
+    (a_tiles, a_lam, a_init) = results[0]
+    for b_tiles, b_lam, b_init in results[2:]:
+        assert all(_rel(b_tiles[x], a_tiles[x].double()) <= 1e-6 for x in tiles)
+        assert _rel(b_lam, a_lam.double()) <= 1e-6
+        assert all(torch.equal(a_init[s], b_init[s]) for s in init)

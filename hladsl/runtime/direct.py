@@ -115,14 +115,14 @@ def check_arguments(kernel, args: dict) -> None:
 
 def cached(kernel, grid, args: dict) -> bool:
     """Launch ``kernel`` directly if this variant compiled before; False if not."""
-    hit, table = compiled_variant(kernel, args)
+    hit, table = _compiled(kernel, args)
     if hit is None:
         return False
     _run(hit, grid, table, args)
     return True
 
 
-def compiled_variant(kernel, args: dict):
+def _compiled(kernel, args: dict):
     """(the compiled variant of ``args`` or None, the kernel's parameter table or None
     where launches are not direct)."""
     table = _param_table(kernel) if ENABLED else None
@@ -166,7 +166,7 @@ def bind(kernel, grid, args: dict, tensors: list[str]) -> Bound | None:
     """The variant ``call`` launched for ``args``, bound (None where launches are not
     direct or it has not compiled): later calls pass the values of ``tensors`` only (the
     template keeps none of this call's tensors alive)."""
-    compiled, table = compiled_variant(kernel, args)
+    compiled, table = _compiled(kernel, args)
     if compiled is None:
         return None
     names, _, defaults, _ = table

@@ -1109,28 +1109,38 @@ def grad_parts(networks: int, matmuls: int) -> tuple[int, int]:
 _WHOLE_SPILLS: dict = {}   # _fallback_key of a whole group's launch -> its local bytes a thread
 
 
-def grad_whole_spills(kernel, args: dict) -> bool:
-    """Whether the whole gradient group launched with ``args`` keeps more than
-    GRAD_WHOLE_MAX_SPILL bytes a thread in local memory: known once that variant has
-    compiled (its first launch), False before and where it is not known (the interpreter,
-    a tuned launch)."""
+def grad_whole_spills(kernel, grid, args: dict) -> bool:
+    """Whether the whole gradient group launched with ``args`` would keep more than
+    GRAD_WHOLE_MAX_SPILL bytes a thread in local memory (``local_bytes``: compiled, not
+    launched, once per variant -- so every call of a shape runs the same programs and sums
+    in the same order); False where that is not known (the interpreter)."""
+    if progress.dry_run():   # counting a first call's compiles: nothing compiles yet
+        return False
     key = _fallback_key(kernel, args)
     spilled = _WHOLE_SPILLS.get(key)
     if spilled is None:
-        spilled = local_bytes(kernel, args)
-        if spilled is None:
-            return False
-        _WHOLE_SPILLS[key] = spilled
-    return spilled > GRAD_WHOLE_MAX_SPILL
+        spilled = _WHOLE_SPILLS[key] = local_bytes(kernel, grid, args)
+    return spilled is not None and spilled > GRAD_WHOLE_MAX_SPILL
 
 
-def local_bytes(kernel, args: dict) -> int | None:
-    """Local memory (spills, stack) a thread of the compiled variant of ``args`` keeps, in
-    bytes; None before it compiled or where launches are not direct (the interpreter)."""
+def local_bytes(kernel, grid, args: dict) -> float | None:
+    """Local memory (spills, stack) a thread of ``kernel``'s variant for ``args`` keeps, in
+    bytes: compiled for the GPU without a launch, with the first of FALLBACKS that fits its
+    shared memory (as ``launch`` would run it); infinite where none fits; None where kernels
+    do not compile for a GPU (the interpreter)."""
+    from triton.runtime.errors import OutOfResources
     from hladsl.runtime import direct
-    compiled, _ = direct.compiled_variant(kernel, args)
-    words = getattr(compiled, "n_spills", None)   # Triton counts 4-byte words
-    return None if words is None else 4 * words
+    if not direct._launches_on_gpu(kernel):
+        return None
+    for fallback in FALLBACKS:
+        options, compiled = {**args, **fallback}, []
+        progress.first_launch(kernel, options, lambda: compiled.append(kernel.warmup(grid=grid, **options)))
+        try:
+            compiled[0]._init_handles()   # loads the binary: the driver reports its local memory
+        except OutOfResources:
+            continue
+        return 4 * compiled[0].n_spills   # Triton counts 4-byte words
+    return math.inf
 
 
 GRAD_LOOP_TILE_ELEMENTS = 4096

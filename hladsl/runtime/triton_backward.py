@@ -132,8 +132,9 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     everything = _grad_args(d_tiles, d_lam, grad_scales)
     for targets, held, parts, runs in plan.grad_launches:
         base = {**args, **everything, **common, **loop, **dot, "TARGETS": targets}
-        if parts < runs and launch.grad_whole_spills(module.grad_kernel, {**base, "PART": 0, "PARTS": 1}):
-            parts = runs   # its whole kernel spilled on an earlier call (launch.grad_parts)
+        grid = (n_chunks, n_seq * heads)
+        if parts < runs and launch.grad_whole_spills(module.grad_kernel, grid, {**base, "PART": 0, "PARTS": 1}):
+            parts = runs   # whole, its kernel would spill (launch.grad_parts)
         # one part writes its targets; several sum in an fp32 buffer (part p > 0 adds to what
         # the parts before it stored), the last writing the target in its dtype (dΛ: fp32, in place)
         sums = {}
@@ -143,8 +144,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                 sums.update(tile_args(f"dsum_{g['input']}", token_layout(
                     *x.shape[:4], x.shape[4], torch.float32, device)))
         for part in range(parts):
-            launch.launch(module.grad_kernel, (n_chunks, n_seq * heads),
-                          {**base, **sums, "PART": part, "PARTS": parts}, True)
+            launch.launch(module.grad_kernel, grid, {**base, **sums, "PART": part, "PARTS": parts}, True)
     return d_tiles, d_lam, d_init
 
 
