@@ -1079,29 +1079,30 @@ GRAD_NETWORKS_PER_PROGRAM = 4      # a parted group's runs (runs of 2 until roun
 
 
 def grad_parts(networks: int, matmuls: int) -> tuple[int, int]:
-    """(parts, runs): how many programs share one gradient target's ``networks`` first, and
-    how many once its whole kernel is known to spill (``grad_whole_spills``). A group whose
-    code (its networks reusing each other's products) has at most GRAD_WHOLE_MAX_MATMULS
-    full-width matmuls starts whole, in one program; a larger one -- or one whose whole
-    kernel spilled past GRAD_WHOLE_MAX_SPILL -- runs in contiguous runs of
-    GRAD_NETWORKS_PER_PROGRAM networks, each run computing the products its networks read
-    (once, shared among them: ``triton_bwd._parted_code``), their partial gradients summed
-    afterwards (one more [C, dim] fp32 write and read each).
+    """(parts, runs): how many programs share one gradient target's ``networks``, and how
+    many where its whole kernel would spill (``grad_whole_spills``). A group whose code (its
+    networks reusing each other's products) has at most GRAD_WHOLE_MAX_MATMULS full-width
+    matmuls runs whole, in one program, unless compiled whole it keeps more than
+    GRAD_WHOLE_MAX_SPILL bytes a thread in local memory; a larger or spilling one runs in
+    contiguous runs of GRAD_NETWORKS_PER_PROGRAM networks, each run computing the products
+    its networks read (once, shared among them: ``triton_bwd._parted_code``), their partial
+    gradients summed afterwards (one more [C, dim] fp32 write and read each).
 
-    Why (H100, B = 2, H = 16, d = 64, bf16, fwd + bwd; runs 211-213): runs recompute what their
-    networks share -- each run of hla3_masked's dq needs 24-30 of the group's 47 matmuls, 162
-    over its six runs -- so a whole group wins wherever it spills little: ungated hla3_masked
-    6.19 -> 4.26 ms at 16k, 23.94 -> 16.53 at 64k (its dq, dk whole spill 832, 576 B of stack
-    on sm_90: ``benchmarks/compile_probe.py --only grad_kernel``); ahla 3.10 -> 2.53 and gated
-    3.68 vs 4.08 (no spill); gated linear's dΛ 2.88 -> 2.14; ungated hla2 4.72 -> 4.54 (round 12,
-    before the runs shared products, whole lost there). Where it spills 2 KB and more it loses:
-    gated hla3_masked 9.42 -> 10.71 with dq, dk whole (2112, 2040 B), 15.77 with its dΛ whole
-    too; gated hla2 6.97 -> 8.97 with its dΛ whole (3000 B); hla3's dv whole (33 matmuls,
-    2016 B) 7.47 -> 8.36 ms at 4k. Spills are the compiler's, not the program's to predict
-    (the groups' live tiles do not separate these), so the first call runs a group whole and
-    reads its kernel's local memory; past GRAD_WHOLE_MAX_SPILL later calls run it in runs.
-    GRAD_WHOLE_MAX_MATMULS caps the trial: every larger group measured spilled whole (hla3's
-    dq, dk: 70, 84 matmuls, 3856, 4648 B, 29-33 s to compile on a 2-core CPU)."""
+    Why (H100, B = 2, H = 16, d = 64, bf16, fwd + bwd, ms; runs 211-217, local bytes as the
+    driver reports them there): runs recompute what their networks share -- each run of
+    hla3_masked's dq needs 24-30 of the group's 47 matmuls, 162 over its six runs -- so a
+    whole group wins wherever it spills little: ungated hla3_masked 6.19 -> 4.26 at 16k,
+    23.94 -> 16.53 at 64k (dq, dk whole: 424, 496 B); ahla 3.10 -> 2.53, gated 4.08 -> 3.69
+    (at most 624 B); gated linear's dΛ 2.81 -> 1.80 (0 B); ungated hla2 4.72 -> 4.52 (at
+    most 240 B; in round 12, before runs shared products, whole lost there). Where it spills
+    about 2 KB it loses: gated hla3_masked 9.42 -> 10.71 with dq, dk whole (1800, 2288 B),
+    15.77 with its dΛ whole too; gated hla2 6.97 -> 8.97 with every group whole (its dΛ
+    2016 B; dq, dk 720, 256 B: 7.05 whole with dΛ in runs); hla3's dv whole (33 matmuls;
+    2016 B on sm_90 by ``benchmarks/compile_probe.py --only grad_kernel``) 7.47 -> 8.36 at
+    4k. Spills are the compiler's to decide (the groups' live tiles do not separate these
+    cases), so the rule compiles the whole kernel before its first launch and reads them.
+    GRAD_WHOLE_MAX_MATMULS bounds that trial compile: hla3's dq, dk (70, 84 matmuls) spill
+    3856, 4648 B whole on sm_90 and take 29-33 s to compile on a 2-core CPU."""
     runs = max(1, -(-networks // GRAD_NETWORKS_PER_PROGRAM))
     return (1 if matmuls <= GRAD_WHOLE_MAX_MATMULS else runs), runs
 
