@@ -50,7 +50,7 @@ class FakeKernel:
 @pytest.fixture
 def cuda_free(monkeypatch):
     """direct's device / stream lookups answered without CUDA; a clean cache."""
-    monkeypatch.setattr(direct, "_launches_on_gpu", lambda kernel: isinstance(kernel, FakeKernel))
+    monkeypatch.setattr(direct, "launches_on_gpu", lambda kernel: isinstance(kernel, FakeKernel))
     monkeypatch.setattr(direct, "ENABLED", True)
     monkeypatch.setattr(direct, "_COMPILED", {})
     monkeypatch.setattr(direct, "_PARAMS", {})
@@ -139,7 +139,7 @@ def test_off_and_interpreter_launch_through_the_kernel(cuda_free, monkeypatch):
     direct.call(kernel, (1,), args)
     assert len(kernel.compiles) == 2 and not direct._COMPILED
     monkeypatch.setattr(direct, "ENABLED", True)
-    monkeypatch.setattr(direct, "_launches_on_gpu", lambda kernel: False)   # the interpreter's
+    monkeypatch.setattr(direct, "launches_on_gpu", lambda kernel: False)   # the interpreter's
     direct.call(kernel, (1,), args)
     assert not direct.cached(kernel, (1,), args) and not direct._COMPILED
 
@@ -151,5 +151,5 @@ def _nothing(x):
 
 def test_only_gpu_jit_functions_launch_directly():
     """Fakes (benchmarks' stubs, tests' kernels) and the interpreter's kernels never do."""
-    assert not direct._launches_on_gpu(FakeKernel())
-    assert not direct._launches_on_gpu(_nothing)     # under TRITON_INTERPRET=1 (conftest)
+    assert not direct.launches_on_gpu(FakeKernel())
+    assert not direct.launches_on_gpu(_nothing)     # under TRITON_INTERPRET=1 (conftest)

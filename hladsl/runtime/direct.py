@@ -23,7 +23,7 @@ _I32 = 1 << 31
 ENABLED = os.environ.get("HLADSL_DIRECT_LAUNCH", "1") != "0"   # benchmarks flip it for A/B runs
 
 
-def _launches_on_gpu(kernel) -> bool:
+def launches_on_gpu(kernel) -> bool:
     """A Triton JITFunction compiled for a GPU (not the interpreter's, not a fake)."""
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         return False
@@ -38,7 +38,7 @@ def _param_table(kernel):
         return hit[1]
     params = getattr(kernel, "params", None)
     table = None
-    if params is not None and _launches_on_gpu(kernel):
+    if params is not None and launches_on_gpu(kernel):
         names = tuple(p.name for p in params)
         table = (names, tuple(bool(p.is_constexpr) for p in params),
                  tuple(p.default if getattr(p, "has_default", False) else None for p in params),

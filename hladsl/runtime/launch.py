@@ -1131,7 +1131,7 @@ def local_bytes(kernel, grid, args: dict) -> float | None:
     do not compile for a GPU (the interpreter)."""
     from triton.runtime.errors import OutOfResources
     from hladsl.runtime import direct
-    if not direct._launches_on_gpu(kernel):
+    if not direct.launches_on_gpu(kernel):
         return None
     for fallback in FALLBACKS:
         options, compiled = {**args, **fallback}, []
