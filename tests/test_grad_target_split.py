@@ -184,36 +184,80 @@ def test_groups_start_whole_up_to_the_matmul_limit(name, gated, parts):
     assert all(runs == -(-max(g["networks"] for g in held) // 4) for _, held, _, runs in plan.grad_launches)
 
 
+def _variant(kernel, args) -> tuple:
+    """A stand-in for direct.variant_key on CPU: the constexprs and options, and each tensor's dtype."""
+    from hladsl.runtime import launch
+    return launch._fallback_key(kernel, args), tuple(sorted(
+        (k, v.dtype) for k, v in args.items() if isinstance(v, torch.Tensor)))
+
+
 def test_a_group_whose_whole_kernel_would_spill_runs_in_runs_from_the_first_call(monkeypatch):
     """A group under the matmul limit runs whole unless its whole kernel, compiled before its
     first launch, keeps more than GRAD_WHOLE_MAX_SPILL bytes in local memory
-    (``launch.grad_whole_spills``; here the compiler is told to report 2 KB, as sm_90 does for
-    hla2's dΛ): then every call -- the first too, so all calls sum alike -- runs it in runs,
-    with the same gradients as whole up to float32 rounding."""
+    (``launch.grad_whole_spills``; here the compiler is told to report ``spilled`` bytes --
+    sm_90 reports 2 KB for hla2's gated dΛ): then every call, the first too, runs it in runs,
+    with the same gradients as whole up to float32 rounding. The trial compile gets the whole
+    launch's own arguments, once per variant."""
     from hladsl.runtime import launch
     from hladsl.runtime.triton_backward import backward_triton
     program = chunk_program(hladsl.compile_spec("hla2"), C, (("d", 8), ("dv", 8)), True)
     tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=3)
     tiles, init, grad_final = ({k: v.float() for k, v in d.items()} for d in (tiles, init, grad_final))
-    parts_seen = []
+    launched, trials = [], []
     real = launch.launch
 
-    def counting(kernel, grid, args, may, tiling=None):
-        if kernel.fn.__name__ == "grad_kernel" and args["PART"] == 0:
-            parts_seen.append(args["PARTS"])
+    def recording(kernel, grid, args, may, tiling=None):
+        if kernel.fn.__name__ == "grad_kernel":
+            launched.append((kernel, args))
         return real(kernel, grid, args, may, tiling)
-    monkeypatch.setattr(launch, "launch", counting)
+    monkeypatch.setattr(launch, "launch", recording)
+    monkeypatch.setattr(launch, "compiled_variant_key", _variant)
     results, seen = [], []
-    for spilled in (None, 0, 2048, 2048):   # the interpreter (unknown), no spill, spills (twice)
-        monkeypatch.setattr(launch, "_WHOLE_SPILLS", {})
-        monkeypatch.setattr(launch, "local_bytes", lambda kernel, grid, args, b=spilled: b)
-        parts_seen.clear()
+    for n, spilled in enumerate((0, 2048, 2048)):   # no spill; spills, then the same again (remembered)
+        if n < 2:
+            monkeypatch.setattr(launch, "_WHOLE_SPILLS", {})
+        monkeypatch.setattr(launch, "local_bytes",
+                            lambda kernel, grid, args, b=spilled: trials.append(_variant(kernel, args)) or b)
+        launched.clear()
+        before = len(trials)
         results.append(backward_triton(program, tiles, lam.float(), init, grad_o.float(), grad_final, 1e-6))
-        seen.append(list(parts_seen))
-    assert seen[0] == seen[1] == [1, 1, 1, 1]
-    assert seen[2] == seen[3] == [2, 2, 1, 5]   # runs of 4 networks of 7, 8, 4, 18
+        seen.append(([a["PARTS"] for _, a in launched if a["PART"] == 0], len(trials) - before,
+                     [_variant(k, a) for k, a in launched]))
+    (whole, tried_first, whole_variants), (parted, tried_second, _), (again, tried_third, _) = seen
+    # groups of 7, 8, 4, 18 networks: dq, dk, dΛ would run in runs of 4, dv is one run anyway
+    assert whole == [1, 1, 1, 1] and tried_first == 3    # each whole variant tried once ...
+    assert trials[:3] == [whole_variants[i] for i in (0, 1, 3)]   # ... with the arguments it runs with
+    assert parted == again == [2, 2, 1, 5]
+    assert tried_second == 3 and tried_third == 0        # remembered per variant
     (a_tiles, a_lam, a_init) = results[0]
-    for b_tiles, b_lam, b_init in results[2:]:
+    for b_tiles, b_lam, b_init in results[1:]:
         assert all(_rel(b_tiles[x], a_tiles[x].double()) <= 1e-6 for x in tiles)
         assert _rel(b_lam, a_lam.double()) <= 1e-6
         assert all(torch.equal(a_init[s], b_init[s]) for s in init)
+
+
+def test_spill_verdicts_in_a_dry_run_compile_nothing(monkeypatch):
+    """``progress.counted``'s dry run counts a first call's compiles: ``grad_whole_spills``
+    answers from what it knows and compiles nothing; under the interpreter it knows nothing
+    (False, nothing stored)."""
+    from hladsl.runtime import launch, progress
+
+    def no_compile(*args):
+        raise AssertionError("compiled in a dry run")
+    monkeypatch.setattr(launch, "_WHOLE_SPILLS", {("known",): 4096})
+    monkeypatch.setattr(launch, "local_bytes", no_compile)
+    token = progress._dry.set([])
+    try:
+        monkeypatch.setattr(launch, "compiled_variant_key", lambda kernel, args: ("known",))
+        assert launch.grad_whole_spills(None, (1,), {})
+        monkeypatch.setattr(launch, "compiled_variant_key", lambda kernel, args: ("new",))
+        assert not launch.grad_whole_spills(None, (1,), {})
+    finally:
+        progress._dry.reset(token)
+    monkeypatch.undo()
+    monkeypatch.setattr(launch, "_WHOLE_SPILLS", {})
+    monkeypatch.setattr(launch, "local_bytes", no_compile)
+
+    def interpreted():   # a stand-in kernel: not a GPU JITFunction
+        pass
+    assert not launch.grad_whole_spills(interpreted, (1,), {}) and launch._WHOLE_SPILLS == {}

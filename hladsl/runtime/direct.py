@@ -79,6 +79,12 @@ def _knobs():
     return knobs
 
 
+def variant_key(kernel, args: dict) -> tuple:
+    """What Triton compiles a GPU kernel's launch with ``args`` on (``_key``: constexprs,
+    argument dtypes and classes, options, device), for a table of compiled variants."""
+    return _key(kernel, _param_table(kernel), args)
+
+
 def call(kernel, grid, args: dict, key_args: dict | None = None) -> None:
     """``kernel[grid](**args)``, directly where this variant compiled before.
     ``key_args``: the arguments the variant is remembered under, when ``args`` adds

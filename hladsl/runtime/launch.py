@@ -1107,32 +1107,38 @@ def grad_parts(networks: int, matmuls: int) -> tuple[int, int]:
     return (1 if matmuls <= GRAD_WHOLE_MAX_MATMULS else runs), runs
 
 
-_WHOLE_SPILLS: dict = {}   # _fallback_key of a whole group's launch -> its local bytes a thread
+_WHOLE_SPILLS: dict = {}   # a whole group's compiled variant (direct.variant_key) -> its local bytes a thread
 
 
 def grad_whole_spills(kernel, grid, args: dict) -> bool:
     """Whether the whole gradient group launched with ``args`` would keep more than
     GRAD_WHOLE_MAX_SPILL bytes a thread in local memory (``local_bytes``: compiled, not
-    launched, once per variant -- so every call of a shape runs the same programs and sums
-    in the same order); False where that is not known (the interpreter)."""
-    if progress.dry_run():   # counting a first call's compiles: nothing compiles yet
+    launched, once per compiled variant -- so every call of a shape runs the same programs and
+    sums in the same order); False where that is not known (the interpreter) and, in a dry
+    run (``progress.counted``), for a variant not compiled yet. An autotuning session's
+    launch options may differ from the default ones the verdict was compiled with."""
+    key = compiled_variant_key(kernel, args)
+    if key is None:
         return False
-    key = _fallback_key(kernel, args)
     spilled = _WHOLE_SPILLS.get(key)
     if spilled is None:
+        if progress.dry_run():   # counting a first call's compiles: nothing compiles yet
+            return False
         spilled = _WHOLE_SPILLS[key] = local_bytes(kernel, grid, args)
-    return spilled is not None and spilled > GRAD_WHOLE_MAX_SPILL
+    return spilled > GRAD_WHOLE_MAX_SPILL
 
 
-def local_bytes(kernel, grid, args: dict) -> float | None:
+def compiled_variant_key(kernel, args: dict) -> tuple | None:
+    """``direct.variant_key`` of a GPU kernel's launch; None under the interpreter."""
+    from hladsl.runtime import direct
+    return direct.variant_key(kernel, args) if direct.launches_on_gpu(kernel) else None
+
+
+def local_bytes(kernel, grid, args: dict) -> float:
     """Local memory (spills, stack) a thread of ``kernel``'s variant for ``args`` keeps, in
     bytes: compiled for the GPU without a launch, with the first of FALLBACKS that fits its
-    shared memory (as ``launch`` would run it); infinite where none fits; None where kernels
-    do not compile for a GPU (the interpreter)."""
+    shared memory (as ``launch`` would run it); infinite where none fits."""
     from triton.runtime.errors import OutOfResources
-    from hladsl.runtime import direct
-    if not direct.launches_on_gpu(kernel):
-        return None
     for fallback in FALLBACKS:
         options, compiled = {**args, **fallback}, []
         progress.first_launch(kernel, options, lambda: compiled.append(kernel.warmup(grid=grid, **options)))
