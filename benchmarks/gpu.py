@@ -90,14 +90,15 @@ def bench(Ts=(4096, 16384, 65536), B=2, H=16, d=64, names=None):
     from torch.nn.functional import scaled_dot_product_attention as sdpa
     rows = []
 
-    def timed(label, T, fn, backward=False):
+    def timed(label, T, fn, leaves=None):
+        """forward alone, or with ``leaves`` a training step as ``hladsl bench`` times it"""
+        from hladsl.bench import FwdBwd
+        backward = leaves is not None
         try:
             if backward:
-                def step():
-                    out = fn()
-                    out = out[0] if isinstance(out, tuple) else out
-                    out.float().sum().backward()
-                ms = triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median")
+                step = FwdBwd(fn, leaves)
+                ms = triton.testing.do_bench(step, warmup=25, rep=100, grad_to_none=step.leaves,
+                                             return_mode="median")
             else:
                 with torch.no_grad():
                     ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
@@ -126,15 +127,15 @@ def bench(Ts=(4096, 16384, 65536), B=2, H=16, d=64, names=None):
             timed(f"hladsl {name} gated", T, lambda: op(q, k, v, g=lg))   # as retention is
             if name in ("linear", "hla2") and T <= 16384:   # fwd + bwd (generated backward kernels)
                 qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
-                timed(f"hladsl {name}", T, lambda: op(qg, kg, vg), backward=True)
+                timed(f"hladsl {name}", T, lambda: op(qg, kg, vg), (qg, kg, vg))
         if not names or "fla" in names:
             qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
             qtg, ktg, vtg = (x.detach().clone().requires_grad_() for x in (qt, kt, vt))
-            timed("sdpa flash causal", T, lambda: sdpa(qtg, ktg, vtg, is_causal=True), backward=True)
+            timed("sdpa flash causal", T, lambda: sdpa(qtg, ktg, vtg, is_causal=True), (qtg, ktg, vtg))
             try:
                 from fla.ops.simple_gla import chunk_simple_gla
                 timed("fla chunk_simple_gla (no gate)", T,
-                      lambda: chunk_simple_gla(qg, kg, vg, scale=d ** -0.5), backward=True)
+                      lambda: chunk_simple_gla(qg, kg, vg, scale=d ** -0.5), (qg, kg, vg))
             except Exception as exc:
                 print(json.dumps(dict(what="fla", error=str(exc)[:200])))
         op = hladsl.load("linear")

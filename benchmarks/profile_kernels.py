@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import hladsl
-from hladsl.bench import parse_spec, parse_switches
+from hladsl.bench import FwdBwd, parse_spec, parse_switches
 from hladsl.runtime import launch
 
 CALLS = 5
@@ -54,23 +54,28 @@ def spec_call(name, params, B, T, H, d, gated, backward):
     g = (torch.nn.functional.logsigmoid(4 + torch.randn(B, T, H, device="cuda", generator=gen))
          if gated else None)
 
-    def call():
-        out = op(*args, g=g)[0]
-        if backward:
-            out.float().sum().backward()
-    return call
+    return _step(lambda: op(*args, g=g), args, backward)
 
 
 def fla_call(B, T, H, d, gated, backward):
     from fla.ops.simple_gla import chunk_simple_gla
-    q, k, v = (torch.randn(B, T, H, d, device="cuda").bfloat16().requires_grad_(backward)
-               for _ in range(3))
+    q, k, v = [torch.randn(B, T, H, d, device="cuda").bfloat16().requires_grad_(backward)
+               for _ in range(3)]
     g = torch.nn.functional.logsigmoid(4 + torch.randn(B, T, H, device="cuda")) if gated else None
 
+    return _step(lambda: chunk_simple_gla(q, k, v, g=g, scale=d ** -0.5), (q, k, v), backward)
+
+
+def _step(forward, leaves, backward):
+    """forward alone, or a training step as ``hladsl bench`` times it (``FwdBwd``: the
+    backward from a fixed cotangent, the leaves' gradients reset first, which launches nothing)."""
+    if not backward:
+        return forward
+    step = FwdBwd(forward, leaves)
+
     def call():
-        out = chunk_simple_gla(q, k, v, g=g, scale=d ** -0.5)[0]
-        if backward:
-            out.float().sum().backward()
+        step.reset_grads()
+        step()
     return call
 
 

@@ -4,8 +4,8 @@
     hladsl bench --specs linear hla2 power:p=3 --T 4096 16384 --modes fwd step
     hladsl bench --device cpu --quick              # tiny shapes, under a minute
 
-Modes: "fwd" (the op's forward, no autograd), "fwd+bwd" (forward, then backward of
-the output's sum), "mem" (peak CUDA memory one fwd+bwd call allocates beyond its
+Modes: "fwd" (the op's forward, no autograd), "fwd+bwd" (forward, then backward from a
+fixed random cotangent of the output, ``FwdBwd``), "mem" (peak CUDA memory one fwd+bwd call allocates beyond its
 inputs, MB; CUDA only), "step" (decode: one token per sequence through ``op.step`` on a
 state; for SDPA one query against a KV cache of T tokens). Baselines, in this order
 when installed: fla ``chunk_simple_gla`` / ``fused_recurrent_simple_gla`` (CUDA),
@@ -70,6 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="launch rule constants (hladsl.runtime.launch, e.g. REVERSE_IN_PLACE=false): "
                              "each spec is timed with the defaults and again with these, side by side "
                              "(repeat --launch for more variants, one row each)")
+    parser.add_argument("--backward-seed", choices=SEEDS, default="cotangent",
+                        help="fwd+bwd and mem: the backward from a fixed random cotangent, gradients "
+                             "reset between timed calls (default), or from out.float().sum() with "
+                             "gradients accumulating (the harness of rounds <= 30)")
     parser.add_argument("--quick", action="store_true", help="small shapes, short timing")
     parser.add_argument("--json", default="hladsl-bench.json", help="where to write the JSON")
     parser.add_argument("--plot", default="hladsl-bench.png",
@@ -125,12 +129,36 @@ def _grad_mode(mode):
     return "fwd+bwd" if mode == "mem" else mode
 
 
-def _with_backward(fn):
-    def run():
-        out = fn()
+SEEDS = ("cotangent", "sum")
+
+
+class FwdBwd:
+    """What a training step asks of a candidate: its forward, then its backward.
+    ``seed`` "cotangent" (the default): the backward from a fixed random cotangent of
+    the output, the leaves' ``.grad`` reset to None between timed calls and outside the
+    timed region (do_bench's ``grad_to_none``), as after ``zero_grad(set_to_none=True)``.
+    "sum": ``out.float().sum().backward()`` with gradients accumulating -- the harness of
+    rounds <= 30, which times a cast, a reduction, its broadcast and one add per leaf
+    besides the candidate's own kernels (0.4 ms of fla's 1.26 at T = 16k, run 213)."""
+
+    def __init__(self, fn, leaves):
+        self.fn, self.seed, self._cotangent = fn, "cotangent", None
+        self.leaves = [x for x in leaves if x is not None and x.requires_grad]
+
+    def __call__(self):
+        out = self.fn()
         out = out[0] if isinstance(out, tuple) else out
-        out.float().sum().backward()
-    return run
+        if self.seed == "sum":
+            out.float().sum().backward()
+            return
+        if self._cotangent is None:   # made at the first (untimed) call: the output's shape
+            gen = torch.Generator(device=out.device).manual_seed(2)
+            self._cotangent = torch.randn(out.shape, generator=gen, device=out.device).to(out.dtype)
+        out.backward(self._cotangent)
+
+    def reset_grads(self):
+        for x in self.leaves:
+            x.grad = None
 
 
 def spec_case(name, params, schedule, switches=None):
@@ -168,7 +196,7 @@ def spec_case(name, params, schedule, switches=None):
         def fn():
             return op(*args, g=g)
 
-        return _with_backward(fn) if mode == "fwd+bwd" else fn
+        return FwdBwd(fn, args) if mode == "fwd+bwd" else fn
     return build
 
 
@@ -186,7 +214,7 @@ def sdpa_case(mode, shape):
     def fn():
         return sdpa(q, k, v, is_causal=True)
 
-    return _with_backward(fn) if mode == "fwd+bwd" else fn
+    return FwdBwd(fn, (q, k, v)) if mode == "fwd+bwd" else fn
 
 
 def fla_case(mode, shape):
@@ -207,7 +235,7 @@ def fla_case(mode, shape):
     def fn():
         return chunk_simple_gla(q, k, v, g=g, scale=d ** -0.5)
 
-    return _with_backward(fn) if mode == "fwd+bwd" else fn
+    return FwdBwd(fn, (q, k, v)) if mode == "fwd+bwd" else fn
 
 
 def retention_case(mode, shape):
@@ -226,7 +254,7 @@ def retention_case(mode, shape):
     def fn():
         return power_retention(q, k, v, log_g, deg=2, chunk_size=1024)
 
-    return _with_backward(fn) if mode == "fwd+bwd" else fn
+    return FwdBwd(fn, (q, k, v)) if mode == "fwd+bwd" else fn
 
 
 BASELINE_CASES = {
@@ -239,13 +267,17 @@ BASELINE_CASES = {
 # -- timing ----------------------------------------------------------------------------
 def time_ms(fn, device, quick, mode) -> float:
     grad = torch.enable_grad() if mode == "fwd+bwd" else torch.no_grad()
+    fresh = isinstance(fn, FwdBwd) and fn.seed == "cotangent"   # grads reset between calls, untimed
     with grad:
         if device == "cuda":
             import triton.testing
             return triton.testing.do_bench(fn, warmup=5 if quick else 25, rep=20 if quick else 100,
+                                           grad_to_none=fn.leaves if fresh else None,
                                            return_mode="median")
         budget, samples, start = (0.05 if quick else 0.5), [], time.perf_counter()
         while len(samples) < 5 or (time.perf_counter() - start < budget and len(samples) < 100):
+            if fresh:
+                fn.reset_grads()
             t0 = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - t0) * 1e3)
@@ -323,6 +355,8 @@ def _time_candidates(args, device, cfg, candidates, spec_of) -> int:
                 if mode == "mem" and device != "cuda":
                     raise Unavailable("memory is measured on CUDA only")
                 fn = build(_grad_mode(mode), shape)
+                if isinstance(fn, FwdBwd):
+                    fn.seed = args.backward_seed
                 _progress("compiling/tuning... ", end="")
                 start = time.perf_counter()
                 _first_call(fn, _grad_mode(mode), device)

@@ -8,7 +8,7 @@ import zlib
 
 import torch
 
-from hladsl.bench import parse_spec
+from hladsl.bench import FwdBwd, parse_spec, time_ms
 from hladsl.cli import main
 
 
@@ -110,3 +110,26 @@ def test_launch_switch_checks_its_value_and_forgets_plans():
             assert bad[0] in str(exc)
         else:
             raise AssertionError(f"switch{bad} was accepted")
+
+
+def test_fwd_bwd_harness_seeds_a_fixed_cotangent_and_resets_grads(tmp_path):
+    """The default training-step harness: the backward from one fixed cotangent, the
+    leaves' gradients reset before every timed call (no accumulating add is timed);
+    --backward-seed sum keeps the old harness (a sum's backward, gradients accumulating)."""
+    x = torch.randn(4, 3, requires_grad=True)
+    step = FwdBwd(lambda: (x * 2, None), [x, None])
+    step()
+    first = x.grad.clone()
+    assert torch.equal(first, 2 * step._cotangent) and step._cotangent.abs().sum() > 0
+    time_ms(step, "cpu", True, "fwd+bwd")
+    assert torch.equal(x.grad, first)   # reset before each call: one call's gradient
+    step.seed = "sum"
+    x.grad = None
+    step()
+    step()
+    assert torch.equal(x.grad, torch.full_like(x, 4.0))
+    out_json = tmp_path / "b.json"
+    assert main(["bench", "--device", "cpu", "--quick", "--specs", "linear", "--baselines", "--T", "16",
+                 "--d", "8", "--modes", "fwd+bwd", "--backward-seed", "sum", "--json", str(out_json),
+                 "--plot", ""]) == 0
+    assert [r["what"] for r in json.loads(out_json.read_text())["rows"] if "ms" in r] == ["hladsl linear"]
