@@ -1,5 +1,10 @@
 """Host cost of one fwd+bwd call: wall per call at a tiny shape (GPU idle), and cProfile."""
-import cProfile, pstats, sys, time, io
+import cProfile
+import io
+import pstats
+import sys
+import time
+
 import torch
 import hladsl
 from hladsl.bench import FwdBwd
@@ -17,11 +22,13 @@ def fla(B, T, H, d):
 
 def wall(step, n=200):
     for _ in range(5):
-        step.reset_grads(); step()
+        step.reset_grads()
+        step()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
-        step.reset_grads(); step()
+        step.reset_grads()
+        step()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / n * 1e6
 
@@ -36,7 +43,8 @@ wall(step, 20)
 pr = cProfile.Profile()
 pr.enable()
 for _ in range(200):
-    step.reset_grads(); step()
+    step.reset_grads()
+    step()
 torch.cuda.synchronize()
 pr.disable()
 s = io.StringIO()
