@@ -75,16 +75,15 @@ def test_a_first_call_counting_its_compiles_is_bound(interpreter_binds, monkeypa
 
 def test_calls_that_cannot_be_replayed_validate_every_time(interpreter_binds):
     """Padded tokens (T not a multiple of the chunk), an initial state the kernels read in
-    another layout (HLA2's packed symmetric S, unpacked for them), gradients, another form
-    of the call, one tensor passed as two inputs: never bound."""
+    another layout (HLA2's packed symmetric S, unpacked for them), another form of the
+    call, one tensor passed as two inputs: never bound."""
     op = hladsl.load("hla2", backend="triton", chunk_size=16)
     with launch.switched(BOUND_CALLS=True):   # (a switch forgets the calls bound before)
         for T, with_init in ((20, False), (32, True)):
             for xs, kw in _calls(op, 1, T, 2, 8, 8, True, with_init, n=2):
                 op(*xs, **kw)
-        q, k, v = (torch.randn(1, 32, 2, 8, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(1, 32, 2, 8) for _ in range(3))
         for _ in range(2):
-            op(q, k, v)[0].sum().backward()
             op(q, k, v, None)          # g positionally: not the usual form
         with torch.no_grad():
             for _ in range(2):
@@ -188,3 +187,72 @@ def test_bound_keys_hold_the_direct_switch(monkeypatch):
         monkeypatch.setattr(direct, "ENABLED", not direct.ENABLED)
         keys.append((_call_signature(op, xs, kw), _step_signature(op, xs, {"state": state})))
     assert None not in keys[0] and keys[0][0] != keys[1][0] and keys[0][1] != keys[1][1]
+
+
+def _training_steps(op, gated, n, T=32, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    steps = []
+    for _ in range(n):
+        q, k, v = (0.5 * torch.randn(2, T, 2, 8, generator=gen) for _ in range(3))
+        g = -0.3 * torch.rand(2, T, 2, generator=gen) if gated else None
+        steps.append((q, k, v, g, torch.randn(2, T, 2, 8, generator=gen)))
+    return steps
+
+
+def _train(op, q, k, v, g, do, **kw):
+    """One fwd + bwd from the cotangent ``do``: (o, the gradients of q, k, v and g)."""
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g) if x is not None]
+    o, _ = op(*leaves[:3], g=leaves[3] if g is not None else None, **kw)
+    o.backward(do)
+    return o.detach(), [x.grad for x in leaves]
+
+
+def _name(kernel) -> str:
+    return getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "")
+
+
+@pytest.mark.parametrize("spec, gated", [("linear", False), ("linear", True), ("hla2", True), ("ahla", False),
+                                         ("hla3_masked", False), ("power", True)])
+def test_a_bound_training_call_equals_the_validated_call(spec, gated, interpreter_binds):
+    """An autograd call like an earlier one in all but its data replays that call's launches,
+    its forward (with the state pass it keeps for the backward) and its backward (from a
+    cotangent): o and every gradient equal the validated calls' bitwise."""
+    op = hladsl.load(spec, backend="triton", chunk_size=16, **({"p": 2} if spec == "power" else {}))
+    steps = _training_steps(op, gated, n=3)
+    with launch.switched(BOUND_CALLS=False):
+        want = [_train(op, *step) for step in steps]
+    assert interpreter_binds == []
+    with launch.switched(BOUND_CALLS=True):
+        got = [_train(op, *step) for step in steps]
+    half = len(interpreter_binds) // 2   # the second and third calls were bound, alike
+    assert half and interpreter_binds == interpreter_binds[:half] * 2
+    names = [_name(k) for k in interpreter_binds[:half]]
+    assert "output_kernel" in names and "grad_kernel" in names, names   # forward and backward
+    for (o, grads), (o_want, grads_want) in zip(got, want):
+        assert torch.equal(o, o_want)
+        assert len(grads) == len(grads_want) == 3 + gated
+        for a, b in zip(grads, grads_want):
+            assert torch.equal(a, b)
+    # a replay's gradients are its own buffers
+    assert got[1][1][0].data_ptr() != got[2][1][0].data_ptr()
+
+
+def test_training_calls_that_cannot_be_replayed_validate_every_time(interpreter_binds):
+    """A backward with a final state's gradient, or from a cotangent the kernels cannot read
+    in place (a sum's, stride 0: copied), and a forward with an initial state: their
+    launches are never replayed (the forward of the first two may be)."""
+    op = hladsl.load("linear", backend="triton", chunk_size=16)
+    with launch.switched(BOUND_CALLS=True):
+        for q, k, v, g, do in _training_steps(op, True, n=2):
+            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+            o, finals = op(*leaves, g=g, output_final_state=True)
+            (o * do).sum().add(finals["S"].sum()).backward()   # a final state's gradient
+            op(*leaves, g=g)[0].sum().backward()               # a stride-0 cotangent
+        assert "output_kernel" in {_name(k) for k in interpreter_binds}
+        assert not {"reverse_kernel", "grad_kernel"} & {_name(k) for k in interpreter_binds}
+        interpreter_binds.clear()
+        for q, k, v, g, do in _training_steps(op, True, n=2):
+            init = {"S": torch.randn(2, 2, 8, 8)}
+            _train(op, q, k, v, g, do, initial_state=init)
+    assert interpreter_binds == []
+    assert not binding.active()

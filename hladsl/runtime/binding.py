@@ -1,5 +1,6 @@
-"""Bound calls: a forward call replayed as its launches, with no per-call Python but
-the tensors'.
+"""Bound calls: a forward call -- or an autograd call's forward and its backward
+(``Op.forward_keeping``, ``Op.backward_impl``: ``op._training_key``) -- replayed as its
+launches, with no per-call Python but the tensors'.
 
 A call's launch plan depends on its tensors' shapes, strides, dtypes and alignment and
 on the op's settings only (``op._call_signature`` keys them), so a call like an earlier
@@ -10,11 +11,14 @@ has a known role it keeps a ``BoundCall`` that launches the same compiled varian
 (``direct.Bound``) on the new call's tensors. A tensor's role is one of:
 
 * ``arg``: a tensor the caller passed (matched by address: the kernels read a
-  token tile as a strided view of the caller's tensor, starting where it starts);
+  token tile as a strided view of the caller's tensor, starting where it starts); a
+  backward's are the tokens, g, dO and what its forward kept;
 * ``derived``: a tensor the call computes from its arguments, registered with the
   function that computes it (the in-chunk cumulative log gates);
-* ``fresh``: a buffer the call allocated for the kernels to write (outputs, final
-  states, chunk starts, deltas), allocated again per call from its recorded layout;
+* ``fresh``: a buffer the call allocated for the kernels to write before any kernel
+  reads it (outputs, final states, chunk starts, deltas, d-states, gradient tiles),
+  allocated again per call from its recorded layout, uninitialised: a buffer a kernel
+  accumulates into from zero, or one a torch op changes between launches, must not be;
 * ``kept``: a table that outlives calls (packed-index tables), kept as is.
 
 Any other tensor -- a copy made by a torch op (padding, a cast, a contiguous copy
@@ -46,7 +50,7 @@ class Recording:
         # call may pass two tensors there
         self.bindable = len(self.args) == sum(map(_addressable, args))
         self.raised = False    # a launch raised (and was retried): the next call may bind
-        self.returned = None   # (o tiles, final states, the call's preparation): ``returned``
+        self.returned = None   # what the kernels returned, with the call's preparation: ``returned``
 
     def role(self, x: torch.Tensor):
         if not _addressable(x):
@@ -124,11 +128,12 @@ def launched(kernel, grid, args: dict) -> None:
         rec.launches.append((kernel, tuple(grid), args))
 
 
-def returned(o_tiles, finals: dict, prep) -> None:
-    """What the recorded call's kernels returned, before the torch finish."""
+def returned(*what) -> None:
+    """What the recorded call's kernels returned, before the torch finish (a forward: its
+    o tiles, final states and preparation; a backward: its gradient tiles, dΛ and preparation)."""
     rec = _current()
     if rec is not None:
-        rec.returned = (o_tiles, finals, prep)
+        rec.returned = what
 
 
 def unbindable(raised: bool = False) -> None:

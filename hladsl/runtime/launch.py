@@ -698,8 +698,9 @@ DERIVED_STARTS = True
 DERIVED_KERNEL = True
 DERIVED_BLOCK = None     # the derived kernel's value blocks (None: ``split_blocks``' rule; 64: 22.67 ms, 32: 24.71)
 
-# A forward call with nothing to differentiate, like an earlier one in all but its tensors'
-# data, replays that call's launches (runtime.binding, op._BoundForward).
+# A forward call with nothing to differentiate, or an autograd call's forward or backward, like
+# an earlier one in all but its tensors' data, replays that call's launches (runtime.binding,
+# op._BoundForward, op._BoundTrainingForward, op._BoundTrainingBackward).
 BOUND_CALLS = True
 
 # A forward under autograd (eager) runs at the backward's chunk and runs the backward's state

@@ -13,6 +13,7 @@ or the generated Triton kernels, and a differentiable finish (unpad, cast).
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
 import warnings
@@ -139,7 +140,7 @@ class Op:
                 o, finals = fresh_outputs(*self.forward_impl(token_list, g, scale, init, cu_seqlens,
                                                               self.schedule), token_list + init)
             if record:
-                self._remember_call(signature, rec, o, kwargs)
+                self._remember(signature, rec, lambda: _BoundForward.make(self, rec, o, kwargs))
         else:   # the same forward_impl / backward_impl, without the custom op's dispatch
             o, *finals = EagerCall.apply(self, len(token_list), scale, cu_seqlens, self.schedule, g,
                                          *token_list, *init)
@@ -249,7 +250,13 @@ class Op:
         its chunk starts and the deltas its reverse scan reads. Not while tuning: the tuner
         times the forward's own schedules."""
         keep = launch.KEEP_STATE_PASS and not autotune.requested(self.autotune) and autotune.current() is None
-        return self._forward(tokens, g, scale, init, cu_seqlens, schedule, keep=keep)
+        if not keep:
+            return self._forward(tokens, g, scale, init, cu_seqlens, schedule, keep=False)
+        # a training call like an earlier one in all but its data replays that call's launches
+        key = _training_key(self, "forward", scale, [*tokens, g], init, cu_seqlens, schedule)
+        return self._replayed(key, [*tokens, *([] if g is None else [g])],
+                              lambda: self._forward(tokens, g, scale, init, cu_seqlens, schedule, keep=True),
+                              _BoundTrainingForward.make, lambda bound: bound(tokens, g))
 
     def _forward(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str, keep: bool):
         tokens = dict(zip(self.inputs, tokens))
@@ -310,13 +317,22 @@ class Op:
                 prep.program, prep.tiles, prep.lam, prep.init, prep.output_vjp(grad_o), d_finals,
                 self.algebra.eps, schedule=schedule, grad_dtype=tokens[0].dtype, seq_chunks=prep.seq_chunks,
                 grad_scales=prep.scales, scales=prep.load_scales, kept=kept)
+            binding.returned(d_tiles, d_lam, prep)
             grads = [prep.token_vjp(d_tiles[n], x) for n, x in zip(self.inputs, tokens)]
             if g is not None:
                 grads.append(prep.gate_vjp(d_lam, g))
             grads += [prep.init_vjp(s.name, d_init[s.name], x) for s, x in zip(self.algebra.streaming, init)]
             return grads
-        return self._on_kernels("backward", dict(zip(self.inputs, tokens)), g, run, torch_path, schedule,
-                                cu_seqlens)
+
+        def on_kernels():
+            return self._on_kernels("backward", dict(zip(self.inputs, tokens)), g, run, torch_path, schedule,
+                                    cu_seqlens)
+        if keep:   # final-state gradients: validated every time
+            return on_kernels()
+        held = [] if kept is None else [*kept.starts.values(), *kept.deltas.values()]
+        key = _training_key(self, "backward", scale, [*tokens, g, grad_o, *held], init, cu_seqlens, schedule)
+        return self._replayed(key, [*tokens, *([] if g is None else [g]), grad_o, *held], on_kernels,
+                              _BoundTrainingBackward.make, lambda bound: bound(tokens, g, grad_o, held))
 
     def final_state_impl(self, tokens: list, g, scale, init: list) -> list:
         """The final states alone (dense, no autograd): the state pass without the output
@@ -390,18 +406,32 @@ class Op:
             self._no_kernel_fits(exc, direction, dims, first)
         return torch_path()
 
-    def _remember_call(self, signature, rec, o, kwargs) -> None:
-        """Keep the bound form of a recorded call, or ``_UNBOUND`` where it has none; a
-        recording that a raised launch spoiled (a chunk halved, a narrower walk, the fused
-        schedule abandoned: each remembered by the launch layer) is tried again on the
-        next call, RECORD_TRIES times in all."""
+    def _remember(self, signature, rec, make) -> None:
+        """Keep the bound form of a recorded call (``make()``), or ``_UNBOUND`` where it has
+        none (``make()`` None); a recording that a raised launch spoiled (a chunk halved, a
+        narrower walk, the fused schedule abandoned: each remembered by the launch layer) is
+        tried again on the next call, RECORD_TRIES times in all."""
         if rec.raised:
             tries = self._record_tries.get(signature, 0) + 1
             self._record_tries[signature] = tries
             if tries < RECORD_TRIES:
                 return
-        launch.remembered(self._bound_calls, signature,
-                          lambda: _BoundForward.make(self, rec, o, kwargs) or _UNBOUND)
+        launch.remembered(self._bound_calls, signature, lambda: make() or _UNBOUND)
+
+    def _replayed(self, key, tensors: list, run, make, replay):
+        """``run()``, or the bound replay of an earlier run under ``key`` (``replay(bound)``):
+        a key's first run is recorded with ``tensors`` as its arguments and
+        ``make(op, recording, result)`` binds it (None: it validates from then on); ``key``
+        None runs every time."""
+        if key is None:
+            return run()
+        bound = self._bound_calls.get(key)
+        if bound is not None:
+            return run() if bound is _UNBOUND else replay(bound)
+        with binding.recording(tensors) as rec:
+            result = run()
+        self._remember(key, rec, lambda: make(self, rec, result))
+        return result
 
     # -- internals -----------------------------------------------------------------------
     def _no_kernel_fits(self, exc, what: str, dims: dict, first) -> None:
@@ -498,7 +528,7 @@ def _step_signature(op: Op, args: tuple, kwargs: dict):
 
 
 _BOUND_KEYWORDS = frozenset({"g", "scale", "state", "state_indices"})
-RECORD_TRIES = 3   # recordings of a forward signature before it validates for good (``_remember_call``)
+RECORD_TRIES = 3   # recordings of a signature before it validates for good (``Op._remember``)
 
 
 def _call_signature(op: Op, args: tuple, kwargs: dict):
@@ -538,6 +568,25 @@ def _call_signature(op: Op, args: tuple, kwargs: dict):
 _CALL_KEYWORDS = frozenset({"g", "scale", "initial_state", "output_final_state"})
 
 
+def _training_key(op: Op, direction: str, scale, tensors: list, init, cu_seqlens, schedule: str):
+    """The key of an autograd call's forward (``direction`` "forward"; ``tensors``: the
+    tokens and g) or backward ("backward": also dO and what the forward kept) under which
+    its bound replay serves it (``_BoundTrainingForward``, ``_BoundTrainingBackward``);
+    None where the call validates every time: varlen, an initial state, the torch backend,
+    bound calls off, while torch.compile or torch.func traces, while autotuning, with
+    HLADSL_CHECK_VALUES=1, or a tensor that is not a plain one. Like ``_call_signature``,
+    it holds the schedule, the chunk size, the device and ``_bound_key``."""
+    if (cu_seqlens is not None or init or op.backend == "torch" or not launch.BOUND_CALLS
+            or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or autotune.requested(op.autotune) or autotune.current() is not None
+            or os.environ.get("HLADSL_CHECK_VALUES") == "1"
+            or any(x is not None and type(x) is not torch.Tensor for x in tensors)):
+        return None
+    first = tensors[0]
+    return ("training", direction, schedule, op.chunk_size, len(tensors),
+            torch.cuda.current_device() if first.is_cuda else None, *_bound_key(op, scale, tensors))
+
+
 def _call_tensors(op: Op, args: tuple, kwargs: dict) -> list:
     """The tensors of a call in the usual form: tokens, g, the initial state's in state order."""
     init = kwargs.get("initial_state")
@@ -559,8 +608,6 @@ class _BoundForward:
         self.program, self.dims, self.compute = prep.program, prep.dims, prep.compute
         self.tiling = (prep.shape[0], prep.n_chunks, prep.chunk, prep.shape[2])
         self.final_state = final_state
-        from hladsl.runtime.triton_forward import GATES, kernel_gates
-        self.gates, self.kernel_gates = GATES, kernel_gates
 
     @classmethod
     def make(cls, op: Op, rec, o, kwargs: dict):
@@ -583,16 +630,110 @@ class _BoundForward:
         return cls(op, call, o_buffer, raw, prep, kwargs.get("output_final_state", False))
 
     def __call__(self, args: tuple, kwargs: dict):
-        g = kwargs.get("g")
-        derive = {}
-        if g is not None:   # as _Prepared (no padding here) and forward_triton make them
-            derive[self.gates] = lambda: self.kernel_gates(chunk_gates(g.to(self.compute), *self.tiling), g.device)
-        buffers = self.call.run(_call_tensors(self.op, args, kwargs), derive)
+        buffers = self.call.run(_call_tensors(self.op, args, kwargs),
+                                _gates_deriver(kwargs.get("g"), self.compute, self.tiling))
         if not self.final_state:
             return buffers[self.o_buffer], None
         finals = storage_states(self.op.algebra, self.program, self.dims, self.compute,
                                 {n: buffers[p] for n, p in self.finals.items()})
         return buffers[self.o_buffer], dict(zip(self.op.state_names, finals))
+
+
+def _gates_deriver(g, compute, tiling) -> dict:
+    """A bound call's derived ``GATES`` (Λ as the kernels read it), as _Prepared and
+    ``kernel_gates`` make it from g (no padding in a bound call)."""
+    if g is None:
+        return {}
+    from hladsl.runtime.triton_forward import GATES, kernel_gates
+    return {GATES: lambda: kernel_gates(chunk_gates(g.to(compute), *tiling), g.device)}
+
+
+def _place(rec, tensors: dict, call) -> dict | None:
+    """{name: address} of buffers a recorded call's kernels wrote, each a fresh buffer its
+    bound form allocates (``binding.BoundCall.fresh``); None where one is not."""
+    places = {n: x.data_ptr() for n, x in tensors.items()}
+    return places if set(places.values()) <= call.fresh.keys() else None
+
+
+class _BoundTrainingForward:
+    """The forward of an autograd call replayed (``Op.forward_keeping``): the recorded
+    launches of the kept state pass and the output kernel on fresh buffers, returning o,
+    the final states and what the backward reads (``KeptStates``) as the validated call does."""
+
+    def __init__(self, op: Op, call, o_buffer: int, finals: dict, starts: dict, deltas: dict, kept, prep):
+        self.op, self.call, self.o_buffer = op, call, o_buffer
+        self.finals, self.starts, self.deltas = finals, starts, deltas
+        self.kept_plan, self.kept_lead = kept.plan, kept.lead
+        self.program, self.dims, self.compute = prep.program, prep.dims, prep.compute
+        self.tiling = (prep.shape[0], prep.n_chunks, prep.chunk, prep.shape[2])
+
+    @classmethod
+    def make(cls, op: Op, rec, result):
+        """From a recorded training forward that returned ``result`` (o, finals, kept), or None
+        (as ``_BoundForward.make``; also where it kept nothing)."""
+        o, _, kept = result
+        if rec.returned is None or kept is None:
+            return None
+        o_tiles, finals, prep = rec.returned
+        if prep.pad or prep.index is not None:
+            return None
+        o_buffer = o_tiles.data_ptr()
+        base = rec.fresh.get(o_buffer)
+        if base is None or base.shape != o.shape or not o.is_contiguous() or o.data_ptr() != o_buffer:
+            return None
+        call = binding.bind(rec)
+        if call is None or o_buffer not in call.fresh:
+            return None
+        places = [_place(rec, x, call) for x in (finals, kept.starts, kept.deltas)]
+        if None in places:
+            return None
+        return cls(op, call, o_buffer, *places, kept, prep)
+
+    def __call__(self, tokens: list, g):
+        from hladsl.runtime.triton_backward import KeptStates
+        buffers = self.call.run([*tokens, *([] if g is None else [g])],
+                                _gates_deriver(g, self.compute, self.tiling))
+        finals = storage_states(self.op.algebra, self.program, self.dims, self.compute,
+                                {n: buffers[p] for n, p in self.finals.items()})
+        kept = KeptStates(self.kept_plan, self.kept_lead, {n: buffers[p] for n, p in self.starts.items()},
+                          {n: buffers[p] for n, p in self.deltas.items()})
+        return buffers[self.o_buffer], finals, kept
+
+
+class _BoundTrainingBackward:
+    """The backward of an autograd call replayed (``Op.backward_impl`` without final-state
+    gradients): the recorded launches on fresh buffers, then the same torch transposes of
+    the preparation (``_Prepared.token_vjp``, ``gate_vjp``) on their gradient tiles."""
+
+    def __init__(self, call, d_tiles: dict, d_lam, layout):
+        self.call, self.d_tiles, self.d_lam, self.layout = call, d_tiles, d_lam, layout
+        self.tiling = (layout.shape[0], layout.n_chunks, layout.chunk, layout.shape[2])
+
+    @classmethod
+    def make(cls, op: Op, rec, result):
+        if rec.returned is None:
+            return None
+        d_tiles, d_lam, prep = rec.returned
+        if prep.pad or prep.index is not None:
+            return None
+        call = binding.bind(rec)
+        if call is None:
+            return None
+        places = _place(rec, {**d_tiles, **({} if d_lam is None else {None: d_lam})}, call)
+        if places is None:
+            return None
+        layout = copy.copy(prep)   # its layout only: none of the recorded call's tensors
+        layout.tiles = layout.lam = layout.init = None
+        return cls(call, {n: p for n, p in places.items() if n is not None}, places.get(None), layout)
+
+    def __call__(self, tokens: list, g, grad_o, held: list) -> list:
+        buffers = self.call.run([*tokens, *([] if g is None else [g]), grad_o, *held],
+                                _gates_deriver(g, self.layout.compute, self.tiling))
+        grads = [self.layout.token_vjp(tile(buffers[self.d_tiles[n]], *self.tiling), x)
+                 for n, x in zip(self.layout.op.inputs, tokens)]
+        if g is not None:
+            grads.append(self.layout.gate_vjp(buffers[self.d_lam], g))
+        return grads
 
 
 def chunk_gates(gates, B: int, n_chunks: int, chunk: int, H: int):

@@ -8,9 +8,9 @@ import triton.runtime.errors
 
 from hladsl.codegen.triton_bwd import backward_kernels
 from hladsl.codegen.triton_gen import constexprs
-from hladsl.runtime import autotune, launch
+from hladsl.runtime import autotune, binding, launch
 from hladsl.runtime.triton_forward import (_packed_tables, _state_buffers, _token_args, tile_args,
-                                           token_layout, walk_args, per_chunk_alloc, plan_state_pass,
+                                           kernel_gates, token_layout, walk_args, per_chunk_alloc, plan_state_pass,
                                            run_state_pass, group_lam, group_phases, ONE_LEVEL)
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime.backward_torch import check_backward_args
@@ -70,7 +70,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, plan.walkers,
                         zero_init_ok=True)
     if lam is not None:
-        lam = lam.to(device=device, dtype=torch.float32).contiguous()
+        lam = kernel_gates(lam, device)
     tokens = _token_args(ctx["inputs"], tiles, lam, program.gated, scales)
 
     # (a) the chunk-start states, by the forward state-pass kernel (or as the forward kept them)
@@ -85,8 +85,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         grad_o = grad_o.contiguous()
     cot = tile_args("dnum", grad_o)    # read in place, in its dtype
     if program.normalizer:
-        dnum = torch.empty(grad_o.shape, device=device, dtype=torch.float32)
-        dden = dnum.new_empty(grad_o.shape[:-1])
+        dnum = binding.fresh(torch.empty(grad_o.shape, device=device, dtype=torch.float32))
+        dden = binding.fresh(dnum.new_empty(grad_o.shape[:-1]))
         args = {**_token_args(fwd["output_inputs"], tiles, lam, program.gated, scales), **packed,
                 **{f"starts_{n}": x for n, x in starts.items()},
                 **tile_args("do", grad_o), **tile_args("dnum", dnum), "dden_ptr": dden, "eps": float(eps)}
@@ -231,7 +231,7 @@ def keep_state_pass(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     plan = _plan(program, ctx, stage_complete, first, precision, num_warps, None, schedule, None, seq_chunks,
                  False)
     if lam is not None:
-        lam = lam.to(device=first.device, dtype=torch.float32).contiguous()
+        lam = kernel_gates(lam, first.device)
     state_args, final = _state_buffers(fwd, program, init_states, (plan.walkers, first.shape[1]), first.device)
     starts, deltas = _state_pass(module, fwd, plan, program, tiles, lam, state_args, scales, seq_chunks)
     read = set()
@@ -262,7 +262,7 @@ def _reverse_pass(module, ctx, plan, fixed: dict, state_args: dict, grad_final, 
             shape = tuple(init.shape[2:])
             slots = (blocks,) if name in partial else ()
             rev[f"dfinal_{name}"] = _dfinal(grad_final, name, init, has_dfinal)
-            rev[f"dinit_{name}"] = d_init[name] = init.new_empty(tuple(init.shape[:2]) + slots + shape)
+            rev[f"dinit_{name}"] = d_init[name] = binding.fresh(init.new_empty(tuple(init.shape[:2]) + slots + shape))
             rev[f"dends_{name}"] = dends[name] = per_chunk_alloc(init, seq_chunks)(rows + slots + shape)
         return {**fixed, **rev}
 
@@ -317,8 +317,8 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
     own, ends = {}, {}
     for s in rs["states"]:
         init = state_args[f"init_{s['name']}"]
-        own[s["name"]] = init.new_empty(rows[:2] + (n_groups,) + tuple(init.shape[2:]))
-        ends[s["name"]] = torch.empty_like(own[s["name"]])
+        own[s["name"]] = binding.fresh(init.new_empty(rows[:2] + (n_groups,) + tuple(init.shape[2:])))
+        ends[s["name"]] = binding.fresh(torch.empty_like(own[s["name"]]))
     read_now = {k: deltas[k] for k in read}
     launch.launch_narrowing(module.rscan_kernel, plan, "group_rscan_launch",
                             {**args, "HAS_DFINAL": False, **{f"dinit_{n}": x for n, x in own.items()}, **parts,
@@ -360,7 +360,7 @@ def _part_buffers(written: list, state_args: dict, rows: tuple, spare: list) -> 
         shape = rows + tuple(init.shape[2:])
         reuse = next((x for x in spare if tuple(x.shape) == shape), None)
         spare = [x for x in spare if x is not reuse]
-        parts[f"rdeltas_{s['name']}"] = reuse if reuse is not None else init.new_empty(shape)
+        parts[f"rdeltas_{s['name']}"] = reuse if reuse is not None else binding.fresh(init.new_empty(shape))
     return parts
 
 
@@ -378,7 +378,7 @@ def _rscan_buffers(ctx, rs: dict, parts: dict, state_args: dict, grad_final, seq
         init = state_args[f"init_{name}"]
         slots = (1,) if name in partial else ()   # the gradient kernel's layout, one block
         args[f"dfinal_{name}"] = _dfinal(grad_final, name, init, has_dfinal)
-        args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
+        args[f"dinit_{name}"] = d_init[name] = binding.fresh(torch.empty_like(init))
         shape = rows + slots + tuple(init.shape[2:])
         if name in in_place:   # written over its part, chunk by chunk, after the part is read
             dends[name] = parts[f"rdeltas_{name}"].view(shape)
@@ -412,7 +412,7 @@ def _grad_buffers(ctx, first, common, lam, dtype) -> tuple[dict, torch.Tensor | 
     n_seq, heads, n_chunks, chunk = first.shape[:4]
     d_tiles = {x["name"]: token_layout(n_seq, heads, n_chunks, chunk, common[f"D_{x['dim']}"], dtype,
                                        first.device) for x in ctx["inputs"]}
-    return d_tiles, None if lam is None else torch.empty_like(lam)
+    return d_tiles, None if lam is None else binding.fresh(torch.empty_like(lam))
 
 
 def _grad_args(d_tiles, d_lam, grad_scales=None, parted: bool = True) -> dict:
@@ -438,7 +438,7 @@ def _fused(module, ctx, plan, tokens, state_args, starts, cot, grad_final, first
         name = s["name"]
         init = state_args[f"init_{name}"]
         args[f"dfinal_{name}"] = _dfinal(grad_final, name, init, has_dfinal)
-        args[f"dinit_{name}"] = d_init[name] = torch.empty_like(init)
+        args[f"dinit_{name}"] = d_init[name] = binding.fresh(torch.empty_like(init))
     args.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["fused"]["reads"]})
     d_tiles, d_lam = _grad_buffers(ctx, first, plan.common, lam, grad_dtype)
     for targets in plan.fused_targets:

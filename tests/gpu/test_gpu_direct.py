@@ -95,3 +95,38 @@ def test_bound_forward_calls_equal_validated_calls_bitwise(spec):
                 assert torch.equal(o, o_want)
                 for name in finals_want:
                     assert torch.equal(finals[name], finals_want[name]), name
+
+
+@pytest.mark.parametrize("spec", [pytest.param(s, marks=group("direct", s)) for s in ("linear", "hla2", "ahla")])
+def test_bound_training_calls_equal_validated_calls_bitwise(spec):
+    """An autograd call like an earlier one in all but its data replays that call's launches:
+    its forward with the kept state pass (op._BoundTrainingForward) and its backward from a
+    cotangent (op._BoundTrainingBackward), gated and not, aligned and misaligned inputs;
+    o and every gradient bitwise equal to the validated calls', in new buffers."""
+    from hladsl.runtime import launch
+    op = hladsl.load(spec)
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+
+    def train(q, k, v, g, do):
+        leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v, g) if x is not None]
+        o, _ = op(*leaves[:3], g=leaves[3] if g is not None else None)
+        o.backward(do)
+        return [o.detach(), *(x.grad for x in leaves)]
+
+    for offset in (0, 1):
+        for gated in (False, True):
+            steps = []
+            for _ in range(3):
+                q, k, v, g = _inputs(gen, offset, T=256)   # whole chunks: no padding
+                do = torch.randn(B, 256, H, D, generator=gen, device=DEVICE).to(torch.bfloat16)
+                steps.append((q, k, v, g if gated else None, do))
+            with launch.switched(BOUND_CALLS=False):
+                want = [train(*step) for step in steps]
+            got = [train(*step) for step in steps]
+            kinds = {type(b).__name__ for b in op._bound_calls.values()}
+            assert {"_BoundTrainingForward", "_BoundTrainingBackward"} <= kinds, kinds
+            assert got[1][1].data_ptr() != got[2][1].data_ptr()
+            for a, b in zip(got, want):
+                assert len(a) == len(b) == 4 + gated
+                for x, y in zip(a, b):
+                    assert torch.equal(x, y)
