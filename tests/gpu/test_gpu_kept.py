@@ -35,11 +35,14 @@ def test_backward_reads_the_state_pass_the_forward_kept(state_passes, spec, gate
         ((o.float() * w_o).sum() + sum(x.sum() for x in final.values())).backward()
         return o.detach(), final, [x.grad for x in leaves], len(passes)
 
-    with launch.switched(KEEP_STATE_PASS=False):
+    # validated calls: a bound one replays its launches and calls no state pass function
+    # (tests/gpu/test_gpu_direct.py checks it equals the validated call bit for bit)
+    with launch.switched(KEEP_STATE_PASS=False, BOUND_CALLS=False):
         fwd_bwd()   # (a shape class's first call also dry-runs, counting what it compiles)
         o_re, final_re, grads_re, passes_re = fwd_bwd()
-    fwd_bwd()
-    o, final, grads, passes_kept = fwd_bwd()
+    with launch.switched(BOUND_CALLS=False):
+        fwd_bwd()
+        o, final, grads, passes_kept = fwd_bwd()
     assert (passes_re, passes_kept) == (2, 1)
     for got, want in zip(grads, grads_re):
         assert torch.equal(got, want)
