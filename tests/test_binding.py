@@ -256,3 +256,70 @@ def test_training_calls_that_cannot_be_replayed_validate_every_time(interpreter_
             _train(op, q, k, v, g, do, initial_state=init)
     assert interpreter_binds == []
     assert not binding.active()
+
+
+def test_a_replay_allocates_each_buffer_for_its_launches_only():
+    """BoundCall.run allocates a fresh buffer just before its first launch and drops it after
+    its last unless kept (the caller's outputs): a replay holds no more at once than the
+    validated call, which frees its temporaries as it goes."""
+    import weakref
+
+    seen = []
+
+    class Launch:
+        def launch(self, values):
+            seen.append([weakref.ref(x) for x in values])
+            alive.append([r() is not None for r in (seen[0][0],)])
+
+    alive = []
+    layout = ((4,), (1,), torch.float32, torch.device("cpu"))
+    call = binding.BoundCall([(Launch(), [("fresh", 1), ("fresh", 2)]), (Launch(), [("fresh", 2)]),
+                              (Launch(), [("fresh", 3)])], {1: layout, 2: layout, 3: layout})
+    out = call.run([], {}, keep={3})
+    assert set(out) == {3} and out[3].shape == (4,)
+    assert alive == [[True], [False], [False]]   # buffer 1 dropped after its only launch
+    assert seen[2][0]() is out[3]
+    assert set(call.run([], {})) == {1, 2, 3}     # keep None: every buffer returned
+
+
+def test_a_fit_change_records_training_calls_again(interpreter_binds):
+    """A launch that settles on less than planned (a halved chunk, a reverse pass that walks)
+    changes what the forward of a training call keeps: the calls bound before it are not
+    replayed, the next is recorded again and later ones replay that."""
+    op = hladsl.load("linear", backend="triton", chunk_size=16)
+    steps = _training_steps(op, False, n=4)
+    with launch.switched(BOUND_CALLS=True):
+        _train(op, *steps[0])
+        _train(op, *steps[1])
+        replayed = len(interpreter_binds)
+        assert replayed
+        launch.fit_changed()
+        _train(op, *steps[2])
+        assert len(interpreter_binds) == replayed   # recorded again, not replayed
+        _train(op, *steps[3])
+        assert len(interpreter_binds) == 2 * replayed
+
+
+def test_a_grouped_gated_scan_is_bound(interpreter_binds):
+    """A long gated sequence on few (sequence, head) pairs runs its scans in groups, whose
+    group decays a torch op makes from Λ: a bound call derives them too (GROUP_GATES), and
+    the replays equal the validated calls bitwise."""
+    from hladsl.runtime import triton_backward
+    op = hladsl.load("linear", backend="triton", chunk_size=16)
+    op.schedule = "scan"
+    gen = torch.Generator().manual_seed(7)
+    steps = [tuple(0.5 * torch.randn(1, 1024, 2, 8, generator=gen) for _ in range(3))
+             + (-0.3 * torch.rand(1, 1024, 2, generator=gen), torch.randn(1, 1024, 2, 8, generator=gen))
+             for _ in range(3)]
+    with launch.switched(BOUND_CALLS=False):
+        want = [_train(op, *step) for step in steps]
+    with launch.switched(BOUND_CALLS=True):
+        got = [_train(op, *step) for step in steps]
+        assert any(p.scan_groups > 1 for p in triton_backward._PLANS.values())
+        kinds = {type(b).__name__ for b in op._bound_calls.values()}
+    assert {"_BoundTrainingForward", "_BoundTrainingBackward"} <= kinds, kinds
+    assert interpreter_binds
+    for (o, grads), (o_want, grads_want) in zip(got, want):
+        assert torch.equal(o, o_want)
+        for a, b in zip(grads, grads_want):
+            assert torch.equal(a, b)

@@ -13,8 +13,9 @@ has a known role it keeps a ``BoundCall`` that launches the same compiled varian
 * ``arg``: a tensor the caller passed (matched by address: the kernels read a
   token tile as a strided view of the caller's tensor, starting where it starts); a
   backward's are the tokens, g, dO and what its forward kept;
-* ``derived``: a tensor the call computes from its arguments, registered with the
-  function that computes it (the in-chunk cumulative log gates);
+* ``derived``: a tensor the call computes from its arguments, registered under the
+  name of the function that computes it (the in-chunk cumulative log gates, a grouped
+  scan's group decays);
 * ``fresh``: a buffer the call allocated for the kernels to write before any kernel
   reads it (outputs, final states, chunk starts, deltas, d-states, gradient tiles),
   allocated again per call from its recorded layout, uninitialised: a buffer a kernel
@@ -147,20 +148,39 @@ def unbindable(raised: bool = False) -> None:
 
 class BoundCall:
     """The launches of a recorded call, each a ``direct.Bound`` with its tensors' roles;
-    ``run(args, derive)`` allocates the fresh buffers, computes the derived tensors and
-    launches. Returns {address recorded: buffer} for the caller to pick its outputs from."""
+    ``run(args, derive, keep)`` computes the derived tensors and launches, allocating each
+    fresh buffer just before its first launch and dropping it after its last unless the
+    caller ``keep``s it (its outputs), as the validated call frees its temporaries: a
+    replay's peak memory is no higher. Returns {address recorded: buffer} of the kept ones
+    (every one where ``keep`` is None) for the caller to pick its outputs from."""
 
     def __init__(self, launches: list, fresh: dict[int, tuple]):
         self.launches = launches    # (direct.Bound, [role per tensor slot])
         self.fresh = fresh          # address recorded -> (shape, stride, dtype, device)
+        first, last = {}, {}
+        for n, (_, roles) in enumerate(launches):
+            for kind, key in roles:
+                if kind == "fresh":
+                    first.setdefault(key, n)
+                    last[key] = n
+        self.derived = {key for _, roles in launches for kind, key in roles if kind == "derived"}
+        self.born = [[p for p, n in first.items() if n == i] for i in range(len(launches))]
+        self.dying = [[p for p, n in last.items() if n == i] for i in range(len(launches))]
 
-    def run(self, args: list, derive: dict[str, Callable[[], torch.Tensor]]) -> dict[int, torch.Tensor]:
-        buffers = {ptr: torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                   for ptr, (shape, stride, dtype, device) in self.fresh.items()}
+    def run(self, args: list, derive: dict[str, Callable[[], torch.Tensor]],
+            keep: set | None = None) -> dict[int, torch.Tensor]:
+        buffers = {}
         made = {name: fn() for name, fn in derive.items()}
-        for bound, roles in self.launches:
+        for (bound, roles), born, dying in zip(self.launches, self.born, self.dying):
+            for ptr in born:
+                shape, stride, dtype, device = self.fresh[ptr]
+                buffers[ptr] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
             bound.launch([args[key] if kind == "arg" else made[key] if kind == "derived"
                           else buffers[key] if kind == "fresh" else key for kind, key in roles])
+            if keep is not None:   # stream-ordered: the allocator reuses it after this launch
+                for ptr in dying:
+                    if ptr not in keep:
+                        del buffers[ptr]
         return buffers
 
 

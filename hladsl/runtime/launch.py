@@ -271,8 +271,24 @@ def fitting_chunk(key, chunk: int, run):
                 raise
             chunk //= 2
             continue
+        if chunk != asked and _FITTING.get((key, asked)) != chunk:
+            fit_changed()
         _FITTING[(key, asked)] = chunk
         return out
+
+
+_FIT_CHANGES = [0]
+
+
+def fit_changed() -> None:
+    """A launch settled on less than its plan (a halved chunk, a reverse pass that walks
+    instead of scanning): what a bound training call keys on (``op._training_key``), since
+    the forward plans for the backward's chunk and scan."""
+    _FIT_CHANGES[0] += 1
+
+
+def fit_changes() -> int:
+    return _FIT_CHANGES[0]
 
 
 def state_blocks(sizes: dict[str, int], programs: int, device, narrow_ok: bool,

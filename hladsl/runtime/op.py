@@ -575,7 +575,10 @@ def _training_key(op: Op, direction: str, scale, tensors: list, init, cu_seqlens
     None where the call validates every time: varlen, an initial state, the torch backend,
     bound calls off, while torch.compile or torch.func traces, while autotuning, with
     HLADSL_CHECK_VALUES=1, or a tensor that is not a plain one. Like ``_call_signature``,
-    it holds the schedule, the chunk size, the device and ``_bound_key``."""
+    it holds the schedule, the chunk size, the device and ``_bound_key``; and the count of
+    launches that settled on less than planned (``launch.fit_changes``): the forward runs at
+    the backward's fitted chunk and keeps what its reverse scan reads, so a later halving
+    would leave a bound forward keeping states the backward no longer reads."""
     if (cu_seqlens is not None or init or op.backend == "torch" or not launch.BOUND_CALLS
             or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
             or autotune.requested(op.autotune) or autotune.current() is not None
@@ -583,7 +586,7 @@ def _training_key(op: Op, direction: str, scale, tensors: list, init, cu_seqlens
             or any(x is not None and type(x) is not torch.Tensor for x in tensors)):
         return None
     first = tensors[0]
-    return ("training", direction, schedule, op.chunk_size, len(tensors),
+    return ("training", direction, schedule, op.chunk_size, len(tensors), launch.fit_changes(),
             torch.cuda.current_device() if first.is_cuda else None, *_bound_key(op, scale, tensors))
 
 
@@ -631,7 +634,8 @@ class _BoundForward:
 
     def __call__(self, args: tuple, kwargs: dict):
         buffers = self.call.run(_call_tensors(self.op, args, kwargs),
-                                _gates_deriver(kwargs.get("g"), self.compute, self.tiling))
+                                _gates_deriver(kwargs.get("g"), self.compute, self.tiling, self.call.derived),
+                                {self.o_buffer, *self.finals.values()})
         if not self.final_state:
             return buffers[self.o_buffer], None
         finals = storage_states(self.op.algebra, self.program, self.dims, self.compute,
@@ -639,13 +643,24 @@ class _BoundForward:
         return buffers[self.o_buffer], dict(zip(self.op.state_names, finals))
 
 
-def _gates_deriver(g, compute, tiling) -> dict:
-    """A bound call's derived ``GATES`` (Λ as the kernels read it), as _Prepared and
-    ``kernel_gates`` make it from g (no padding in a bound call)."""
+def _gates_deriver(g, compute, tiling, names) -> dict:
+    """A bound call's derived tensors ``names`` (``BoundCall.derived``): ``GATES`` (Λ as
+    the kernels read it), as _Prepared and ``kernel_gates`` make it from g (no padding in a
+    bound call), and a grouped scan's group decays (``GROUP_GATES`` + count) from that Λ."""
     if g is None:
         return {}
-    from hladsl.runtime.triton_forward import GATES, kernel_gates
-    return {GATES: lambda: kernel_gates(chunk_gates(g.to(compute), *tiling), g.device)}
+    from hladsl.runtime.triton_forward import GATES, GROUP_GATES, group_lam, kernel_gates
+    made = []
+
+    def gates():
+        if not made:
+            made.append(kernel_gates(chunk_gates(g.to(compute), *tiling), g.device))
+        return made[0]
+    derive = {GATES: gates}
+    for name in names:
+        if name.startswith(GROUP_GATES):
+            derive[name] = lambda n=int(name[len(GROUP_GATES):]): group_lam(gates(), n)
+    return derive
 
 
 def _place(rec, tensors: dict, call) -> dict | None:
@@ -664,6 +679,7 @@ class _BoundTrainingForward:
         self.op, self.call, self.o_buffer = op, call, o_buffer
         self.finals, self.starts, self.deltas = finals, starts, deltas
         self.kept_plan, self.kept_lead = kept.plan, kept.lead
+        self.outputs = {o_buffer, *finals.values(), *starts.values(), *deltas.values()}
         self.program, self.dims, self.compute = prep.program, prep.dims, prep.compute
         self.tiling = (prep.shape[0], prep.n_chunks, prep.chunk, prep.shape[2])
 
@@ -692,7 +708,7 @@ class _BoundTrainingForward:
     def __call__(self, tokens: list, g):
         from hladsl.runtime.triton_backward import KeptStates
         buffers = self.call.run([*tokens, *([] if g is None else [g])],
-                                _gates_deriver(g, self.compute, self.tiling))
+                                _gates_deriver(g, self.compute, self.tiling, self.call.derived), self.outputs)
         finals = storage_states(self.op.algebra, self.program, self.dims, self.compute,
                                 {n: buffers[p] for n, p in self.finals.items()})
         kept = KeptStates(self.kept_plan, self.kept_lead, {n: buffers[p] for n, p in self.starts.items()},
@@ -707,6 +723,7 @@ class _BoundTrainingBackward:
 
     def __init__(self, call, d_tiles: dict, d_lam, layout):
         self.call, self.d_tiles, self.d_lam, self.layout = call, d_tiles, d_lam, layout
+        self.outputs = {*d_tiles.values(), *([] if d_lam is None else [d_lam])}
         self.tiling = (layout.shape[0], layout.n_chunks, layout.chunk, layout.shape[2])
 
     @classmethod
@@ -728,7 +745,8 @@ class _BoundTrainingBackward:
 
     def __call__(self, tokens: list, g, grad_o, held: list) -> list:
         buffers = self.call.run([*tokens, *([] if g is None else [g]), grad_o, *held],
-                                _gates_deriver(g, self.layout.compute, self.tiling))
+                                _gates_deriver(g, self.layout.compute, self.tiling, self.call.derived),
+                                self.outputs)
         grads = [self.layout.token_vjp(tile(buffers[self.d_tiles[n]], *self.tiling), x)
                  for n, x in zip(self.layout.op.inputs, tokens)]
         if g is not None:

@@ -111,6 +111,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             # neither has a value split to narrow: the walking pass, which narrows, runs
             # instead (the plan keeps it)
             plan.reverse_scan = False
+            launch.fit_changed()
     if reversed_ is not None:
         d_init, dends, blocks = reversed_
     else:

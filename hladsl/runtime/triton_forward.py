@@ -459,9 +459,13 @@ def _states_args(state_args: dict, states: list[dict]) -> dict:
             if not k.startswith(("init_", "final_", "starts_")) or k.split("_", 1)[1] in names}
 
 
+GROUP_GATES = "lam/groups:"   # + the group count: a bound call's derived ``group_lam``
+
+
 def group_lam(lam: torch.Tensor, n_groups: int) -> torch.Tensor:
     """The walk over groups' log decays, laid out as ``lam`` ([rows, groups, C]: the kernels
-    read each chunk's last entry): each group's entry is the sum of its chunks' last ones."""
+    read each chunk's last entry): each group's entry is the sum of its chunks' last ones.
+    A bound call derives it from its Λ (``GROUP_GATES``)."""
     length = launch.scan_group_len(lam.shape[2])
     ends = lam[..., -1].reshape(-1, lam.shape[2])
     walkers = ends.shape[0]
@@ -469,7 +473,7 @@ def group_lam(lam: torch.Tensor, n_groups: int) -> torch.Tensor:
     padded[:, :ends.shape[1]] = ends
     out = lam.new_zeros(walkers, n_groups, lam.shape[-1])
     out[..., -1] = padded.view(walkers, n_groups, length).sum(-1)
-    return out
+    return binding.derived(f"{GROUP_GATES}{n_groups}", out)
 
 
 def per_chunk_alloc(like: torch.Tensor, seq_chunks):
