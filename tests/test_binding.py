@@ -279,7 +279,7 @@ def test_a_replay_allocates_each_buffer_for_its_launches_only():
     assert set(out) == {3} and out[3].shape == (4,)
     assert alive == [[True], [False], [False]]   # buffer 1 dropped after its only launch
     assert seen[2][0]() is out[3]
-    assert set(call.run([], {})) == {1, 2, 3}     # keep None: every buffer returned
+    assert set(call.run([], {}, keep={1, 2, 3})) == {1, 2, 3}
 
 
 def test_a_fit_change_records_training_calls_again(interpreter_binds):

@@ -152,7 +152,7 @@ class BoundCall:
     fresh buffer just before its first launch and dropping it after its last unless the
     caller ``keep``s it (its outputs), as the validated call frees its temporaries: a
     replay's peak memory is no higher. Returns {address recorded: buffer} of the kept ones
-    (every one where ``keep`` is None) for the caller to pick its outputs from."""
+    for the caller to pick its outputs from."""
 
     def __init__(self, launches: list, fresh: dict[int, tuple]):
         self.launches = launches    # (direct.Bound, [role per tensor slot])
@@ -168,7 +168,7 @@ class BoundCall:
         self.dying = [[p for p, n in last.items() if n == i] for i in range(len(launches))]
 
     def run(self, args: list, derive: dict[str, Callable[[], torch.Tensor]],
-            keep: set | None = None) -> dict[int, torch.Tensor]:
+            keep: set) -> dict[int, torch.Tensor]:
         buffers = {}
         made = {name: fn() for name, fn in derive.items()}
         for (bound, roles), born, dying in zip(self.launches, self.born, self.dying):
@@ -177,10 +177,9 @@ class BoundCall:
                 buffers[ptr] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
             bound.launch([args[key] if kind == "arg" else made[key] if kind == "derived"
                           else buffers[key] if kind == "fresh" else key for kind, key in roles])
-            if keep is not None:   # stream-ordered: the allocator reuses it after this launch
-                for ptr in dying:
-                    if ptr not in keep:
-                        del buffers[ptr]
+            for ptr in dying:   # stream-ordered: the allocator reuses it after this launch
+                if ptr not in keep:
+                    del buffers[ptr]
         return buffers
 
 

@@ -541,19 +541,14 @@ def _call_signature(op: Op, args: tuple, kwargs: dict):
     which options are given, the device, ``_bound_key``; an initial state must have exactly
     the op's entries. Launch rule constants are changed through ``launch.switch``, which forgets
     bound calls."""
-    if (op.backend == "torch" or len(args) != len(op.inputs) or not kwargs.keys() <= _CALL_KEYWORDS
-            or not launch.BOUND_CALLS or torch.compiler.is_compiling()
-            or torch._C._are_functorch_transforms_active()
-            or autotune.requested(op.autotune) or os.environ.get("HLADSL_CHECK_VALUES") == "1"):
+    if len(args) != len(op.inputs) or not kwargs.keys() <= _CALL_KEYWORDS:
         return None
     try:
         init = kwargs.get("initial_state")
         if init is not None and (type(init) is not dict or init.keys() != set(op.state_names)):
             return None
         tensors = _call_tensors(op, args, kwargs)
-        # plain tensors only: a subclass (a FakeTensor while tracing) may not have an address
-        if any(type(x) is not torch.Tensor for x in tensors) or (
-                torch.is_grad_enabled() and any(x.requires_grad for x in tensors)):
+        if not _may_bind(op, tensors) or (torch.is_grad_enabled() and any(x.requires_grad for x in tensors)):
             return None
         final = kwargs.get("output_final_state", False)
         if not isinstance(final, bool):
@@ -579,15 +574,23 @@ def _training_key(op: Op, direction: str, scale, tensors: list, init, cu_seqlens
     launches that settled on less than planned (``launch.fit_changes``): the forward runs at
     the backward's fitted chunk and keeps what its reverse scan reads, so a later halving
     would leave a bound forward keeping states the backward no longer reads."""
-    if (cu_seqlens is not None or init or op.backend == "torch" or not launch.BOUND_CALLS
-            or torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
-            or autotune.requested(op.autotune) or autotune.current() is not None
-            or os.environ.get("HLADSL_CHECK_VALUES") == "1"
-            or any(x is not None and type(x) is not torch.Tensor for x in tensors)):
+    if cu_seqlens is not None or init or autotune.current() is not None or not _may_bind(op, tensors):
         return None
     first = tensors[0]
     return ("training", direction, schedule, op.chunk_size, len(tensors), launch.fit_changes(),
             torch.cuda.current_device() if first.is_cuda else None, *_bound_key(op, scale, tensors))
+
+
+def _may_bind(op: Op, tensors: list) -> bool:
+    """Whether a call of ``op`` on ``tensors`` (None: an absent one) may be recorded or
+    replayed at all: not on the torch backend, with bound calls on, not while torch.compile
+    or torch.func traces, not while autotuning is asked for, not with HLADSL_CHECK_VALUES=1
+    (a bound call checks no values), plain tensors only (a subclass -- a FakeTensor while
+    tracing -- may not have an address)."""
+    return not (op.backend == "torch" or not launch.BOUND_CALLS or torch.compiler.is_compiling()
+                or torch._C._are_functorch_transforms_active() or autotune.requested(op.autotune)
+                or os.environ.get("HLADSL_CHECK_VALUES") == "1"
+                or any(x is not None and type(x) is not torch.Tensor for x in tensors))
 
 
 def _call_tensors(op: Op, args: tuple, kwargs: dict) -> list:
@@ -614,23 +617,12 @@ class _BoundForward:
 
     @classmethod
     def make(cls, op: Op, rec, o, kwargs: dict):
-        """From a recorded call that returned ``o``, or None where it cannot be replayed: no
-        kernels ran, its tokens were padded or laid out per sequence, o is not the output
-        kernel's buffer as it is, or a tensor has no role (``binding.bind``)."""
-        if rec.returned is None:
+        """From a recorded call that returned ``o``, or None (``_bound_forward``)."""
+        bound = _bound_forward(rec, o)
+        if bound is None:
             return None
-        o_tiles, finals, prep = rec.returned
-        if prep.pad or prep.index is not None:
-            return None
-        o_buffer = o_tiles.data_ptr()
-        raw = {n: x.data_ptr() for n, x in finals.items()}
-        base = rec.fresh.get(o_buffer)   # contiguous [B, T, H, dv]; o may differ in size-1 dims' strides
-        if base is None or base.shape != o.shape or not o.is_contiguous() or o.data_ptr() != o_buffer:
-            return None
-        call = binding.bind(rec)
-        if call is None or o_buffer not in call.fresh or not set(raw.values()) <= call.fresh.keys():
-            return None
-        return cls(op, call, o_buffer, raw, prep, kwargs.get("output_final_state", False))
+        call, o_buffer, finals, prep = bound
+        return cls(op, call, o_buffer, finals, prep, kwargs.get("output_final_state", False))
 
     def __call__(self, args: tuple, kwargs: dict):
         buffers = self.call.run(_call_tensors(self.op, args, kwargs),
@@ -641,6 +633,27 @@ class _BoundForward:
         finals = storage_states(self.op.algebra, self.program, self.dims, self.compute,
                                 {n: buffers[p] for n, p in self.finals.items()})
         return buffers[self.o_buffer], dict(zip(self.op.state_names, finals))
+
+
+def _bound_forward(rec, o):
+    """(bound call, o's buffer, {state: final buffer}, the preparation) of a recorded forward
+    that returned ``o``, or None where it cannot be replayed: no kernels ran, its tokens were
+    padded or laid out per sequence, o is not the output kernel's buffer as it is, or a
+    tensor has no role (``binding.bind``)."""
+    if rec.returned is None:
+        return None
+    o_tiles, finals, prep = rec.returned
+    if prep.pad or prep.index is not None:
+        return None
+    o_buffer = o_tiles.data_ptr()
+    base = rec.fresh.get(o_buffer)   # contiguous [B, T, H, dv]; o may differ in size-1 dims' strides
+    if base is None or base.shape != o.shape or not o.is_contiguous() or o.data_ptr() != o_buffer:
+        return None
+    call = binding.bind(rec)
+    places = None if call is None else _place(finals, call)
+    if places is None or o_buffer not in call.fresh:
+        return None
+    return call, o_buffer, places, prep
 
 
 def _gates_deriver(g, compute, tiling, names) -> dict:
@@ -663,7 +676,7 @@ def _gates_deriver(g, compute, tiling, names) -> dict:
     return derive
 
 
-def _place(rec, tensors: dict, call) -> dict | None:
+def _place(tensors: dict, call) -> dict | None:
     """{name: address} of buffers a recorded call's kernels wrote, each a fresh buffer its
     bound form allocates (``binding.BoundCall.fresh``); None where one is not."""
     places = {n: x.data_ptr() for n, x in tensors.items()}
@@ -688,22 +701,14 @@ class _BoundTrainingForward:
         """From a recorded training forward that returned ``result`` (o, finals, kept), or None
         (as ``_BoundForward.make``; also where it kept nothing)."""
         o, _, kept = result
-        if rec.returned is None or kept is None:
+        bound = None if kept is None else _bound_forward(rec, o)
+        if bound is None:
             return None
-        o_tiles, finals, prep = rec.returned
-        if prep.pad or prep.index is not None:
+        call, o_buffer, finals, prep = bound
+        starts, deltas = _place(kept.starts, call), _place(kept.deltas, call)
+        if starts is None or deltas is None:
             return None
-        o_buffer = o_tiles.data_ptr()
-        base = rec.fresh.get(o_buffer)
-        if base is None or base.shape != o.shape or not o.is_contiguous() or o.data_ptr() != o_buffer:
-            return None
-        call = binding.bind(rec)
-        if call is None or o_buffer not in call.fresh:
-            return None
-        places = [_place(rec, x, call) for x in (finals, kept.starts, kept.deltas)]
-        if None in places:
-            return None
-        return cls(op, call, o_buffer, *places, kept, prep)
+        return cls(op, call, o_buffer, finals, starts, deltas, kept, prep)
 
     def __call__(self, tokens: list, g):
         from hladsl.runtime.triton_backward import KeptStates
@@ -736,12 +741,12 @@ class _BoundTrainingBackward:
         call = binding.bind(rec)
         if call is None:
             return None
-        places = _place(rec, {**d_tiles, **({} if d_lam is None else {None: d_lam})}, call)
-        if places is None:
+        tiles, lam = _place(d_tiles, call), _place({} if d_lam is None else {"dlam": d_lam}, call)
+        if tiles is None or lam is None:
             return None
         layout = copy.copy(prep)   # its layout only: none of the recorded call's tensors
         layout.tiles = layout.lam = layout.init = None
-        return cls(call, {n: p for n, p in places.items() if n is not None}, places.get(None), layout)
+        return cls(call, tiles, lam.get("dlam"), layout)
 
     def __call__(self, tokens: list, g, grad_o, held: list) -> list:
         buffers = self.call.run([*tokens, *([] if g is None else [g]), grad_o, *held],
