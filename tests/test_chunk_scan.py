@@ -89,9 +89,10 @@ def _loss_and_grads(op, tensors, init, w_o, w_s, cu, scale):
     return o, final, torch.autograd.grad(loss, wrt)
 
 
-def _check_scan_schedule(name, params, gated, with_init, dv, shapes, seed, cu=None, schedule="scan"):
+def _check_scan_schedule(name, params, gated, with_init, dv, shapes, seed, cu=None, schedule="scan",
+                         grad_tol=1e-4):
     """The "scan" schedule (or ``schedule``) in fp32 under the interpreter against the float64 torch program:
-    outputs (1e-5), final states (1e-5) and every gradient (1e-4); the outputs and final
+    outputs (1e-5), final states (1e-5) and every gradient (``grad_tol``); the outputs and final
     states of a call with nothing to differentiate too (the forward's own state pass: under
     autograd it runs the backward's, launch.KEEP_STATE_PASS)."""
     gen = torch.Generator().manual_seed(seed)
@@ -131,7 +132,7 @@ def _check_scan_schedule(name, params, gated, with_init, dv, shapes, seed, cu=No
         for n in states:
             assert rel(final[n], want_f[n]) < 1e-5, n
     for a, b in zip(got_g, want_g):
-        assert rel(a, b) < 1e-4
+        assert rel(a, b) < grad_tol
 
 
 @pytest.mark.parametrize("name,params,gated,with_init,varlen,dv", CASES,
@@ -728,6 +729,47 @@ def test_scan_kernels_over_two_value_blocks(name, params, varlen, in_place, laun
     if staged:   # the second stage: dSK, dSQ (without dv) over their parts too
         assert {n for n in init if f"rdeltas_{n}" in args} == {"SK", "SQ", "P"}
         assert varlen or not in_place or not with_value_dim >= shared
+
+
+# (spec, params, gated, two-level scans): d-states with and without the value dim, AHLA's and
+# HLA3-masked's chunk summaries outside the states
+BF16_D_STATES = [("hla2", {}, True, False), ("hla2", {"normalize": True}, False, True),
+                 ("ahla", {}, True, False), ("hla3_masked", {}, False, False)]
+
+
+@pytest.mark.parametrize("name,params,gated,grouped", BF16_D_STATES,
+                         ids=[f"{c[0]}{'-norm' if c[1] else ''}-{'gated' if c[2] else 'plain'}"
+                              f"{'-grouped' if c[3] else ''}" for c in BF16_D_STATES])
+def test_d_states_stored_in_bf16(name, params, gated, grouped, launched, monkeypatch):
+    """The reverse scan's parts and chunk-end d-states in bf16 (``launch.d_states_dtype``'s
+    choice for bf16 inputs on a GPU, forced here, where the interpreter's fp32 tiles give fp32):
+    written and read as bf16 buffers, over their parts and in two-level walks, the walks carrying
+    fp32. Gradients within bf16's rounding of those d-states (2^-9 relative an element) of the
+    float64 program, 1e-2; outputs and final states, which never read them, within fp32's."""
+    groups = dict(SCAN_GROUP=2, SCAN_GROUP_FILL=1000) if grouped else {}
+    launch.forget_plans()   # (plans hold the dtype: none made with fp32 d-states, none kept after)
+    try:
+        with monkeypatch.context() as m, launch.switched(**groups):
+            m.setattr(launch, "d_states_dtype", lambda sdot: torch.bfloat16)
+            _check_scan_schedule(name, params, gated, True, 8, (2, 16 * 7 - 5, 2, 8), 23, grad_tol=1e-2)
+    finally:
+        launch.forget_plans()
+    # (the walk over the groups' own parts reads fp32 buffers: a group's part is an fp32 sum)
+    stored = {(n, k): x.dtype for n, (kernel, args) in enumerate(launched.args) if kernel == "rscan_kernel"
+              for k, x in args.items() if k.startswith(("rdeltas_", "dends_")) and x.shape[2] == 7}
+    assert stored and set(stored.values()) == {torch.bfloat16}, stored
+    assert launched.count("rscan_kernel") == (3 if grouped else 1)
+
+
+def test_d_states_dtype_follows_the_state_dots():
+    """bf16 d-states only where the backward's state products run in bf16 (fp32 SDOT: fp32
+    or fp16 inputs, the interpreter, the precision plan's exact state reads)."""
+    import triton.language as tl
+    with launch.switched(D_STATES_IN_SDOT=True):
+        assert launch.d_states_dtype(tl.bfloat16) == torch.bfloat16
+        assert launch.d_states_dtype(tl.float32) == torch.float32
+    with launch.switched(D_STATES_IN_SDOT=False):
+        assert launch.d_states_dtype(tl.bfloat16) == torch.float32
 
 
 def test_the_reverse_scan_follows_the_chunk_scan():

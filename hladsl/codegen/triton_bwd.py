@@ -468,7 +468,9 @@ def _rscan_context(low: _BwdLowering, bwd, walked: list, states: list, written: 
     ends = {}
     for name in states:
         parts = ([f"ds_{name}"] if name in scan_written else []) + ([f"rdl_{name}"] if name in has_part else [])
-        ends[name] = " + ".join(parts) if parts else f"tl.zeros_like(ct_end_{name})"
+        # (a part alone is cast: it may be stored in bf16, launch.d_states_dtype, and the carry is fp32)
+        ends[name] = (" + ".join(parts) if len(parts) > 1 else f"{parts[0]}.to(tl.float32)") if parts \
+            else f"tl.zeros_like(ct_end_{name})"
     o = low.o_dim
     splits = [o] if all(list(low.state_dims[n]).count(o) <= 1 for n in states) and all(
         low.keeps_free(g, o) for g in walked) else []

@@ -156,6 +156,25 @@ def starts_dtype(read_only_as_sdot: bool, sdot) -> torch.dtype:
     return torch.float32
 
 
+# The reverse scan's per-chunk d-states in HBM -- its chunk parts and the chunk-end d-states the
+# gradient kernels read -- in the backward's state-dot dtype (``d_states_dtype``). Off: it breaks
+# the precision plan's exact d-state sums. Ungated HLA2's d C_init is S_initᵀ Σ_c dW0_c, formed
+# as Σ_c S_cᵀ dW0_c (the parts) minus the cross terms' ΔSᵀ dG, which cancel to a part in |S_B| /
+# |S_init|: bf16 parts and dG made its RMS ratio against fp32 1.5e-2 (bar 1e-2; fp32: 2.3e-6), dk
+# 2.9e-3 -> 4.4e-3 (run 227, H100, T = 8192, d = 64, bf16). For that it saved 11-13 %: hla2 fwd +
+# bwd 15.62 -> 13.85 ms at 64k (4.07x fla), hla3_masked 15.05 -> 13.03 (B = 2, H = 16).
+D_STATES_IN_SDOT = False
+
+
+def d_states_dtype(sdot) -> torch.dtype:
+    """The dtype the reverse scan stores its per-chunk d-states in (its parts, the chunk-end
+    d-states; its walks carry them in fp32 registers): bf16 where the backward's state products
+    run in bf16 (SDOT; fp32 where the precision plan makes its state reads exact, rule 5) and
+    ``D_STATES_IN_SDOT`` (an A/B switch: see there why it is off), else fp32."""
+    import triton.language as tl
+    return torch.bfloat16 if D_STATES_IN_SDOT and sdot == tl.bfloat16 else torch.float32
+
+
 MIN_CHUNK = 16
 
 

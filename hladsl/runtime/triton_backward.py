@@ -284,11 +284,12 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
     rs = ctx["reverse_scan"]
     read = {f"deltas_{s['name']}" for s in rs["deltas"]}
     spare = [x for k, x in deltas.items() if k not in read and k.startswith("deltas_")]
-    parts = _part_buffers(rs["written"], state_args, rows, spare)
+    parts = _part_buffers(rs["written"], state_args, rows, spare, plan.d_states_dtype)
     launch.launch_narrowing(module.rdelta_kernel, plan, "rdelta_launch",
                             {**fixed, **{f"starts_{s['name']}": starts[s["name"]] for s in rs["reads"]},
                              **parts, **plan.common}, True)
-    args, d_init, dends = _rscan_buffers(ctx, rs, parts, state_args, grad_final, seq_chunks, rows)
+    args, d_init, dends = _rscan_buffers(ctx, rs, parts, state_args, grad_final, seq_chunks, rows,
+                                         plan.d_states_dtype)
     gate = {"lam_ptr": lam} if lam is not None else {}
     walking = {**plan.walk, **plan.common, **{f"starts_{s['name']}": starts[s["name"]] for s in rs["starts"]}}
     n_groups = plan.scan_groups if rs["groupable"] else 1
@@ -300,12 +301,13 @@ def _reverse_scan(module, ctx, plan, fixed: dict, starts: dict, deltas: dict, st
         if stage:   # the upper d-states: each one's increment at every chunk, then their walk
             # (the first stage's parts no chunk-end cotangent was written over are free now)
             free = [x for x in parts.values() if all(x.data_ptr() != y.data_ptr() for y in dends.values())]
-            parts = _part_buffers(stage["written"], state_args, rows, free)
+            parts = _part_buffers(stage["written"], state_args, rows, free, plan.d_states_dtype)
             inputs = {**fixed, **{f"starts_{s['name']}": starts[s["name"]] for s in stage["reads"]},
                       **{f"dends_{s['name']}": dends[s["name"]] for s in stage["cts"]}, **parts, **plan.common}
             for part in range(len(stage["delta_code"])):
                 launch.launch_narrowing(module.rstage_kernel, plan, "rstage_launch", {**inputs, "PART": part}, True)
-            args, upper_init, upper_ends = _rscan_buffers(ctx, stage, parts, state_args, grad_final, seq_chunks, rows)
+            args, upper_init, upper_ends = _rscan_buffers(ctx, stage, parts, state_args, grad_final, seq_chunks, rows,
+                                                          plan.d_states_dtype)
             launch.launch_narrowing(module.rstage_scan_kernel, plan, "rstage_scan_launch",
                                     {**args, **parts, **gate, **plan.walk, **plan.common, **ONE_LEVEL,
                                      **_prefetch(stage), "group_len": rows[2]}, True)
@@ -352,24 +354,25 @@ def _prefetch(rs: dict) -> dict:
     return {"PREFETCH": launch.SCAN_PREFETCH} if rs["flat"] else {}
 
 
-def _part_buffers(written: list, state_args: dict, rows: tuple, spare: list) -> dict:
-    """A delta kernel's per-chunk d-state parts (``rdeltas_``), in a ``spare`` buffer of the
-    same shape where one is left."""
+def _part_buffers(written: list, state_args: dict, rows: tuple, spare: list, dtype: torch.dtype) -> dict:
+    """A delta kernel's per-chunk d-state parts (``rdeltas_``) in ``dtype``, in a ``spare`` buffer
+    of the same shape and dtype where one is left."""
     parts = {}
     for s in written:
         init = state_args[f"init_{s['name']}"]
         shape = rows + tuple(init.shape[2:])
-        reuse = next((x for x in spare if tuple(x.shape) == shape), None)
+        reuse = next((x for x in spare if tuple(x.shape) == shape and x.dtype == dtype), None)
         spare = [x for x in spare if x is not reuse]
-        parts[f"rdeltas_{s['name']}"] = reuse if reuse is not None else binding.fresh(init.new_empty(shape))
+        parts[f"rdeltas_{s['name']}"] = reuse if reuse is not None else \
+            binding.fresh(init.new_empty(shape, dtype=dtype))
     return parts
 
 
 def _rscan_buffers(ctx, rs: dict, parts: dict, state_args: dict, grad_final, seq_chunks,
-                   rows: tuple) -> tuple[dict, dict, dict]:
+                   rows: tuple, dtype: torch.dtype) -> tuple[dict, dict, dict]:
     """(a reverse scan kernel's d-state arguments, its d initial states, its chunk-end
     d-states): the latter in the gradient kernel's layout (one slot for a partial-sum
-    d-state), written over their parts where ``launch.reverse_in_place`` allows."""
+    d-state) and in ``dtype``, written over their parts where ``launch.reverse_in_place`` allows."""
     partial = set(ctx["reverse_partial"])
     has_dfinal = _has_dfinal(grad_final)
     in_place = launch.reverse_in_place(rs["in_place"], seq_chunks)
@@ -384,7 +387,7 @@ def _rscan_buffers(ctx, rs: dict, parts: dict, state_args: dict, grad_final, seq
         if name in in_place:   # written over its part, chunk by chunk, after the part is read
             dends[name] = parts[f"rdeltas_{name}"].view(shape)
         else:
-            dends[name] = per_chunk_alloc(init, seq_chunks)(shape)
+            dends[name] = per_chunk_alloc(init, seq_chunks)(shape, dtype=dtype)
         args[f"dends_{name}"] = dends[name]
     return args, d_init, dends
 
@@ -472,6 +475,7 @@ class _BackwardPlan:
             SDOT=launch.state_dot_dtype(first.dtype, device, ctx["exact_state_reads"]),
             PREC=precision or launch.exact_precision(device), num_warps=num_warps,
             **constexprs(program))
+        self.d_states_dtype = launch.d_states_dtype(common["SDOT"])
         features = launch.feature_blocks(program, common)
         self.packed = _packed_tables(program, device)
         plan_state_pass(self, program, fwd, common, first, schedule, "backward", precision=precision)

@@ -43,6 +43,8 @@ def _dot(a, b, DOT: tl.constexpr, PREC: tl.constexpr, TOKENS: tl.constexpr = tl.
         elif TOKENS == tl.bfloat16 and b.dtype == tl.bfloat16 and a.dtype == tl.float32:
             hi, mid, lo = _bf16_pieces(a)
             return tl.dot(hi, b, tl.dot(mid, b, tl.dot(lo, b)))
+        elif TOKENS == tl.bfloat16 and a.dtype == tl.bfloat16 and b.dtype == tl.bfloat16:
+            return tl.dot(a, b)   # exact already (a d-state stored in bf16: launch.d_states_dtype)
         else:
             return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
     else:
