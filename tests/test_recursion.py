@@ -2,8 +2,10 @@
 proved symbolically (the codegen's use of it: tests/test_chunk_scan.py)."""
 from dataclasses import replace
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
+import torch
 
 import hladsl
 from hladsl.ir.pipeline import chunk_program
@@ -100,3 +102,41 @@ def test_the_increment_as_chunk_terms():
         main(["compile", "hla2", "--emit", "chunk"])
     assert ("the one-stage and two-stage forward scans carry it by its own recursion (ir.recursion): "
             "W0(A⊕B) = ρ_B^2 W0(A)") in out.getvalue()
+
+
+W_FORM = Path(__file__).resolve().parents[1] / "benchmarks" / "exp" / "hla2w.hla"
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("gated", [False, True])
+def test_hla2_with_its_derived_carry_as_a_state(gated, normalize):
+    """HLA2 written with its derived carry W0 = S C - G as a state, whose combine is the recursion
+    ``recursion`` derives (W(A⊕B) = ρ_B² W(A) + W(B) + ρ_B S(A) C(B); the normaliser's h likewise):
+    the oracle's outputs and gradients of q, k, v and the log gates, from the float64 torch path
+    (1e-9) and from the generated kernels under the interpreter (float32, 1e-4). Its kernels carry
+    no cancelling state: fwd + bwd 2x faster than hla2's (benchmarks/RESULTS.md, round 33), the
+    form a derived-carry rewrite of a spec would run."""
+    from oracles import oracle
+    torch.manual_seed(7)
+    T, d = 40, 8
+    base = [torch.randn(T, d, dtype=torch.float64) for _ in range(3)] + [-0.2 * torch.rand(T, dtype=torch.float64)]
+
+    def grads(fn, dtype):
+        xs = [x.detach().to(dtype).clone().requires_grad_() for x in base]
+        o = fn(*xs).double()
+        torch.autograd.backward(o, torch.ones_like(o) + torch.arange(o.numel(), dtype=o.dtype).view_as(o) / o.numel())
+        return [o.detach()] + [x.grad.double() for x in (xs if gated else xs[:3])]
+
+    def reference(q, k, v, g):
+        return oracle("hla2", q, k, v, g if gated else None, normalize=normalize)
+    expected = grads(reference, torch.float64)
+    for backend, dtype, tol in (("torch", torch.float64, 1e-9), ("triton", torch.float32, 1e-4)):
+        op = hladsl.load(str(W_FORM), backend=backend, normalize=normalize)
+
+        def run(q, k, v, g):
+            out = op(q[None, :, None], k[None, :, None], v[None, :, None], g=g[None, :, None] if gated else None,
+                     scale=1.0)
+            return (out[0] if isinstance(out, tuple) else out)[0, :, 0]
+        for name, got, want in zip(("o", "dq", "dk", "dv", "dg"), grads(run, dtype), expected):
+            err = ((got - want).norm() / want.norm()).item()
+            assert err < tol, f"{backend} {name}: {err:.2e}"

@@ -1,7 +1,8 @@
 """D_STATES_IN_SDOT off / on: RMS ratios of o, final states and every gradient against the fp32
 torch reference (T = 8192, B = 1, H = 4, d = 64, bf16, with an initial state and final-state
 cotangents, as tests/gpu/test_gpu_numerics.py), and hla2 at T = 65536 against float64."""
-import sys, time, torch
+import time
+import torch
 from hladsl.runtime import launch
 from gpu_support import (BY_ID, Inputs, Ratios, check_against_reference, gates, generator, initial_state,
                          load, tokens, TOL)
