@@ -325,6 +325,11 @@ def _triton_bwd(spec, params, out_dir):
     return triton_bwd_source(compile_spec(spec, target=_target(), **params).program)
 
 
+def _carried(spec, params, out_dir):
+    from hladsl.ir.carried import carried_text
+    return carried_text(_algebra(spec, params))
+
+
 def _cp(spec, params, out_dir):
     from hladsl.runtime.context_parallel import cp_plan_text
     alg = _algebra(spec, params)
@@ -339,7 +344,7 @@ PASS_TEXT = {"lower": _ir_text, "check": _check_text, "serial": _serial_text,
              "backward": lambda c: backward_text(c.backward)}
 
 EMITTERS = {"ast": _ast, "ir": _ir, "combine": _combine, "serial": _serial, "vjp": _vjp,
-            "chains": _chains, "chunk": _chunk, "triton": _triton, "cp": _cp,
+            "chains": _chains, "chunk": _chunk, "carried": _carried, "triton": _triton, "cp": _cp,
             "chunk_bwd": _chunk_bwd, "triton_bwd": _triton_bwd, "cost": _cost,
             "triton_step": _triton_step,
             "torch": _source("torch", "torch chunk program"),

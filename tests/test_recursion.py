@@ -119,7 +119,8 @@ def test_hla2_with_its_derived_carry_as_a_state(gated, normalize):
     from oracles import oracle
     torch.manual_seed(7)
     T, d = 40, 8
-    base = [torch.randn(T, d, dtype=torch.float64) for _ in range(3)] + [-0.2 * torch.rand(T, dtype=torch.float64)]
+    base = [torch.randn(T, d, dtype=torch.float64) for _ in range(3)]
+    base = [x.abs() if normalize else x for x in base] + [-0.2 * torch.rand(T, dtype=torch.float64)]   # den off 0
 
     def grads(fn, dtype):
         xs = [x.detach().to(dtype).clone().requires_grad_() for x in base]

@@ -67,7 +67,7 @@ class Recursion:
         return line
 
 
-def _increment(alg: Algebra, poly: Poly, weight: int) -> Poly:
+def increment(alg: Algebra, poly: Poly, weight: int) -> Poly:
     """W(A⊕B) - ρ_B^weight W(A), every state of W(A⊕B) expanded by its combine."""
     joint = expand(alg, poly.at("AB"), "AB", START, DELTA)
     return joint + poly.at(START).map_terms(lambda m: m.with_rho(DELTA, weight)).scaled(-1)
@@ -88,7 +88,7 @@ def recursion(alg: Algebra, name: str, poly: Poly, read_elsewhere: set[str]) -> 
         return None
     (weight,) = weights
     delta = poly.at(DELTA).canonical()
-    cross = (_increment(alg, poly, weight) + delta.scaled(-1)).canonical()
+    cross = (increment(alg, poly, weight) + delta.scaled(-1)).canonical()
     if any(sum(f.where == START for f in m.factors) != 1 for m in cross.terms):
         return None
     # X@A ρ^{w_X} Y@B + X@B Y@B -> X@N Y@B where X's combine has no cross term
@@ -125,7 +125,7 @@ def check(alg: Algebra, poly: Poly, rec: Recursion) -> None:
     a test (raises AssertionError where the derivation is wrong). ``poly``: W as the chunk
     program holds it (its indices are renamed to ``rec.free``)."""
     walked = expand(alg, rec.terms, END, START, DELTA)
-    defect = (_increment(alg, poly.renamed(rec.free), rec.weight) + walked.scaled(-1)).canonical()
+    defect = (increment(alg, poly.renamed(rec.free), rec.weight) + walked.scaled(-1)).canonical()
     if defect.terms:
         raise AssertionError(f"the recursion of {rec.name} is wrong by {defect.text()}")
 

@@ -48,6 +48,8 @@ Rules:
   (``grad_target_sets``), so that one target's tiles are live at a time; the packed
   dim they loop over in tiles of at most 4096 [C, tile] elements (``grad_loop_tile``); a target with many
   networks over several programs (``grad_parts``).
+* the carried form (``ir.carried``) for calls with no state in or out where ``CARRY_DERIVED``
+  (``op.Op._carried_op``).
 * A/B runs in separate processes: ``HLADSL_LAUNCH="NAME=VALUE ..."`` sets rule constants
   at import (``switches_from_env``), as ``hladsl bench --launch`` does within one.
 * autotuning (optional, ``runtime.autotune``): the candidates a tuned launch times
@@ -746,6 +748,16 @@ BOUND_CALLS = True
 # head at d = 64, 4 KB at d = 128, against 0.75 KB of bf16 q, k, v at d = 128).
 KEEP_STATE_PASS = True
 
+# A call with no state in or out (no initial_state, no final state, no cp_group) that runs generated
+# kernels runs the carried form of its algebra where it has one (``ir.carried``: each derived
+# carry with a recursion a summary of its own, HLA2's W0 = S C - G): the same outputs, no
+# cancelling carried state, so bf16 state products and half the state passes' bytes. H100,
+# B = 2, H = 16, d = 64, bf16 (round 33, runs 230 / 236, the spec written so by hand): hla2 fwd +
+# bwd 15.50 -> 7.88 ms at T = 65536 (fla 3.40), forward 2.39 -> 2.10. Off: the carried form's
+# gradient kernel at d = 128 takes a misaligned shared-memory write inside a bf16 tl.dot on the
+# H100 (Triton 3.6, run 235; gone with one network per program, run 237), not yet mended.
+CARRY_DERIVED = False
+
 PLANS_KEPT = 256   # launch plans kept per cache before it starts over (shape classes in use)
 _PLAN_CACHES: list[dict] = []   # every runner's plan cache (``switch`` forgets them all)
 
@@ -1184,6 +1196,14 @@ def local_bytes(kernel, grid, args: dict) -> float:
             continue
         return 4 * compiled[0].n_spills   # Triton counts 4-byte words
     return math.inf
+
+
+GRAD_WARPS = None   # the gradient kernels' warps whatever the call's (an A/B knob: None keeps them)
+
+
+def grad_warps() -> dict:
+    """The gradient kernels' launch option overriding the call's warps (``GRAD_WARPS``)."""
+    return {"num_warps": GRAD_WARPS} if GRAD_WARPS else {}
 
 
 GRAD_LOOP_TILE_ELEMENTS = 4096

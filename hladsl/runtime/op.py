@@ -78,6 +78,7 @@ class Op:
         self._record_tries = launch.plan_cache()  # signature -> recordings a raised launch spoiled
         self.schedule = "auto"            # Triton: "two_pass", "fused", "scan", "staged" or "auto" (runtime.launch)
         self.autotune = False             # time launch configs per shape class (runtime.autotune)
+        self._carried = None              # the carried form's op (_carried_op); False: it has none
         self.inputs = tuple(alg.inputs)   # declaration order
         self.queries = alg.queries
         self.out_dim = output_dim(alg)
@@ -118,6 +119,11 @@ class Op:
         dims = check_inputs(self.algebra, tokens, g, scale, cu_seqlens,
                             data_checks=value_checks(tokens[self.inputs[0]]))
         first = tokens[self.inputs[0]]
+        carried = self._carried_op(first, initial_state, output_final_state)
+        if carried is not None:   # the same call on the carried form (remembered per signature)
+            if signature is not None:
+                self._bound_calls[signature] = _Delegated(carried)
+            return carried(*args, **kwargs)
         n_seq = first.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
         init = []
         if initial_state is not None:
@@ -145,6 +151,24 @@ class Op:
             o, *finals = EagerCall.apply(self, len(token_list), scale, cu_seqlens, self.schedule, g,
                                          *token_list, *init)
         return o, (dict(zip(self.state_names, finals)) if output_final_state else None)
+
+    def _carried_op(self, first, initial_state, output_final_state) -> "Op | None":
+        """The op of this algebra's carried form (``ir.carried``) for a call with no state in or
+        out that runs generated kernels, where ``launch.CARRY_DERIVED``; None otherwise or
+        where the algebra has none. Its state is not this op's, so a call passing or asking
+        for one runs as written. It follows this op's schedule and autotuning."""
+        if (not launch.CARRY_DERIVED or initial_state is not None or output_final_state
+                or not self.use_triton(first)):
+            return None
+        if self._carried is None:
+            from hladsl.ir.carried import carried_form
+            from hladsl.ir.pipeline import algebra_compilation
+            found = carried_form(self.algebra)
+            self._carried = False if found is None else \
+                Op(algebra_compilation(found[0]), self.backend, self.chunk_size)
+        if self._carried:
+            self._carried.schedule, self._carried.autotune = self.schedule, self.autotune
+        return self._carried or None
 
     def bind(self, args, kwargs, options: dict):
         """(token inputs by declared name, options) from positional and keyword
@@ -602,6 +626,16 @@ def _call_tensors(op: Op, args: tuple, kwargs: dict) -> list:
 
 
 _UNBOUND = object()   # a signature whose recorded call could not be bound: it validates every time
+
+
+class _Delegated:
+    """A call signature the carried form's op runs (``Op._carried_op``): passed on whole."""
+
+    def __init__(self, op: Op):
+        self.op = op
+
+    def __call__(self, args: tuple, kwargs: dict):
+        return self.op(*args, **kwargs)
 
 
 class _BoundForward:

@@ -132,7 +132,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     loop, dot = plan.grad_loop, plan.grad_dot
     everything = _grad_args(d_tiles, d_lam, grad_scales)
     for targets, held, parts, runs in plan.grad_launches:
-        base = {**args, **everything, **common, **loop, **dot, "TARGETS": targets}
+        base = {**args, **everything, **common, **loop, **dot, "TARGETS": targets, **launch.grad_warps()}
         grid = (n_chunks, n_seq * heads)
         if parts < runs and launch.grad_whole_spills(module.grad_kernel, grid, {**base, "PART": 0, "PARTS": 1}):
             parts = runs   # whole, its kernel would spill (launch.grad_parts)

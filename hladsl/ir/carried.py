@@ -1,0 +1,160 @@
+"""The carried form of an algebra: each derived carry that has a recursion written as a summary.
+
+An output reads a sum of carried-state products at its own token (HLA2: o = qᵀ W with
+W = S C - G). ``ir.recursion`` derives W's own combine and drops a state W holds alone (G);
+here that combine becomes a summary of its own -- its token delta is W of one token, its
+cross terms the recursion's terms that read segment A:
+
+    W(A⊕B) = ρ_B² W(A) + W(B) + ρ_B S(A) C(B)      (HLA2; h likewise for the normaliser)
+
+and the output reads W. The two algebras compute the same outputs (``carried_form`` proves
+it symbolically; the new summaries' combines go through the usual associativity proofs),
+but the carried form's streaming states (S, W) hold no cancelling sum: its products need no
+fp32-accurate dots and its backward's d-states no cancelling parts. H100, B = 2, H = 16,
+d = 64, bf16, fwd + bwd at T = 65536 (benchmarks/RESULTS.md round 33): 7.88 ms against the
+two-pass form's 15.50 (fla 3.40).
+
+Its state is not the user's (S, C, m, G, h for HLA2): C and m become combine-only and G, h
+are gone, so only calls with no state in or out can run it as they stand.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+from hladsl.ir.algebra import Algebra, Summary
+from hladsl.ir.expr import Factor, Monomial, Poly, canonical_key, fresh_names, substitute
+from hladsl.ir.recursion import DELTA, START, increment, recursion
+
+
+@dataclass(frozen=True)
+class CarriedSummary:
+    """One derived carry made a summary: its name, the poly of the user's states it stands
+    for (free: its indices) and the state it replaces (``dropped``)."""
+    name: str
+    poly: Poly
+    dropped: str
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Output terms sharing their token factors: anchor × Σ (state products)."""
+    anchor: tuple[Factor, ...]
+    inner_free: tuple[str, ...]
+    terms: tuple[Monomial, ...]     # the state parts, with their coefficients
+
+
+def _groups(poly: Poly) -> list[_Group]:
+    """``poly``'s terms grouped as ``ir.chunk`` groups an output's carry-only terms: by their
+    token factors and the indices those share with the states (and by decay weight, via the
+    states read: a group of mixed weights has no recursion)."""
+    groups: dict = {}
+    for m in poly.terms:
+        anchor = tuple(f for f in m.factors if f.kind == "input")
+        states = tuple(f for f in m.factors if f.kind != "input")
+        interface = tuple(sorted({i for f in anchor for i in f.indices} | set(poly.free)))
+        inner_free = tuple(i for i in interface if any(i in f.indices for f in states))
+        key = (canonical_key(Monomial(Fraction(1), anchor, m.rho), interface), inner_free)
+        groups.setdefault(key, (anchor, inner_free, []))[2].append(Monomial(m.coef, states))
+    return [_Group(a, f, tuple(t)) for a, f, t in groups.values()]
+
+
+def _summary(alg: Algebra, name: str, poly: Poly, rec) -> Summary | None:
+    """The summary whose combine is ``rec`` (W = ``poly``, state factors at 'P'), or None where
+    a cross term of it would read two summaries of segment B (no summary's combine does)."""
+    free = rec.free
+    w = poly.renamed(free)
+    dims = []
+    for i in free:
+        slot = next((f, f.indices.index(i)) for m in w.terms for f in m.factors if i in f.indices)
+        dims.append(alg.summary(slot[0].name).dims[slot[1]])
+    delta = substitute(w, lambda f: alg.summary(f.name).delta if f.kind == "state" else None)
+    cross = (increment(alg, w, rec.weight) + w.at(DELTA).scaled(-1)).canonical()
+    crosses = []
+    for m in cross.terms:
+        a_side = [f for f in m.factors if f.where == START]
+        if sum(f.where == DELTA for f in m.factors) != 1 or not a_side:
+            return None
+        if dict(m.rho) != {DELTA: sum(alg.summary(f.name).weight for f in a_side)}:
+            return None   # the combine's ρ power of a cross term is its A side's weight
+        crosses.append(Monomial(m.coef, m.factors))
+    return Summary(name, free, tuple(dims), rec.weight, Poly(free, delta.canonical().terms), tuple(crosses))
+
+
+def carried_form(alg: Algebra) -> tuple[Algebra, tuple[CarriedSummary, ...]] | None:
+    """``alg`` with every derived carry of its output and normaliser that has a recursion
+    dropping a state written as a summary (see the module), and those summaries; None where
+    no derived carry has one."""
+    polys = [p for p in (alg.output, alg.normalizer) if p is not None]
+    groups = [(n, g) for n, p in enumerate(polys) for g in _groups(p)]
+    crossed = {f.name for s in alg.summaries for c in s.crosses for f in c.factors}
+    taken = {s.name for s in alg.summaries} | set(alg.inputs)
+    made: dict[int, tuple[Summary, CarriedSummary]] = {}
+    for k, (_, g) in enumerate(groups):
+        if len(g.terms) < 2:
+            continue
+        poly = Poly(g.inner_free, tuple(m.at("P") for m in g.terms))
+        elsewhere = crossed | {f.name for j, (_, h) in enumerate(groups) if j != k for m in h.terms
+                               for f in m.factors}
+        rec = recursion(alg, "W", poly, elsewhere)
+        if rec is None or not rec.dropped:
+            continue
+        (name,) = fresh_names(taken, 1, "W")
+        summary = _summary(alg, name, poly, rec)
+        if summary is not None:
+            made[k] = (summary, CarriedSummary(name, Poly(g.inner_free, g.terms), rec.dropped))
+    if not made:
+        return None
+    dropped = {c.dropped for _, c in made.values()}
+    rebuilt = [[] for _ in polys]
+    for k, (n, g) in enumerate(groups):
+        if k in made:
+            w = Factor("state", made[k][0].name, "", g.inner_free)
+            rebuilt[n].append(Monomial(Fraction(1), g.anchor + (w,)))
+        else:
+            rebuilt[n] += [Monomial(m.coef, g.anchor + m.factors) for m in g.terms]
+    new = [Poly(p.free, tuple(ts)) for p, ts in zip(polys, rebuilt)]
+    carried = replace(
+        alg, name=f"{alg.name}_carried",
+        summaries=tuple(s for s in alg.summaries if s.name not in dropped) + tuple(s for s, _ in made.values()),
+        output=new[0], normalizer=new[1] if alg.normalizer is not None else None)
+    forms = tuple(c for _, c in made.values())
+    for before, after in zip(polys, new):
+        _check_same_output(before, after, forms)
+    return carried, forms
+
+
+def _check_same_output(before: Poly, after: Poly, forms: tuple[CarriedSummary, ...]) -> None:
+    """``after`` with each carried summary expanded back into its poly is ``before``: a proof
+    (raises AssertionError where the rewrite is wrong)."""
+    by_name = {c.name: c.poly for c in forms}
+    back = substitute(after, lambda f: by_name.get(f.name) if f.kind == "state" else None)
+    difference = (back + before.scaled(-1)).canonical()
+    assert not difference.terms, f"carried form changes the output by {difference.text()}"
+
+
+def carried_text(alg: Algebra) -> str:
+    """``--emit carried``: the carried form's summaries, combines and output, or why none."""
+    found = carried_form(alg)
+    if found is None:
+        return (f"# {alg.name}: no derived carry of its output has a recursion that drops a state "
+                "(ir.recursion): it runs as written\n")
+    carried, forms = found
+    lines = [f"# {alg.name}, carried form: each derived carry that has a recursion is a summary; "
+             "the outputs are the same (proved symbolically), its streaming states "
+             f"{', '.join(s.name for s in carried.streaming)}"]
+    for c in forms:
+        s = carried.summary(c.name)
+        crosses = " + ".join(Monomial(m.coef, m.factors).with_rho(
+            "B", sum(carried.summary(f.name).weight for f in m.factors if f.where == "A")).text()
+            for m in s.crosses)
+        lines += [f"{c.name}[{','.join(s.indices)}] = {c.poly.renamed(s.indices).text()}   (replaces {c.dropped})",
+                  f"  token delta: {s.delta.text()}",
+                  f"  combine: {c.name}(A⊕B) = ρ_B^{s.weight} {c.name}(A) + {c.name}(B) + {crosses}"]
+    lines.append(f"{carried.output_name}[{','.join(carried.output.free)}] = {carried.output.text()}")
+    if carried.normalizer is not None:
+        lines.append(f"normalizer = {carried.normalizer.text()}")
+    combine_only = [s.name for s in carried.summaries if s not in carried.streaming]
+    if combine_only:
+        lines.append(f"combine-only (never carried): {', '.join(combine_only)}")
+    return "\n".join(lines) + "\n"

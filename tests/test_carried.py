@@ -1,0 +1,114 @@
+"""ir.carried: an algebra's derived carries with a recursion written as summaries of their own,
+proved to give the same outputs; the op runs that form for calls with no state in or out where
+launch.CARRY_DERIVED (the generated kernels under the interpreter, against the float64 oracle)."""
+import contextlib
+import io
+from fractions import Fraction
+
+import pytest
+import torch
+
+import hladsl
+from hladsl.ir.carried import CarriedSummary, _check_same_output, carried_form
+from hladsl.ir.expr import Factor, Monomial, Poly
+from hladsl.runtime import launch
+from hladsl.runtime import op as op_module
+from oracles import oracle
+
+
+def test_hla2_carries_w0_and_the_normalisers_w1_instead_of_g_and_h():
+    carried, forms = carried_form(hladsl.compile_spec("hla2", normalize=True))
+    assert [(c.name, c.dropped) for c in forms] == [("W0", "G"), ("W1", "h")]
+    assert [s.name for s in carried.summaries] == ["S", "C", "m", "W0", "W1"]
+    assert [s.name for s in carried.streaming] == ["S", "W0", "W1"]    # C, m: combine-only
+    w0 = carried.summary("W0")
+    assert w0.weight == 2 and w0.delta.text() == "k_t[_0] k_t[w0] q_t[_0] v_t[w1]"
+    assert [m.text() for m in w0.crosses] == ["C@B[_0,w1] S@A[_0,w0]"]
+    assert carried.output.text() == "q_t[_0] W0[_0,e]" and carried.normalizer.text() == "q_t[_0] W1[_0]"
+
+
+@pytest.mark.parametrize("name, params", [("linear", {}), ("ahla", {}), ("power", {}), ("hla3", {}),
+                                          ("hla3_masked", {}), ("hla2", {"ridge": 0.5})])
+def test_no_carried_form_without_a_recursion_that_drops_a_state(name, params):
+    """AHLA's output reads E directly; HLA3's derived carries have no such recursion; HLA2's
+    ridge term q C sits beside S C - G at another decay weight, so that sum has none."""
+    assert carried_form(hladsl.compile_spec(name, **params)) is None
+
+
+def test_a_wrong_rewrite_is_caught():
+    before = hladsl.compile_spec("hla2").output
+    w = Poly(("a", "e"), (Monomial(Fraction(1), (Factor("state", "C", "", ("a", "e")),)),))   # not S C - G
+    after = Poly(before.free, (Monomial(Fraction(1), (Factor("input", "q", "t", ("a",)),
+                                                      Factor("state", "W0", "", ("a", "e")))),))
+    with pytest.raises(AssertionError, match="changes the output"):
+        _check_same_output(before, after, (CarriedSummary("W0", w, "G"),))
+
+
+def test_emit_carried():
+    from hladsl.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["compile", "hla2", "--emit", "carried"])
+    text = out.getvalue()
+    assert "W0[w0,w1] = C[_1,w1] S[w0,_1] - G[w0,w1]   (replaces G)" in text
+    assert "W0(A⊕B) = ρ_B^2 W0(A) + W0(B) + ρ_B C@B[_0,w1] S@A[_0,w0]" in text
+
+
+@pytest.fixture
+def carrying(monkeypatch):
+    """CARRY_DERIVED on, and the algebra each Op._forward ran recorded."""
+    ran = []
+    forward = op_module.Op._forward
+
+    def recorded(self, *args, **kwargs):
+        ran.append(self.algebra.name)
+        return forward(self, *args, **kwargs)
+    monkeypatch.setattr(op_module.Op, "_forward", recorded)
+    launch.switch("CARRY_DERIVED", True)
+    yield ran
+    launch.switch("CARRY_DERIVED", False)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("gated", [False, True])
+def test_stateless_calls_run_the_carried_form(carrying, gated, normalize):
+    """hla2 with backend="triton" (the interpreter): a call with no state in or out runs the
+    carried form's kernels, forward and backward: the oracle's output and gradients (q, k, v,
+    log gates) to 1e-4 (float32 against float64)."""
+    torch.manual_seed(3)
+    T, d = 80, 8     # two chunks of 64 (the interpreter's): the carried W0 is read
+    base = [torch.randn(T, d, dtype=torch.float64) for _ in range(3)]
+    base = [x.abs() if normalize else x for x in base] + [-0.2 * torch.rand(T, dtype=torch.float64)]   # den off 0
+    op = hladsl.load("hla2", backend="triton", normalize=normalize)
+    xs = [x.float().requires_grad_() for x in base]
+    o, final = op(*(x[None, :, None] for x in xs[:3]), g=xs[3][None, :, None] if gated else None, scale=1.0)
+    assert final is None and carrying == ["hla2_carried"]
+    cot = torch.randn(T, d, dtype=torch.float64)
+    o[0, :, 0].backward(cot.float())
+    refs = [x.clone().requires_grad_() for x in base]
+    ref = oracle("hla2", *refs[:3], refs[3] if gated else None, normalize=normalize)
+    ref.backward(cot)
+    pairs = [("o", o[0, :, 0].detach(), ref.detach())] + [
+        (n, x.grad, r.grad) for n, x, r in zip(("dq", "dk", "dv", "dg"), xs, refs) if gated or n != "dg"]
+    for name, got, want in pairs:
+        err = ((got.double() - want).norm() / want.norm()).item()
+        assert err < 1e-4, f"{name}: {err:.2e}"
+
+
+def test_calls_with_a_state_run_as_written(carrying):
+    """An initial state or a final state asked for: the spec's own summaries (S, C, m, G, h),
+    so the algebra as written runs; without either, the carried form (bound once, replayed)."""
+    op = hladsl.load("hla2", backend="triton", normalize=True)
+    q, k, v = (torch.randn(1, 40, 2, 8) for _ in range(3))
+    with torch.no_grad():
+        _, final = op(q, k, v, output_final_state=True)
+        assert set(final) == {"S", "C", "m", "G", "h"} and carrying == ["hla2"]
+        op(q, k, v, initial_state=final)
+        assert carrying == ["hla2", "hla2"]
+        plain, _ = op(q, k, v)
+        again, _ = op(q, k, v)
+    assert carrying[2] == "hla2_carried" and torch.equal(plain, again)
+    launch.switch("CARRY_DERIVED", False)
+    with torch.no_grad():
+        written, _ = op(q, k, v)
+    assert carrying[-1] == "hla2" and torch.allclose(written, plain, rtol=1e-4, atol=1e-4 * plain.abs().max().item())
