@@ -112,3 +112,14 @@ def test_calls_with_a_state_run_as_written(carrying):
     with torch.no_grad():
         written, _ = op(q, k, v)
     assert carrying[-1] == "hla2" and torch.allclose(written, plain, rtol=1e-4, atol=1e-4 * plain.abs().max().item())
+
+
+def test_the_carried_form_compiles_under_no_grad():
+    """The op builds its carried form at its first such call, which may run under torch.no_grad()
+    (inference, the benchmark's forward): the check pass's combine-VJP test runs autograd anyway."""
+    from hladsl.ir.checks import check_vjp
+    from hladsl.ir.pipeline import algebra_compilation
+    carried, _ = carried_form(hladsl.compile_spec("hla2", normalize=True))
+    with torch.no_grad():
+        assert check_vjp(carried) < 1e-10
+        assert algebra_compilation(carried).check   # every check of the pass, reported
