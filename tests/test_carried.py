@@ -123,3 +123,23 @@ def test_the_carried_form_compiles_under_no_grad():
     with torch.no_grad():
         assert check_vjp(carried) < 1e-10
         assert algebra_compilation(carried).check   # every check of the pass, reported
+
+
+def test_compiled_calls_take_the_carried_form(carrying):
+    """An op made while CARRY_DERIVED is on derives its carried form then, so torch.compile
+    (fullgraph) finds it: the compiled call runs it, with eager's values and gradients."""
+    op = hladsl.load("hla2", backend="triton", normalize=True, chunk_size=64)   # made now: the switch is on
+    assert op._carried
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 80, 2, 8, generator=gen).abs().requires_grad_() for _ in range(3))
+    g = (-0.2 * torch.rand(1, 80, 2, generator=gen)).requires_grad_()
+
+    def f(q, k, v, g):
+        return op(q, k, v, g=g)[0]
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v, g)
+    assert set(carrying) == {"hla2_carried"}
+    want = f(q, k, v, g)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for a, b in zip(torch.autograd.grad(got.square().sum(), [q, k, v, g]),
+                    torch.autograd.grad(want.square().sum(), [q, k, v, g])):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

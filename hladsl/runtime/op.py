@@ -78,7 +78,9 @@ class Op:
         self._record_tries = launch.plan_cache()  # signature -> recordings a raised launch spoiled
         self.schedule = "auto"            # Triton: "two_pass", "fused", "scan", "staged" or "auto" (runtime.launch)
         self.autotune = False             # time launch configs per shape class (runtime.autotune)
-        self._carried = None              # the carried form's op (_carried_op); False: it has none
+        # the carried form's op (_carried_op; False: it has none), derived here where it is on, so
+        # that a first call under torch.compile finds it (0.1 s for hla2)
+        self._carried = self._carried_form() if launch.CARRY_DERIVED else None
         self.inputs = tuple(alg.inputs)   # declaration order
         self.queries = alg.queries
         self.out_dim = output_dim(alg)
@@ -161,14 +163,19 @@ class Op:
                 or not self.use_triton(first)):
             return None
         if self._carried is None:
-            from hladsl.ir.carried import carried_form
-            from hladsl.ir.pipeline import algebra_compilation
-            found = carried_form(self.algebra)
-            self._carried = False if found is None else \
-                Op(algebra_compilation(found[0]), self.backend, self.chunk_size)
+            if torch.compiler.is_compiling():   # dynamo must not trace the compiler: as written
+                return None                     # until an eager call (or the op's creation) derives it
+            self._carried = self._carried_form()
         if self._carried:
             self._carried.schedule, self._carried.autotune = self.schedule, self.autotune
         return self._carried or None
+
+    def _carried_form(self) -> "Op | bool":
+        """The carried form's op, or False where the algebra has none (``ir.carried``)."""
+        from hladsl.ir.carried import carried_form
+        from hladsl.ir.pipeline import algebra_compilation
+        found = carried_form(self.algebra)
+        return False if found is None else Op(algebra_compilation(found[0]), self.backend, self.chunk_size)
 
     def bind(self, args, kwargs, options: dict):
         """(token inputs by declared name, options) from positional and keyword
