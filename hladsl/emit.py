@@ -327,7 +327,15 @@ def _triton_bwd(spec, params, out_dir):
 
 def _carried(spec, params, out_dir):
     from hladsl.ir.carried import carried_text
-    return carried_text(_algebra(spec, params))
+    from hladsl.runtime.op import carried_compilation, carried_kernels_error
+    alg = _algebra(spec, params)
+    text = carried_text(alg)
+    compilation = carried_compilation(alg)
+    if compilation is not None:
+        error = carried_kernels_error(compilation)
+        text += ("kernels: generated (launch.CARRY_DERIVED: calls with no state in or out run them)\n"
+                 if error is None else f"kernels: none ({error}): calls run the spec as written\n")
+    return text
 
 
 def _cp(spec, params, out_dir):

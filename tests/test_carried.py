@@ -23,16 +23,41 @@ def test_hla2_carries_w0_and_the_normalisers_w1_instead_of_g_and_h():
     assert [s.name for s in carried.streaming] == ["S", "W0", "W1"]    # C, m: combine-only
     w0 = carried.summary("W0")
     assert w0.weight == 2 and w0.delta.text() == "k_t[_0] k_t[w0] q_t[_0] v_t[w1]"
-    assert [m.text() for m in w0.crosses] == ["C@B[_0,w1] S@A[_0,w0]"]
+    assert [m.text() for m in w0.crosses] == ["S@A[_0,w0] C@B[_0,w1]"]
     assert carried.output.text() == "q_t[_0] W0[_0,e]" and carried.normalizer.text() == "q_t[_0] W1[_0]"
 
 
-@pytest.mark.parametrize("name, params", [("linear", {}), ("ahla", {}), ("power", {}), ("hla3", {}),
+@pytest.mark.parametrize("name, params", [("linear", {}), ("ahla", {}), ("power", {}),
                                           ("hla3_masked", {}), ("hla2", {"ridge": 0.5})])
 def test_no_carried_form_without_a_recursion_that_drops_a_state(name, params):
-    """AHLA's output reads E directly; HLA3's derived carries have no such recursion; HLA2's
-    ridge term q C sits beside S C - G at another decay weight, so that sum has none."""
+    """AHLA's and HLA3-masked's outputs read a state directly (E, H); HLA2's ridge term q C sits
+    beside S C - G at another decay weight, so that sum has no recursion."""
     assert carried_form(hladsl.compile_spec(name, **params)) is None
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_hla3_carries_w0_through_product_summaries(gated):
+    """HLA3's W0 = SK SQ P - G1 - G2 - G3: its increment reads two summaries of segment B in
+    some terms (ρ_B SK(A) SQ(B) P(B)), which read combine-only products instead (Z0..Z2, each a
+    summary of its own); only SK, SQ, P, W0 carried. The float64 torch path gives the oracle's
+    output; its kernels cannot be generated yet (W0's terms contract a packed symmetric slot of
+    SK), so the op runs HLA3 as written."""
+    from hladsl.ir.pipeline import algebra_compilation
+    from hladsl.runtime.op import Op, carried_compilation, carried_kernels_error
+    alg = hladsl.compile_spec("hla3")
+    carried, forms = carried_form(alg)
+    assert [(c.name, c.dropped) for c in forms] == [("W0", "G1")]
+    assert [s.name for s in carried.streaming] == ["SK", "SQ", "P", "W0"]
+    assert {"Z0", "Z1", "Z2"} <= {s.name for s in carried.summaries} and "G2" not in {s.name for s in carried.summaries}
+    torch.manual_seed(5)
+    T, d = 30, 4
+    q, k, v = (torch.randn(T, d, dtype=torch.float64) for _ in range(3))
+    g = -0.2 * torch.rand(T, dtype=torch.float64) if gated else None
+    o, _ = Op(algebra_compilation(carried), "torch")(q[None, :, None], k[None, :, None], v[None, :, None],
+                                                     g=None if g is None else g[None, :, None], scale=1.0)
+    want = oracle("hla3", q, k, v, g)
+    assert ((o[0, :, 0] - want).norm() / want.norm()).item() < 1e-12
+    assert "packed dim" in carried_kernels_error(carried_compilation(alg))
 
 
 def test_a_wrong_rewrite_is_caught():
@@ -51,7 +76,8 @@ def test_emit_carried():
         main(["compile", "hla2", "--emit", "carried"])
     text = out.getvalue()
     assert "W0[w0,w1] = C[_1,w1] S[w0,_1] - G[w0,w1]   (replaces G)" in text
-    assert "W0(A⊕B) = ρ_B^2 W0(A) + W0(B) + ρ_B C@B[_0,w1] S@A[_0,w0]" in text
+    assert "W0(A⊕B) = ρ_B^2 W0(A) + W0(B) + ρ_B S@A[_0,w0] C@B[_0,w1]" in text
+    assert text.endswith("kernels: generated (launch.CARRY_DERIVED: calls with no state in or out run them)\n")
 
 
 @pytest.fixture

@@ -735,6 +735,18 @@ def triton_bwd_source(program: ChunkProgram, stage_complete: bool = False) -> st
     return render(backward_context(program, stage_complete), __version__)
 
 
+def generation_error(program: ChunkProgram) -> str | None:
+    """Why ``program``'s forward or backward kernels cannot be generated, None where they can
+    (the contexts only: nothing is rendered or compiled)."""
+    from hladsl.codegen.triton_gen import kernel_context
+    try:
+        kernel_context(program)
+        backward_context(program)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 _MODULES: dict[tuple, tuple] = {}   # (id(program), variant) -> (program, module, context)
 
 

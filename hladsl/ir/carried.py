@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
+from hladsl.frontend.graph import descendants
 from hladsl.ir.algebra import Algebra, Summary
 from hladsl.ir.expr import Factor, Monomial, Poly, canonical_key, fresh_names, substitute
 from hladsl.ir.recursion import DELTA, START, increment, recursion
@@ -59,26 +60,62 @@ def _groups(poly: Poly) -> list[_Group]:
     return [_Group(a, f, tuple(t)) for a, f, t in groups.values()]
 
 
-def _summary(alg: Algebra, name: str, poly: Poly, rec) -> Summary | None:
-    """The summary whose combine is ``rec`` (W = ``poly``, state factors at 'P'), or None where
-    a cross term of it would read two summaries of segment B (no summary's combine does)."""
-    free = rec.free
-    w = poly.renamed(free)
-    dims = []
-    for i in free:
-        slot = next((f, f.indices.index(i)) for m in w.terms for f in m.factors if i in f.indices)
-        dims.append(alg.summary(slot[0].name).dims[slot[1]])
-    delta = substitute(w, lambda f: alg.summary(f.name).delta if f.kind == "state" else None)
-    cross = (increment(alg, w, rec.weight) + w.at(DELTA).scaled(-1)).canonical()
-    crosses = []
-    for m in cross.terms:
-        a_side = [f for f in m.factors if f.where == START]
-        if sum(f.where == DELTA for f in m.factors) != 1 or not a_side:
-            return None
-        if dict(m.rho) != {DELTA: sum(alg.summary(f.name).weight for f in a_side)}:
-            return None   # the combine's ρ power of a cross term is its A side's weight
-        crosses.append(Monomial(m.coef, m.factors))
-    return Summary(name, free, tuple(dims), rec.weight, Poly(free, delta.canonical().terms), tuple(crosses))
+class _Summaries:
+    """Summaries made from polys of the algebra's states (``make``): a cross term of one that
+    reads several summaries of segment B (no summary's combine does) reads instead their
+    product, itself a summary made so (HLA3's ρ_B SK(A) SQ(B) P(B): a combine-only Z(B) =
+    SQ(B) P(B)), once per product."""
+
+    def __init__(self, alg: Algebra, taken: set[str]):
+        self.alg, self.taken = alg, taken
+        self.made: list[Summary] = []       # dependency order: a product before what reads it
+        self._products: dict = {}           # a product's canonical key -> its summary's name
+
+    def _dims(self, poly: Poly) -> tuple[str, ...]:
+        def dim(i):
+            f = next(f for m in poly.terms for f in m.factors if i in f.indices)
+            return self.alg.summary(f.name).dims[f.indices.index(i)]
+        return tuple(dim(i) for i in poly.free)
+
+    def make(self, name: str, poly: Poly, weight: int) -> Summary | None:
+        """The summary X = ``poly`` (state factors at 'P', of decay weight ``weight``): its delta
+        ``poly`` of one token, its cross terms X(A⊕B) - ρ_B^w X(A) - X(B) expanded by the
+        combines; None where a term has no segment-A factor or a ρ power no combine gives."""
+        alg = self.alg
+        delta = substitute(poly, lambda f: alg.summary(f.name).delta if f.kind == "state" else None)
+        cross = (increment(alg, poly, weight) + poly.at(DELTA).scaled(-1)).canonical()
+        crosses = []
+        for m in cross.terms:
+            a_side = [f for f in m.factors if f.where == START]
+            b_side = [f for f in m.factors if f.where == DELTA]
+            if not a_side or not b_side or dict(m.rho) != {DELTA: sum(alg.summary(f.name).weight for f in a_side)}:
+                return None   # (the combine's ρ power of a cross term is its A side's weight)
+            if len(b_side) > 1:
+                product = self._product(b_side, {i for f in a_side for i in f.indices} | set(poly.free))
+                if product is None:
+                    return None
+                b_side = [product]
+            crosses.append(Monomial(m.coef, tuple(a_side) + tuple(b_side)))
+        summary = Summary(name, poly.free, self._dims(poly), weight, Poly(poly.free, delta.canonical().terms),
+                          tuple(crosses))
+        self.made.append(summary)
+        return summary
+
+    def _product(self, factors: list[Factor], outside: set[str]) -> Factor | None:
+        """The factor Z@B[...] standing for the product of ``factors`` (at B), summed over the
+        indices only they hold; Z made where it is new."""
+        free = tuple(dict.fromkeys(i for f in factors for i in f.indices if i in outside))
+        poly = Poly(free, (Monomial(Fraction(1), tuple(replace(f, where="P") for f in factors)),))
+        own = tuple(f"z{n}" for n in range(len(free)))
+        key = canonical_key(poly.renamed(own).terms[0], own)
+        name = self._products.get(key)
+        if name is None:
+            (name,) = fresh_names(self.taken, 1, "Z")
+            weight = sum(self.alg.summary(f.name).weight for f in factors)
+            if self.make(name, poly.renamed(own), weight) is None:
+                return None
+            self._products[key] = name
+        return Factor("state", name, DELTA, free)
 
 
 def carried_form(alg: Algebra) -> tuple[Algebra, tuple[CarriedSummary, ...]] | None:
@@ -89,7 +126,7 @@ def carried_form(alg: Algebra) -> tuple[Algebra, tuple[CarriedSummary, ...]] | N
     groups = [(n, g) for n, p in enumerate(polys) for g in _groups(p)]
     crossed = {f.name for s in alg.summaries for c in s.crosses for f in c.factors}
     taken = {s.name for s in alg.summaries} | set(alg.inputs)
-    made: dict[int, tuple[Summary, CarriedSummary]] = {}
+    made: dict[int, tuple[tuple[Summary, ...], CarriedSummary]] = {}   # its summaries, W last
     for k, (_, g) in enumerate(groups):
         if len(g.terms) < 2:
             continue
@@ -100,24 +137,25 @@ def carried_form(alg: Algebra) -> tuple[Algebra, tuple[CarriedSummary, ...]] | N
         if rec is None or not rec.dropped:
             continue
         (name,) = fresh_names(taken, 1, "W")
-        summary = _summary(alg, name, poly, rec)
-        if summary is not None:
-            made[k] = (summary, CarriedSummary(name, Poly(g.inner_free, g.terms), rec.dropped))
+        builder = _Summaries(alg, taken)
+        if builder.make(name, poly.renamed(rec.free), rec.weight) is not None:
+            made[k] = (tuple(builder.made), CarriedSummary(name, Poly(g.inner_free, g.terms), rec.dropped))
     if not made:
         return None
-    dropped = {c.dropped for _, c in made.values()}
     rebuilt = [[] for _ in polys]
     for k, (n, g) in enumerate(groups):
         if k in made:
-            w = Factor("state", made[k][0].name, "", g.inner_free)
+            w = Factor("state", made[k][1].name, "", g.inner_free)
             rebuilt[n].append(Monomial(Fraction(1), g.anchor + (w,)))
         else:
             rebuilt[n] += [Monomial(m.coef, g.anchor + m.factors) for m in g.terms]
     new = [Poly(p.free, tuple(ts)) for p, ts in zip(polys, rebuilt)]
     carried = replace(
         alg, name=f"{alg.name}_carried",
-        summaries=tuple(s for s in alg.summaries if s.name not in dropped) + tuple(s for s, _ in made.values()),
+        summaries=alg.summaries + tuple(s for new, _ in made.values() for s in new),
         output=new[0], normalizer=new[1] if alg.normalizer is not None else None)
+    read = descendants(carried.graph(), "<out>")   # the dropped states and what only they read go
+    carried = replace(carried, summaries=tuple(s for s in carried.summaries if s.name in read))
     forms = tuple(c for _, c in made.values())
     for before, after in zip(polys, new):
         _check_same_output(before, after, forms)
@@ -145,12 +183,12 @@ def carried_text(alg: Algebra) -> str:
              f"{', '.join(s.name for s in carried.streaming)}"]
     for c in forms:
         s = carried.summary(c.name)
-        crosses = " + ".join(Monomial(m.coef, m.factors).with_rho(
-            "B", sum(carried.summary(f.name).weight for f in m.factors if f.where == "A")).text()
-            for m in s.crosses)
+        crosses = Poly(s.indices, tuple(Monomial(m.coef, m.factors).with_rho(
+            "B", sum(carried.summary(f.name).weight for f in m.factors if f.where == "A")) for m in s.crosses)).text()
         lines += [f"{c.name}[{','.join(s.indices)}] = {c.poly.renamed(s.indices).text()}   (replaces {c.dropped})",
                   f"  token delta: {s.delta.text()}",
-                  f"  combine: {c.name}(A⊕B) = ρ_B^{s.weight} {c.name}(A) + {c.name}(B) + {crosses}"]
+                  f"  combine: {c.name}(A⊕B) = ρ_B^{s.weight} {c.name}(A) + {c.name}(B)"
+                  + (f" - {crosses[1:]}" if crosses.startswith("-") else f" + {crosses}")]
     lines.append(f"{carried.output_name}[{','.join(carried.output.free)}] = {carried.output.text()}")
     if carried.normalizer is not None:
         lines.append(f"normalizer = {carried.normalizer.text()}")

@@ -171,11 +171,12 @@ class Op:
         return self._carried or None
 
     def _carried_form(self) -> "Op | bool":
-        """The carried form's op, or False where the algebra has none (``ir.carried``)."""
-        from hladsl.ir.carried import carried_form
-        from hladsl.ir.pipeline import algebra_compilation
-        found = carried_form(self.algebra)
-        return False if found is None else Op(algebra_compilation(found[0]), self.backend, self.chunk_size)
+        """The carried form's op, or False where the algebra has none (``ir.carried``) or its
+        kernels cannot be generated (``carried_kernels_error``)."""
+        compilation = carried_compilation(self.algebra)
+        if compilation is None or carried_kernels_error(compilation) is not None:
+            return False
+        return Op(compilation, self.backend, self.chunk_size)
 
     def bind(self, args, kwargs, options: dict):
         """(token inputs by declared name, options) from positional and keyword
@@ -525,6 +526,23 @@ class Op:
                 x = x * self.query_scale(x, scale)
             out[name] = x
         return out
+
+
+def carried_compilation(alg) -> Compilation | None:
+    """The target-independent passes of ``alg``'s carried form (``ir.carried``), or None."""
+    from hladsl.ir.carried import carried_form
+    from hladsl.ir.pipeline import algebra_compilation
+    found = carried_form(alg)
+    return None if found is None else algebra_compilation(found[0])
+
+
+def carried_kernels_error(compilation: Compilation) -> str | None:
+    """Why the carried form's kernels cannot be generated (at the default chunk, dims of 64,
+    gated: what its terms allow does not depend on the sizes), None where they can. HLA3's:
+    its W0 reads SK, SQ held packed while contracting one of their symmetric slots."""
+    from hladsl.codegen.triton_bwd import generation_error
+    sizes = tuple((d, 64) for d in compilation.algebra.dims)
+    return generation_error(program_for(compilation, launch.DEFAULT_CHUNK, sizes, True))
 
 
 def _tensor_signature(x) -> tuple:
