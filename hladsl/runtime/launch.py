@@ -749,13 +749,14 @@ BOUND_CALLS = True
 KEEP_STATE_PASS = True
 
 # A call with no state in or out (no initial_state, no final state, no cp_group) that runs generated
-# kernels runs the carried form of its algebra where it has one (``ir.carried``: each derived
-# carry with a recursion a summary of its own, HLA2's W0 = S C - G): the same outputs, no
-# cancelling carried state, so bf16 state products and half the state passes' bytes. H100,
-# B = 2, H = 16, d = 64, bf16 (round 33, runs 230 / 236, the spec written so by hand): hla2 fwd +
-# bwd 15.50 -> 7.88 ms at T = 65536 (fla 3.40), forward 2.39 -> 2.10. Off: the carried form's
-# gradient kernel at d = 128 takes a misaligned shared-memory write inside a bf16 tl.dot on the
-# H100 (Triton 3.6, run 235; gone with one network per program, run 237), not yet mended.
+# kernels runs the carried form of its algebra where it has one whose kernels generate
+# (``ir.carried``, ``op.carried_kernels_error``: each derived carry with a recursion a summary of
+# its own, HLA2's W0 = S C - G): the same outputs, no cancelling carried state, so bf16 state
+# products and fewer state bytes. H100, B = 2, H = 16, d = 64, bf16, same process (round 33, run
+# 238): hla2 fwd + bwd 15.62 -> 7.74 ms at T = 65536 (fla 3.39), 4.10 -> 2.02 at 16k. Off: the
+# carried form's gradient kernel at d = 128 takes a misaligned shared-memory write inside a bf16
+# tl.dot on the H100 (Triton 3.6, run 235; gone with one network per program, run 237), not yet
+# mended, and the GPU suite has not run with it on.
 CARRY_DERIVED = False
 
 PLANS_KEPT = 256   # launch plans kept per cache before it starts over (shape classes in use)
