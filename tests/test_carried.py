@@ -76,7 +76,7 @@ def test_emit_carried():
         main(["compile", "hla2", "--emit", "carried"])
     text = out.getvalue()
     assert "W0[w0,w1] = C[_1,w1] S[w0,_1] - G[w0,w1]   (replaces G)" in text
-    assert "W0(A⊕B) = ρ_B^2 W0(A) + W0(B) + ρ_B S@A[_0,w0] C@B[_0,w1]" in text
+    assert "W0(A⊕B) = ρ_B^2 W0@A[w0,w1] + W0@B[w0,w1] + ρ_B S@A[_0,w0] C@B[_0,w1]" in text
     assert text.endswith("kernels: generated (launch.CARRY_DERIVED: calls with no state in or out run them)\n")
 
 

@@ -24,6 +24,8 @@ from fractions import Fraction
 
 from hladsl.frontend.graph import descendants
 from hladsl.ir.algebra import Algebra, Summary
+from hladsl.ir.chunk import carry_group
+from hladsl.ir.combine import combine
 from hladsl.ir.expr import Factor, Monomial, Poly, canonical_key, fresh_names, substitute
 from hladsl.ir.recursion import DELTA, START, increment, recursion
 
@@ -53,10 +55,8 @@ def _groups(poly: Poly) -> list[_Group]:
     for m in poly.terms:
         anchor = tuple(f for f in m.factors if f.kind == "input")
         states = tuple(f for f in m.factors if f.kind != "input")
-        interface = tuple(sorted({i for f in anchor for i in f.indices} | set(poly.free)))
-        inner_free = tuple(i for i in interface if any(i in f.indices for f in states))
-        key = (canonical_key(Monomial(Fraction(1), anchor, m.rho), interface), inner_free)
-        groups.setdefault(key, (anchor, inner_free, []))[2].append(Monomial(m.coef, states))
+        key = carry_group(anchor, states, poly.free)
+        groups.setdefault(key, (anchor, key[1], []))[2].append(Monomial(m.coef, states))
     return [_Group(a, f, tuple(t)) for a, f, t in groups.values()]
 
 
@@ -168,7 +168,8 @@ def _check_same_output(before: Poly, after: Poly, forms: tuple[CarriedSummary, .
     by_name = {c.name: c.poly for c in forms}
     back = substitute(after, lambda f: by_name.get(f.name) if f.kind == "state" else None)
     difference = (back + before.scaled(-1)).canonical()
-    assert not difference.terms, f"carried form changes the output by {difference.text()}"
+    if difference.terms:
+        raise AssertionError(f"carried form changes the output by {difference.text()}")
 
 
 def carried_text(alg: Algebra) -> str:
@@ -183,12 +184,9 @@ def carried_text(alg: Algebra) -> str:
              f"{', '.join(s.name for s in carried.streaming)}"]
     for c in forms:
         s = carried.summary(c.name)
-        crosses = Poly(s.indices, tuple(Monomial(m.coef, m.factors).with_rho(
-            "B", sum(carried.summary(f.name).weight for f in m.factors if f.where == "A")) for m in s.crosses)).text()
         lines += [f"{c.name}[{','.join(s.indices)}] = {c.poly.renamed(s.indices).text()}   (replaces {c.dropped})",
                   f"  token delta: {s.delta.text()}",
-                  f"  combine: {c.name}(A⊕B) = ρ_B^{s.weight} {c.name}(A) + {c.name}(B)"
-                  + (f" - {crosses[1:]}" if crosses.startswith("-") else f" + {crosses}")]
+                  f"  combine: {c.name}(A⊕B) = {combine(carried, s).text()}"]
     lines.append(f"{carried.output_name}[{','.join(carried.output.free)}] = {carried.output.text()}")
     if carried.normalizer is not None:
         lines.append(f"normalizer = {carried.normalizer.text()}")

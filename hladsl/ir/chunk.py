@@ -114,6 +114,15 @@ def _program(term: ChainTerm, operands, output, ctx, token_anchor, extra=()) -> 
     return TermProgram(float(term.coef), tuple(operands), output, p, carry_weight, term.text())
 
 
+def carry_group(anchor, carry, free) -> tuple[tuple, tuple[str, ...]]:
+    """(the key of an output term's token factors ``anchor``, the indices its carried factors
+    ``carry`` share with them and the output's ``free`` ones): terms with equal keys read one sum
+    of carried-state products, a derived carry (here; ``ir.carried``: a summary of its own)."""
+    interface = tuple(sorted({i for f in anchor for i in f.indices} | set(free)))
+    inner_free = tuple(i for i in interface if any(i in f.indices for f in carry))
+    return canonical_key(Monomial(Fraction(1), anchor), interface), inner_free
+
+
 def _output_programs(alg, poly, chains, sizes, derived: list[Derived], prefix: str, gated: bool):
     out_index = (_time(ANCHOR),) + poly.free
     programs, groups = [], {}
@@ -125,12 +134,9 @@ def _output_programs(alg, poly, chains, sizes, derived: list[Derived], prefix: s
         if term.nodes == 0 and term.carry:
             # carry only: anchor tokens x (sum of carry contractions) -> derived tensor
             anchor = tuple(f for f in term.factors if f.kind == "input")
-            interface = tuple(sorted({i for f in anchor for i in f.indices} | set(poly.free)))
             carry = tuple(f for f in term.factors if f.kind != "input")
-            inner_free = tuple(i for i in interface
-                               if any(i in f.indices for f in carry))
-            key = (canonical_key(Monomial(Fraction(1), anchor), interface), inner_free,
-                   term.carry_weight)
+            anchor_key, inner_free = carry_group(anchor, carry, poly.free)
+            key = (anchor_key, inner_free, term.carry_weight)
             groups.setdefault(key, (term, anchor, inner_free, []))[3].append(
                 Monomial(term.coef, carry))
             continue
