@@ -753,11 +753,9 @@ KEEP_STATE_PASS = True
 # (``ir.carried``, ``op.carried_kernels_error``: each derived carry with a recursion a summary of
 # its own, HLA2's W0 = S C - G): the same outputs, no cancelling carried state, so bf16 state
 # products and fewer state bytes. H100, B = 2, H = 16, d = 64, bf16, same process (round 33, run
-# 238): hla2 fwd + bwd 15.62 -> 7.74 ms at T = 65536 (fla 3.39), 4.10 -> 2.02 at 16k. Off: the
-# carried form's gradient kernel at d = 128 takes a misaligned shared-memory write inside a bf16
-# tl.dot on the H100 (Triton 3.6, run 235; gone with one network per program, run 237), not yet
-# mended, and the GPU suite has not run with it on.
-CARRY_DERIVED = False
+# 238): hla2 fwd + bwd 15.62 -> 7.74 ms at T = 65536 (fla 3.39), 4.10 -> 2.02 at 16k. Its gradient
+# kernels at d = 128 need 8 warps on the H100 (``grad_warps``).
+CARRY_DERIVED = True
 
 PLANS_KEPT = 256   # launch plans kept per cache before it starts over (shape classes in use)
 _PLAN_CACHES: list[dict] = []   # every runner's plan cache (``switch`` forgets them all)
@@ -1199,12 +1197,24 @@ def local_bytes(kernel, grid, args: dict) -> float:
     return math.inf
 
 
-GRAD_WARPS = None   # the gradient kernels' warps whatever the call's (an A/B knob: None keeps them)
+GRAD_WARPS = None     # the gradient kernels' warps whatever the rule says (an A/B knob: None keeps it)
+WIDE_GRAD_DIM = 128
+WIDE_GRAD_WARPS = 8
 
 
-def grad_warps() -> dict:
-    """The gradient kernels' launch option overriding the call's warps (``GRAD_WARPS``)."""
-    return {"num_warps": GRAD_WARPS} if GRAD_WARPS else {}
+def grad_warps(features: dict) -> dict:
+    """The gradient kernel's warps where they differ from the call's (4): 8 where a feature
+    dim is at least WIDE_GRAD_DIM (``features``: ``feature_blocks``), as the forward's output
+    kernel (``output_warps``). Why: at 4 warps Triton 3.6 miscompiles the bf16 dot chains of
+    hla2's carried form (``ir.carried``) at d = 128 on the H100 -- its dv group, four networks
+    whole, C = 64, faults with a misaligned 8-byte shared-memory store inside a ``tl.dot``
+    (compute-sanitizer, runs 231-237); at 8 warps it runs (run 239, gated and ungated, d = 64
+    and 128), as it does with one or two networks a program."""
+    if GRAD_WARPS:
+        return {"num_warps": GRAD_WARPS}
+    if WIDE_GRAD_WARPS and max(features.values(), default=0) >= WIDE_GRAD_DIM:
+        return {"num_warps": WIDE_GRAD_WARPS}
+    return {}
 
 
 GRAD_LOOP_TILE_ELEMENTS = 4096

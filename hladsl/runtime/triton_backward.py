@@ -132,7 +132,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     loop, dot = plan.grad_loop, plan.grad_dot
     everything = _grad_args(d_tiles, d_lam, grad_scales)
     for targets, held, parts, runs in plan.grad_launches:
-        base = {**args, **everything, **common, **loop, **dot, "TARGETS": targets, **launch.grad_warps()}
+        base = {**args, **everything, **common, **loop, **dot, "TARGETS": targets, **plan.grad_warps}
         grid = (n_chunks, n_seq * heads)
         if parts < runs and launch.grad_whole_spills(module.grad_kernel, grid, {**base, "PART": 0, "PARTS": 1}):
             parts = runs   # whole, its kernel would spill (launch.grad_parts)
@@ -518,6 +518,7 @@ class _BackwardPlan:
         # the narrow loop tile matters to the bf16 guard only where a DOT-dtype dot runs on it
         self.grad_dot = launch.dot_override(first, ctx["grad_chained_dots"],
                                             self.grad_loop if ctx["grad_loop_dot"] else {}, features)
+        self.grad_warps = launch.grad_warps(features)
         groups = ctx["grad_groups"]
         self.grad_launches = []
         for targets in launch.grad_target_sets(len(groups), targets_per_program):

@@ -55,7 +55,9 @@ class Variant:
 
 PLAIN = Variant(BF16, gated=False, normalize=False, with_state=False)
 GATED = Variant(BF16, gated=True, normalize=False)
-TWO_PASS = [PLAIN, GATED, Variant(BF16, True, True),
+# gated with no state in or out: where the spec has a carried form (ir.carried), it runs that
+GATED_STATELESS = Variant(BF16, gated=True, normalize=False, with_state=False)
+TWO_PASS = [PLAIN, GATED, GATED_STATELESS, Variant(BF16, True, True),
             Variant(FP16, False, False), Variant(FP16, True, True)]
 FUSED = [Variant(BF16, False, False, "fused"), Variant(BF16, True, True, "fused")]
 # the chunk-parallel state pass and (where the program has one) reverse pass, forced
@@ -79,9 +81,15 @@ AUTO_D128 = Variant(BF16, False, False, "auto", with_state=False, d=128)
 AUTO_D128_GATED = Variant(BF16, True, True, "auto", d=128)
 D128 = {"linear": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128),
                    Variant(BF16, True, True, "fused", d=128), AUTO_D128, AUTO_D128_GATED],
-        "hla2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128), AUTO_D128],
+        "hla2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128), AUTO_D128,
+                 Variant(BF16, True, False, with_state=False, d=128)],
         "ahla": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128), AUTO_D128],
         "power2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128)]}
+
+
+# specs known to have a carried form whose kernels generate: their calls with no state in or
+# out run it (launch.CARRY_DERIVED, op.Op._carried_op)
+CARRIED = {"hla2"}
 
 
 # narrow head dims: bf16 chains of dots on 16/32-wide tiles miscompile on Hopper (an
@@ -123,6 +131,15 @@ def test_forward_backward_matches_fp32_reference(spec, variant, d, record_proper
     monkeypatch.setattr(launch, "backward_module", chosen)
     gen = generator(1000 + d)
     op = load(spec, "auto", variant.normalize)
+    routed = []   # the carried form's op of each call of op (None: ran as written)
+    carried_op = type(op)._carried_op
+
+    def routing(self, *args):
+        chosen = carried_op(self, *args)
+        if self is op:
+            routed.append(chosen)
+        return chosen
+    monkeypatch.setattr(type(op), "_carried_op", routing)
     ref = load(spec, "torch", variant.normalize)
     inputs = Inputs(tokens(spec, B, T, H, d, d, variant.dtype, variant.normalize, gen),
                     gates(B, T, H, gen) if variant.gated else None,
@@ -133,6 +150,9 @@ def test_forward_backward_matches_fp32_reference(spec, variant, d, record_proper
         check_against_reference(op, ref, inputs, ratios, TOL[variant.dtype], gen,
                                 output_final_state=variant.with_state)
     ratios.check()
+    # a call with no state in or out runs the carried form where the spec has one (hla2 has)
+    carried = not variant.with_state and (bool(op._carried) or spec.id in CARRIED)
+    assert routed and all((r is not None) == carried for r in routed), routed
     if fallbacks:   # correct, but through the torch program: the kernels are what is under test
         pytest.xfail(f"checked through the torch fallback, not generated kernels: {fallbacks[0]}")
     if variant.schedule == "auto" and variant != AUTO_GATED:   # (gated at d = 64: C = 64)
