@@ -327,15 +327,20 @@ def _triton_bwd(spec, params, out_dir):
 
 def _carried(spec, params, out_dir):
     from hladsl.ir.carried import carried_text
-    from hladsl.runtime.op import carried_compilation, carried_kernels_error
+    from hladsl.runtime.op import carried_compilation, carried_kernels_error, carried_products
     alg = _algebra(spec, params)
     text = carried_text(alg)
     compilation = carried_compilation(alg)
-    if compilation is not None:
-        error = carried_kernels_error(compilation)
-        text += ("kernels: generated (launch.CARRY_DERIVED: calls with no state in or out run them)\n"
-                 if error is None else f"kernels: none ({error}): calls run the spec as written\n")
-    return text
+    if compilation is None:
+        return text
+    error = carried_kernels_error(compilation)
+    if error is not None:
+        return text + f"kernels: none ({error}): calls run the spec as written\n"
+    products = carried_products(alg, compilation.algebra)
+    if products:
+        return text + (f"kernels: generated; with product summaries ({', '.join(products)}): calls with no "
+                       "state in or out run them where launch.CARRY_PRODUCTS\n")
+    return text + "kernels: generated (launch.CARRY_DERIVED: calls with no state in or out run them)\n"
 
 
 def _cp(spec, params, out_dir):

@@ -40,10 +40,11 @@ def test_hla3_carries_w0_through_product_summaries(gated):
     """HLA3's W0 = SK SQ P - G1 - G2 - G3: its increment reads two summaries of segment B in
     some terms (ρ_B SK(A) SQ(B) P(B)), which read combine-only products instead (Z0..Z2, each a
     summary of its own); only SK, SQ, P, W0 carried. The float64 torch path gives the oracle's
-    output; its kernels cannot be generated yet (W0's terms contract a packed symmetric slot of
-    SK), so the op runs HLA3 as written."""
+    output; its kernels generate (W0's update contracts SQ's symmetric group against a product of
+    segment B's tokens, so SQ stays unpacked: ir.symmetric), and it adds product summaries
+    (launch.CARRY_PRODUCTS)."""
     from hladsl.ir.pipeline import algebra_compilation
-    from hladsl.runtime.op import Op, carried_compilation, carried_kernels_error
+    from hladsl.runtime.op import Op, carried_compilation, carried_kernels_error, carried_products
     alg = hladsl.compile_spec("hla3")
     carried, forms = carried_form(alg)
     assert [(c.name, c.dropped) for c in forms] == [("W0", "G1")]
@@ -57,7 +58,9 @@ def test_hla3_carries_w0_through_product_summaries(gated):
                                                      g=None if g is None else g[None, :, None], scale=1.0)
     want = oracle("hla3", q, k, v, g)
     assert ((o[0, :, 0] - want).norm() / want.norm()).item() < 1e-12
-    assert "packed dim" in carried_kernels_error(carried_compilation(alg))
+    assert carried_kernels_error(carried_compilation(alg)) is None
+    assert carried_products(alg, carried) == ("Z0", "Z1", "Z2")
+    assert carried_products(hladsl.compile_spec("hla2"), carried_form(hladsl.compile_spec("hla2"))[0]) == ()
 
 
 def test_a_wrong_rewrite_is_caught():
@@ -78,6 +81,11 @@ def test_emit_carried():
     assert "W0[w0,w1] = C[_1,w1] S[w0,_1] - G[w0,w1]   (replaces G)" in text
     assert "W0(A⊕B) = ρ_B^2 W0@A[w0,w1] + W0@B[w0,w1] + ρ_B S@A[_0,w0] C@B[_0,w1]" in text
     assert text.endswith("kernels: generated (launch.CARRY_DERIVED: calls with no state in or out run them)\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["compile", "hla3", "--emit", "carried"])
+    assert out.getvalue().endswith("kernels: generated; with product summaries (Z0, Z1, Z2): calls with no "
+                                   "state in or out run them where launch.CARRY_PRODUCTS\n")
 
 
 @pytest.fixture
@@ -90,9 +98,8 @@ def carrying(monkeypatch):
         ran.append(self.algebra.name)
         return forward(self, *args, **kwargs)
     monkeypatch.setattr(op_module.Op, "_forward", recorded)
-    launch.switch("CARRY_DERIVED", True)
-    yield ran
-    launch.switch("CARRY_DERIVED", False)
+    with launch.switched(CARRY_DERIVED=True):
+        yield ran
 
 
 @pytest.mark.parametrize("normalize", [False, True])
@@ -101,24 +108,40 @@ def test_stateless_calls_run_the_carried_form(carrying, gated, normalize):
     """hla2 with backend="triton" (the interpreter): a call with no state in or out runs the
     carried form's kernels, forward and backward: the oracle's output and gradients (q, k, v,
     log gates) to 1e-4 (float32 against float64)."""
+    check_stateless_call("hla2", gated, normalize, carrying, "hla2_carried")
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_hla3_runs_its_carried_form_where_products_are_on(carrying, gated):
+    """The same for hla3, whose carried form adds product summaries: with launch.CARRY_PRODUCTS
+    its carried kernels (SK, SQ, P, W0 carried; Z0..Z2 combine-only); off, as written."""
+    with launch.switched(CARRY_PRODUCTS=True):
+        check_stateless_call("hla3", gated, False, carrying, "hla3_carried")
+    carrying.clear()
+    check_stateless_call("hla3", gated, False, carrying, "hla3")
+
+
+def check_stateless_call(name: str, gated: bool, normalize: bool, carrying: list, runs: str):
+    """A call of spec ``name`` with no state in or out, backend="triton", runs the algebra
+    ``runs``; its output and gradients match the oracle to 1e-4 (float32 against float64)."""
     torch.manual_seed(3)
     T, d = 80, 8     # two chunks of 64 (the interpreter's): the carried W0 is read
     base = [torch.randn(T, d, dtype=torch.float64) for _ in range(3)]
     base = [x.abs() if normalize else x for x in base] + [-0.2 * torch.rand(T, dtype=torch.float64)]   # den off 0
-    op = hladsl.load("hla2", backend="triton", normalize=normalize)
+    op = hladsl.load(name, backend="triton", normalize=normalize)
     xs = [x.float().requires_grad_() for x in base]
     o, final = op(*(x[None, :, None] for x in xs[:3]), g=xs[3][None, :, None] if gated else None, scale=1.0)
-    assert final is None and carrying == ["hla2_carried"]
+    assert final is None and carrying == [runs]
     cot = torch.randn(T, d, dtype=torch.float64)
     o[0, :, 0].backward(cot.float())
     refs = [x.clone().requires_grad_() for x in base]
-    ref = oracle("hla2", *refs[:3], refs[3] if gated else None, normalize=normalize)
+    ref = oracle(name, *refs[:3], refs[3] if gated else None, normalize=normalize)
     ref.backward(cot)
     pairs = [("o", o[0, :, 0].detach(), ref.detach())] + [
         (n, x.grad, r.grad) for n, x, r in zip(("dq", "dk", "dv", "dg"), xs, refs) if gated or n != "dg"]
-    for name, got, want in pairs:
+    for what, got, want in pairs:
         err = ((got.double() - want).norm() / want.norm()).item()
-        assert err < 1e-4, f"{name}: {err:.2e}"
+        assert err < 1e-4, f"{name} {what}: {err:.2e}"
 
 
 def test_calls_with_a_state_run_as_written(carrying):

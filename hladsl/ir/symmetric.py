@@ -7,7 +7,8 @@ by its C(n+p-1, p) entries with non-decreasing indices (the storage layout of
 
   produce   p token factors of one input at one time fill the group:
             Σ_T x[T,i1]...x[T,ip] ...  ->  spow(x)[T,α] ...      (α = the packed index)
-  consume   the group is contracted with p copies of one token vector:
+  consume   the group is contracted with p copies of one token vector, in an output term
+            (not a state's update: the state pass is split over every packed dim):
             x[T,i1]...x[T,ip] X[i1..ip,...]  ->  Σ_α m(α) spow(x)[T,α] X[α,...]
   pass      the group of a packed carried state fills the group of the result
             (the carry term X@P of X's own update)
@@ -99,6 +100,12 @@ class _Packer:
                 if produces in packed and set(slots) <= set(output) and \
                         self._output_group(produces, output, slots):
                     continue                      # pass: a packed group into a packed group
+                if produces is not None:
+                    # consumed by a state's update: the state pass runs one program per block
+                    # of every packed dim, so none can sum over one (HLA3's carried W0 reads
+                    # SQ(A) against a product of segment B's tokens)
+                    failed.add(o.name)
+                    break
                 tokens = self._token_group(ops, slots, uses, output)
                 if tokens is None:
                     failed.add(o.name)

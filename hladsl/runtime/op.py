@@ -81,6 +81,7 @@ class Op:
         # the carried form's op (_carried_op; False: it has none), derived here where it is on, so
         # that a first call under torch.compile finds it (0.1 s for hla2)
         self._carried = self._carried_form() if launch.CARRY_DERIVED else None
+        self.products = ()   # a carried form's op: the product summaries it adds (carried_products)
         self.inputs = tuple(alg.inputs)   # declaration order
         self.queries = alg.queries
         self.out_dim = output_dim(alg)
@@ -166,9 +167,10 @@ class Op:
             if torch.compiler.is_compiling():   # dynamo must not trace the compiler: as written
                 return None                     # until an eager call (or the op's creation) derives it
             self._carried = self._carried_form()
-        if self._carried:
-            self._carried.schedule, self._carried.autotune = self.schedule, self.autotune
-        return self._carried or None
+        if not self._carried or (self._carried.products and not launch.CARRY_PRODUCTS):
+            return None
+        self._carried.schedule, self._carried.autotune = self.schedule, self.autotune
+        return self._carried
 
     def _carried_form(self) -> "Op | bool":
         """The carried form's op, or False where the algebra has none (``ir.carried``) or its
@@ -176,7 +178,9 @@ class Op:
         compilation = carried_compilation(self.algebra)
         if compilation is None or carried_kernels_error(compilation) is not None:
             return False
-        return Op(compilation, self.backend, self.chunk_size)
+        carried = Op(compilation, self.backend, self.chunk_size)
+        carried.products = carried_products(self.algebra, compilation.algebra)   # (launch.CARRY_PRODUCTS)
+        return carried
 
     def bind(self, args, kwargs, options: dict):
         """(token inputs by declared name, options) from positional and keyword
@@ -538,11 +542,19 @@ def carried_compilation(alg) -> Compilation | None:
 
 def carried_kernels_error(compilation: Compilation) -> str | None:
     """Why the carried form's kernels cannot be generated (at the default chunk, dims of 64,
-    gated: what its terms allow does not depend on the sizes), None where they can. HLA3's:
-    its W0 reads SK, SQ held packed while contracting one of their symmetric slots."""
+    gated: what its terms allow does not depend on the sizes), None where they can."""
     from hladsl.codegen.triton_bwd import generation_error
     sizes = tuple((d, 64) for d in compilation.algebra.dims)
     return generation_error(program_for(compilation, launch.DEFAULT_CHUNK, sizes, True))
+
+
+def carried_products(written, carried) -> tuple[str, ...]:
+    """The summaries the carried form adds that no output reads (``ir.carried``: products of
+    segment-B summaries a cross term reads, HLA3's Z0..Z2); empty for HLA2's."""
+    names = {s.name for s in written.summaries}
+    read = {f.name for p in (carried.output, carried.normalizer) if p is not None
+            for m in p.terms for f in m.factors}
+    return tuple(s.name for s in carried.summaries if s.name not in names | read)
 
 
 def _tensor_signature(x) -> tuple:

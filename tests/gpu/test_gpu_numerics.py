@@ -19,6 +19,7 @@ integer specialisation (n_chunks % 16) and compile once.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import pytest
@@ -42,15 +43,18 @@ class Variant:
     schedule: str = "two_pass"
     with_state: bool = True       # initial_state given, output_final_state=True
     d: int | None = None          # None: the spec's own head dim
+    products: bool = False        # launch.CARRY_PRODUCTS: a carried form adding product summaries runs
 
     def id(self, d: int) -> str:
         return "-".join([dtype_name(self.dtype), "gated" if self.gated else "ungated",
                          "norm" if self.normalize else "plain", self.schedule,
-                         "state" if self.with_state else "nostate", f"d{d}"])
+                         "state" if self.with_state else "nostate", f"d{d}"]
+                        + (["products"] if self.products else []))
 
     def kernels(self, spec, d: int):
         """The xdist group: tests with equal groups run the same generated kernels."""
-        return group(spec.id, d, dtype_name(self.dtype), self.gated, self.normalize, self.schedule)
+        return group(spec.id, d, dtype_name(self.dtype), self.gated, self.normalize, self.schedule,
+                     *(["products"] if self.products else []))
 
 
 PLAIN = Variant(BF16, gated=False, normalize=False, with_state=False)
@@ -87,6 +91,9 @@ D128 = {"linear": [Variant(BF16, False, False, d=128), Variant(BF16, True, True,
         "power2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128)]}
 
 
+# carried forms adding product summaries (HLA3's Z0..Z2), which run only where launch.CARRY_PRODUCTS
+PRODUCTS = {"hla3": [Variant(BF16, False, False, with_state=False, products=True),
+                     Variant(BF16, True, True, with_state=False, products=True)]}
 # specs known to have a carried form whose kernels generate: their calls with no state in or
 # out run it (launch.CARRY_DERIVED, op.Op._carried_op)
 CARRIED = {"hla2"}
@@ -103,7 +110,7 @@ def cases():
         variants = (TWO_PASS + (FUSED if spec.fused else [])
                     + (SCAN + (AUTO if spec.long_chunk else []) if spec.scan else [])
                     + (STAGED + [AUTO_GATED] if spec.staged else [])
-                    + D128.get(spec.id, []) + narrow)
+                    + D128.get(spec.id, []) + PRODUCTS.get(spec.id, []) + narrow)
         for v in variants:
             d = v.d or spec.d
             # slow: d = 128, and a heavy spec's kernel sets beyond the PLAIN and GATED ones
@@ -146,12 +153,15 @@ def test_forward_backward_matches_fp32_reference(spec, variant, d, record_proper
                     initial_state(spec, variant.normalize, B, H, d, d, variant.gated, gen)
                     if variant.with_state else None)
     ratios = Ratios(record_property)
-    with no_kernel_fits() as fallbacks, schedule(op, variant.schedule):
+    with no_kernel_fits() as fallbacks, schedule(op, variant.schedule), \
+            launch.switched(CARRY_PRODUCTS=True) if variant.products else contextlib.nullcontext():
         check_against_reference(op, ref, inputs, ratios, TOL[variant.dtype], gen,
                                 output_final_state=variant.with_state)
     ratios.check()
-    # a call with no state in or out runs the carried form where the spec has one (hla2 has)
-    carried = not variant.with_state and (bool(op._carried) or spec.id in CARRIED)
+    # a call with no state in or out runs the carried form where the spec has one (hla2 has;
+    # hla3's adds product summaries: where CARRY_PRODUCTS)
+    carried = not variant.with_state and (bool(op._carried) or spec.id in CARRIED) and (
+        variant.products or not (op._carried and op._carried.products))
     assert routed and all((r is not None) == carried for r in routed), routed
     if fallbacks:   # correct, but through the torch program: the kernels are what is under test
         pytest.xfail(f"checked through the torch fallback, not generated kernels: {fallbacks[0]}")
