@@ -327,16 +327,16 @@ def _triton_bwd(spec, params, out_dir):
 
 def _carried(spec, params, out_dir):
     from hladsl.ir.carried import carried_text
-    from hladsl.runtime.op import carried_compilation, carried_kernels_error, carried_products
+    from hladsl.runtime.op import carried_compilation, carried_kernels_error
     alg = _algebra(spec, params)
     text = carried_text(alg)
-    compilation = carried_compilation(alg)
-    if compilation is None:
+    found = carried_compilation(alg)
+    if found is None:
         return text
+    compilation, products = found
     error = carried_kernels_error(compilation)
     if error is not None:
         return text + f"kernels: none ({error}): calls run the spec as written\n"
-    products = carried_products(alg, compilation.algebra)
     if products:
         return text + (f"kernels: generated; with product summaries ({', '.join(products)}): calls with no "
                        "state in or out run them where launch.CARRY_PRODUCTS\n")

@@ -41,10 +41,10 @@ def test_hla3_carries_w0_through_product_summaries(gated):
     some terms (ρ_B SK(A) SQ(B) P(B)), which read combine-only products instead (Z0..Z2, each a
     summary of its own); only SK, SQ, P, W0 carried. The float64 torch path gives the oracle's
     output; its kernels generate (W0's update contracts SQ's symmetric group against a product of
-    segment B's tokens, so SQ stays unpacked: ir.symmetric), and it adds product summaries
-    (launch.CARRY_PRODUCTS)."""
-    from hladsl.ir.pipeline import algebra_compilation
-    from hladsl.runtime.op import Op, carried_compilation, carried_kernels_error, carried_products
+    segment B's tokens, so SK and SQ stay unpacked, as HLA3 holds them as written: ir.symmetric),
+    and it adds product summaries (launch.CARRY_PRODUCTS)."""
+    from hladsl.ir.pipeline import algebra_compilation, program_for
+    from hladsl.runtime.op import Op, carried_compilation, carried_kernels_error
     alg = hladsl.compile_spec("hla3")
     carried, forms = carried_form(alg)
     assert [(c.name, c.dropped) for c in forms] == [("W0", "G1")]
@@ -58,9 +58,11 @@ def test_hla3_carries_w0_through_product_summaries(gated):
                                                      g=None if g is None else g[None, :, None], scale=1.0)
     want = oracle("hla3", q, k, v, g)
     assert ((o[0, :, 0] - want).norm() / want.norm()).item() < 1e-12
-    assert carried_kernels_error(carried_compilation(alg)) is None
-    assert carried_products(alg, carried) == ("Z0", "Z1", "Z2")
-    assert carried_products(hladsl.compile_spec("hla2"), carried_form(hladsl.compile_spec("hla2"))[0]) == ()
+    compilation, products = carried_compilation(alg)
+    assert carried_kernels_error(compilation) is None and products == ("Z0", "Z1", "Z2")
+    # ir.symmetric: SQ's group is consumed in W0's update, so neither it nor SK is held packed
+    assert program_for(compilation, 64, (("d", 64), ("dv", 64)), True).packed == ()
+    assert carried_compilation(hladsl.compile_spec("hla2"))[1] == ()
 
 
 def test_a_wrong_rewrite_is_caught():
@@ -192,3 +194,19 @@ def test_compiled_calls_take_the_carried_form(carrying):
     for a, b in zip(torch.autograd.grad(got.square().sum(), [q, k, v, g]),
                     torch.autograd.grad(want.square().sum(), [q, k, v, g])):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_failing_derivation_warns_and_runs_as_written(carrying, monkeypatch):
+    """The carried form is an optimisation: where deriving it raises, making the op warns with
+    the reason and its calls run the spec as written; the torch backend derives nothing."""
+    def broken(alg):
+        raise AssertionError("the rewrite changes the output")
+    monkeypatch.setattr(op_module, "carried_compilation", broken)
+    from hladsl.api import compile_spec
+    compilation = compile_spec("hla2")
+    with pytest.warns(UserWarning, match="could not be derived .the rewrite changes the output"):
+        op = op_module.Op(compilation, "triton")
+    with torch.no_grad():
+        op(*(torch.randn(1, 40, 2, 8) for _ in range(3)))
+    assert carrying == ["hla2"]
+    assert op_module.Op(compilation, "torch")._carried is None

@@ -33,10 +33,12 @@ from hladsl.ir.recursion import DELTA, START, increment, recursion
 @dataclass(frozen=True)
 class CarriedSummary:
     """One derived carry made a summary: its name, the poly of the user's states it stands
-    for (free: its indices) and the state it replaces (``dropped``)."""
+    for (free: its indices), the state it replaces (``dropped``) and the product summaries
+    its cross terms read (``_Summaries._product``: HLA3's Z0..Z2; none for HLA2's)."""
     name: str
     poly: Poly
     dropped: str
+    products: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,10 @@ class _Summaries:
         self.made.append(summary)
         return summary
 
+    def products(self) -> list[str]:
+        """The product summaries made, in the order made."""
+        return list(self._products.values())
+
     def _product(self, factors: list[Factor], outside: set[str]) -> Factor | None:
         """The factor Z@B[...] standing for the product of ``factors`` (at B), summed over the
         indices only they hold; Z made where it is new."""
@@ -139,7 +145,8 @@ def carried_form(alg: Algebra) -> tuple[Algebra, tuple[CarriedSummary, ...]] | N
         (name,) = fresh_names(taken, 1, "W")
         builder = _Summaries(alg, taken)
         if builder.make(name, poly.renamed(rec.free), rec.weight) is not None:
-            made[k] = (tuple(builder.made), CarriedSummary(name, Poly(g.inner_free, g.terms), rec.dropped))
+            made[k] = (tuple(builder.made), CarriedSummary(name, Poly(g.inner_free, g.terms), rec.dropped,
+                                                           tuple(builder.products())))
     if not made:
         return None
     rebuilt = [[] for _ in polys]

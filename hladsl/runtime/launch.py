@@ -758,8 +758,8 @@ KEEP_STATE_PASS = True
 CARRY_DERIVED = True
 # ... and where that form adds product summaries (a cross term reading several segment-B
 # summaries: HLA3's Z0..Z2, ir.carried), only where this is on: off until those kernels have run on
-# a GPU and been timed against the spec as written. HLA3, d = 64, fwd + bwd by the cost model
-# (ir.cost): 2.24 vs 3.91 MFLOP and 8448 vs 11520 bytes a token; under the interpreter they match
+# a GPU and been timed against the spec as written. HLA3, d = 64, ungated, fwd + bwd by the cost
+# model (ir.cost): 2.24 vs 3.91 MFLOP and 8448 vs 11520 bytes a token; under the interpreter they match
 # the float64 path (tests/test_carried.py).
 CARRY_PRODUCTS = False
 

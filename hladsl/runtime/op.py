@@ -58,7 +58,10 @@ class Op:
     """One compiled spec as a torch op (made by ``hladsl.load``, one per spec text,
     parameters and options)."""
 
-    def __init__(self, compilation: Compilation, backend: str = "auto", chunk_size: int | None = None):
+    def __init__(self, compilation: Compilation, backend: str = "auto", chunk_size: int | None = None,
+                 *, derive_carried: bool = True):
+        """``derive_carried``: whether calls may run a carried form of this algebra (False for a
+        carried form's own op)."""
         alg = compilation.algebra
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -80,8 +83,10 @@ class Op:
         self.autotune = False             # time launch configs per shape class (runtime.autotune)
         # the carried form's op (_carried_op; False: it has none), derived here where it is on, so
         # that a first call under torch.compile finds it (0.1 s for hla2)
-        self._carried = self._carried_form() if launch.CARRY_DERIVED else None
-        self.products = ()   # a carried form's op: the product summaries it adds (carried_products)
+        # (not for the torch backend, which runs no kernels; False: no carried form)
+        self._carried = (False if not derive_carried else
+                         self._carried_form() if launch.CARRY_DERIVED and backend != "torch" else None)
+        self.products = ()   # a carried form's op: the product summaries it adds (carried_compilation)
         self.inputs = tuple(alg.inputs)   # declaration order
         self.queries = alg.queries
         self.out_dim = output_dim(alg)
@@ -174,12 +179,18 @@ class Op:
 
     def _carried_form(self) -> "Op | bool":
         """The carried form's op, or False where the algebra has none (``ir.carried``) or its
-        kernels cannot be generated (``carried_kernels_error``)."""
-        compilation = carried_compilation(self.algebra)
-        if compilation is None or carried_kernels_error(compilation) is not None:
+        kernels cannot be generated (``carried_kernels_error``). An optimisation: where deriving
+        it fails, a warning says why and calls run the spec as written."""
+        try:
+            found = carried_compilation(self.algebra)
+            if found is None or carried_kernels_error(found[0]) is not None:
+                return False
+        except Exception as exc:   # (a proof or check of the derived algebra failing: a bug to report)
+            warnings.warn(f"{self.algebra.name}: its carried form could not be derived ({exc}); "
+                          f"calls run the spec as written", stacklevel=3)
             return False
-        carried = Op(compilation, self.backend, self.chunk_size)
-        carried.products = carried_products(self.algebra, compilation.algebra)   # (launch.CARRY_PRODUCTS)
+        carried = Op(found[0], self.backend, self.chunk_size, derive_carried=False)
+        carried.products = found[1]   # (launch.CARRY_PRODUCTS)
         return carried
 
     def bind(self, args, kwargs, options: dict):
@@ -532,12 +543,15 @@ class Op:
         return out
 
 
-def carried_compilation(alg) -> Compilation | None:
-    """The target-independent passes of ``alg``'s carried form (``ir.carried``), or None."""
+def carried_compilation(alg) -> tuple[Compilation, tuple[str, ...]] | None:
+    """The target-independent passes of ``alg``'s carried form (``ir.carried``) and the product
+    summaries it adds (HLA3's Z0..Z2, ``launch.CARRY_PRODUCTS``), or None."""
     from hladsl.ir.carried import carried_form
     from hladsl.ir.pipeline import algebra_compilation
     found = carried_form(alg)
-    return None if found is None else algebra_compilation(found[0])
+    if found is None:
+        return None
+    return algebra_compilation(found[0]), tuple(p for c in found[1] for p in c.products)
 
 
 def carried_kernels_error(compilation: Compilation) -> str | None:
@@ -546,15 +560,6 @@ def carried_kernels_error(compilation: Compilation) -> str | None:
     from hladsl.codegen.triton_bwd import generation_error
     sizes = tuple((d, 64) for d in compilation.algebra.dims)
     return generation_error(program_for(compilation, launch.DEFAULT_CHUNK, sizes, True))
-
-
-def carried_products(written, carried) -> tuple[str, ...]:
-    """The summaries the carried form adds that no output reads (``ir.carried``: products of
-    segment-B summaries a cross term reads, HLA3's Z0..Z2); empty for HLA2's."""
-    names = {s.name for s in written.summaries}
-    read = {f.name for p in (carried.output, carried.normalizer) if p is not None
-            for m in p.terms for f in m.factors}
-    return tuple(s.name for s in carried.summaries if s.name not in names | read)
 
 
 def _tensor_signature(x) -> tuple:
@@ -666,7 +671,9 @@ _UNBOUND = object()   # a signature whose recorded call could not be bound: it v
 
 
 class _Delegated:
-    """A call signature the carried form's op runs (``Op._carried_op``): passed on whole."""
+    """A call signature the carried form's op runs (``Op._carried_op``): passed on whole.
+    Changing ``CARRY_DERIVED`` or ``CARRY_PRODUCTS`` through ``launch.switch`` forgets these
+    with every other plan (set directly, an op keeps routing as before)."""
 
     def __init__(self, op: Op):
         self.op = op

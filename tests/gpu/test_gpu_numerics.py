@@ -91,12 +91,14 @@ D128 = {"linear": [Variant(BF16, False, False, d=128), Variant(BF16, True, True,
         "power2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128)]}
 
 
+# stateless calls of the carried form's other kernel sets: normalised (W1 carried too), fp16
+CARRIED_MORE = [Variant(BF16, True, True, with_state=False), Variant(FP16, True, True, with_state=False)]
 # carried forms adding product summaries (HLA3's Z0..Z2), which run only where launch.CARRY_PRODUCTS
 PRODUCTS = {"hla3": [Variant(BF16, False, False, with_state=False, products=True),
                      Variant(BF16, True, True, with_state=False, products=True)]}
 # specs known to have a carried form whose kernels generate: their calls with no state in or
 # out run it (launch.CARRY_DERIVED, op.Op._carried_op)
-CARRIED = {"hla2"}
+CARRIED = {"hla2", "two_kv"}
 
 
 # narrow head dims: bf16 chains of dots on 16/32-wide tiles miscompile on Hopper (an
@@ -110,7 +112,8 @@ def cases():
         variants = (TWO_PASS + (FUSED if spec.fused else [])
                     + (SCAN + (AUTO if spec.long_chunk else []) if spec.scan else [])
                     + (STAGED + [AUTO_GATED] if spec.staged else [])
-                    + D128.get(spec.id, []) + PRODUCTS.get(spec.id, []) + narrow)
+                    + D128.get(spec.id, []) + PRODUCTS.get(spec.id, [])
+                    + (CARRIED_MORE if spec.id in CARRIED else []) + narrow)
         for v in variants:
             d = v.d or spec.d
             # slow: d = 128, and a heavy spec's kernel sets beyond the PLAIN and GATED ones
@@ -158,11 +161,11 @@ def test_forward_backward_matches_fp32_reference(spec, variant, d, record_proper
         check_against_reference(op, ref, inputs, ratios, TOL[variant.dtype], gen,
                                 output_final_state=variant.with_state)
     ratios.check()
-    # a call with no state in or out runs the carried form where the spec has one (hla2 has;
-    # hla3's adds product summaries: where CARRY_PRODUCTS)
-    carried = not variant.with_state and (bool(op._carried) or spec.id in CARRIED) and (
-        variant.products or not (op._carried and op._carried.products))
+    # a call with no state in or out runs the carried form where the spec has one (CARRIED; hla3's
+    # adds product summaries: with CARRY_PRODUCTS)
+    carried = not variant.with_state and (spec.id in CARRIED or variant.products)
     assert routed and all((r is not None) == carried for r in routed), routed
+    assert not variant.products or routed[0].products, "no product summaries"
     if fallbacks:   # correct, but through the torch program: the kernels are what is under test
         pytest.xfail(f"checked through the torch fallback, not generated kernels: {fallbacks[0]}")
     if variant.schedule == "auto" and variant != AUTO_GATED:   # (gated at d = 64: C = 64)
@@ -240,11 +243,13 @@ def test_short_sequences_match_fp32_reference(spec, T_short, record_property):
 LENGTHS = (1000, 1, 64, 0, 311)   # one empty sequence; the longest pads to 16 chunks
 
 
-@pytest.mark.parametrize("spec", [pytest.param(s, id=s.id, marks=GATED.kernels(s, s.d))
-                                  for s in SPECS])
-def test_varlen_matches_each_sequence_alone(spec, record_property):
+@pytest.mark.parametrize("spec,stateless", [
+    pytest.param(s, stateless, id=s.id + ("-stateless" if stateless else ""), marks=GATED.kernels(s, s.d))
+    for s in SPECS for stateless in ((False, True) if s.id in CARRIED else (False,))])
+def test_varlen_matches_each_sequence_alone(spec, stateless, record_property):
     """cu_seqlens (B = 1, N sequences, one empty) with per-sequence initial states
-    against the reference run on each sequence separately (no varlen code in it)."""
+    against the reference run on each sequence separately (no varlen code in it); for specs
+    with a carried form also with no state in or out (which runs it)."""
     d, scale = spec.d, 0.1
     gen = generator(7)
     bounds = [0]
@@ -254,28 +259,29 @@ def test_varlen_matches_each_sequence_alone(spec, record_property):
     op, ref = load(spec), load(spec, "torch")
     inputs = Inputs(tokens(spec, 1, bounds[-1], H, d, d, BF16, False, gen),
                     gates(1, bounds[-1], H, gen),
-                    initial_state(spec, False, len(LENGTHS), H, d, d, True, gen))
+                    None if stateless else initial_state(spec, False, len(LENGTHS), H, d, d, True, gen))
     mine, theirs = inputs.leaves(), inputs.leaves(torch.float32)
     with schedule(op, "two_pass"):
-        o, state = mine.call(op, cu_seqlens=cu, scale=scale)
-    outs, states = [], {n: [] for n in inputs.init}
+        o, state = mine.call(op, output_final_state=not stateless, cu_seqlens=cu, scale=scale)
+    outs, states = [], {n: [] for n in inputs.init or {}}
     for n, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        row = {name: x[n:n + 1] for name, x in theirs.init.items()}
+        row = None if stateless else {name: x[n:n + 1] for name, x in theirs.init.items()}
         if a == b:                      # an empty sequence keeps its initial state
             for name in states:
                 states[name].append(row[name])
             continue
         seq = Inputs({name: x[:, a:b] for name, x in theirs.tokens.items()}, theirs.g[:, a:b], row)
-        o_n, state_n = seq.call(ref, scale=scale)
+        o_n, state_n = seq.call(ref, output_final_state=not stateless, scale=scale)
         outs.append(o_n)
         for name in states:
             states[name].append(state_n[name])
     o_ref = torch.cat(outs, dim=1)
-    state_ref = {name: torch.cat(xs, dim=0) for name, xs in states.items()}
+    state_ref = {name: torch.cat(xs, dim=0) for name, xs in states.items()} if not stateless else None
 
     ratios = Ratios(record_property)
     ratios.add("o", o_ref, o, TOL[BF16])
-    ratios.states("final_state", state_ref, state, TOL[BF16])
+    if not stateless:
+        ratios.states("final_state", state_ref, state, TOL[BF16])
     w_o, w_s = cotangents(o, state, gen)
     got = grads(loss(o, state, w_o, w_s), mine.named())
     want = grads(loss(o_ref, state_ref, w_o, w_s), theirs.named())
