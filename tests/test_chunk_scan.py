@@ -272,19 +272,21 @@ def test_plans_of_one_and_two_stages_never_mix(launched, monkeypatch):
     v = torch.randn(2, 53, 2, 8, generator=gen, dtype=torch.float64)
     want = hladsl.load("hla2", backend="torch", chunk_size=16)(q, k, v)[0]
     op = hladsl.load("hla2", backend="triton", chunk_size=16)
-    launch.forget_plans()
-    try:
-        for schedule, grad in (("staged", True), ("staged", False), ("scan", False), ("staged", False),
-                               ("scan", True), ("staged", False), ("auto", True), ("auto", False)):
-            op.schedule = schedule
-            launched.clear()
-            leaves = [x.float().requires_grad_(grad) for x in (q, k, v)]
-            with torch.set_grad_enabled(grad):
-                o = op(*leaves)[0]
-            assert ((o.detach().double() - want).norm() / want.norm()).item() < 1e-5, (schedule, grad)
-            assert ("stage_kernel" in launched) == (schedule == "staged"), (schedule, grad, launched)
-    finally:
-        op.schedule = "auto"
+    # HLA2 as written (its W0 a derived carry, walked by the second stage), not its carried form
+    with launch.switched(CARRY_DERIVED=False):
+        launch.forget_plans()
+        try:
+            for schedule, grad in (("staged", True), ("staged", False), ("scan", False), ("staged", False),
+                                   ("scan", True), ("staged", False), ("auto", True), ("auto", False)):
+                op.schedule = schedule
+                launched.clear()
+                leaves = [x.float().requires_grad_(grad) for x in (q, k, v)]
+                with torch.set_grad_enabled(grad):
+                    o = op(*leaves)[0]
+                assert ((o.detach().double() - want).norm() / want.norm()).item() < 1e-5, (schedule, grad)
+                assert ("stage_kernel" in launched) == (schedule == "staged"), (schedule, grad, launched)
+        finally:
+            op.schedule = "auto"
 
 
 @pytest.mark.parametrize("gated,by_term", [(False, False), (True, False), (True, True)],

@@ -10,6 +10,14 @@ class _Cuda:
 
 
 @pytest.fixture
+def as_written():
+    """Calls run the spec as written: these tests are about its launch rules (a stateless call
+    would run the carried form's op, launch.CARRY_DERIVED, which has its own, tests/test_carried.py)."""
+    with launch.switched(CARRY_DERIVED=False):
+        yield
+
+
+@pytest.fixture
 def gpu_of_132_sms(monkeypatch):
     monkeypatch.setattr(launch, "sms", lambda device: 132)
     return _Cuda()
@@ -122,7 +130,7 @@ def _inputs():
     return q, k, v
 
 
-def test_auto_runs_the_torch_program_when_no_kernel_fits_and_warns_once(monkeypatch):
+def test_auto_runs_the_torch_program_when_no_kernel_fits_and_warns_once(monkeypatch, as_written):
     import hladsl
     from hladsl.runtime import op as op_module
     monkeypatch.setattr(op_module, "_NO_KERNEL_WARNED", set())
@@ -145,7 +153,7 @@ def test_auto_runs_the_torch_program_when_no_kernel_fits_and_warns_once(monkeypa
         auto(q, k, v)
 
 
-def test_backend_triton_names_the_spec_and_shape_when_no_kernel_fits(monkeypatch):
+def test_backend_triton_names_the_spec_and_shape_when_no_kernel_fits(monkeypatch, as_written):
     import hladsl
     op = hladsl.load("hla2", backend="triton")
     _without_fitting_kernels(monkeypatch, op)
@@ -197,7 +205,7 @@ def test_remembered_builds_a_plan_once_bypasses_when_told_and_starts_over_when_f
     assert list(cache) == ["i"]
 
 
-def test_a_chunk_that_fit_one_spec_is_not_another_specs(monkeypatch):
+def test_a_chunk_that_fit_one_spec_is_not_another_specs(monkeypatch, as_written):
     """The chunk the kernels fit at is remembered per spec and shape class: hla3's kernels
     needing C = 32 once ran hla2, at the same shape, at C = 32 too (with fp32 dots, 3.6x
     slower: the H100 bench of this round)."""
