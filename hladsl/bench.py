@@ -27,6 +27,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -196,7 +197,11 @@ def spec_case(name, params, schedule, switches=None):
         def fn():
             return op(*args, g=g)
 
-        return FwdBwd(fn, args) if mode == "fwd+bwd" else fn
+        timed = FwdBwd(fn, args) if mode == "fwd+bwd" else fn
+        # the algebra these calls run (no state in or out: the carried form where launch takes
+        # it), whose cost model's FLOPs give the TFLOP/s column
+        timed.algebra = (op._carried_op(args[0], None, False) or op).algebra
+        return timed
     return build
 
 
@@ -317,7 +322,6 @@ def run(args) -> int:
         # build sets every switched constant, so the order of candidates does not matter)
         defaults = _launch_defaults(groups)
         variants = [(defaults, "")] + [({**defaults, **g}, " {" + _fmt(g) + "}") for g in groups]
-        spec_of = {}   # label -> (name, params): the cost model's FLOPs for TFLOP/s
         for name, params in specs:
             for schedule in args.schedule:
                 for switches, tag in variants:
@@ -326,12 +330,11 @@ def run(args) -> int:
                         label += f" [{schedule}]"
                     label += tag
                     candidates.append((label, spec_case(name, params, schedule, switches)))
-                    spec_of[label] = (name, params)
     except (ValueError, SpecError) as exc:
         print(f"hladsl bench: {exc}", file=sys.stderr)
         return 1
     try:
-        return _time_candidates(args, device, cfg, candidates, spec_of)
+        return _time_candidates(args, device, cfg, candidates)
     finally:
         for key, value in defaults.items():
             launch.switch(key, value)
@@ -342,7 +345,7 @@ def _launch_defaults(groups: list[dict]) -> dict:
     return {k: rules[k] for g in groups for k in g}
 
 
-def _time_candidates(args, device, cfg, candidates, spec_of) -> int:
+def _time_candidates(args, device, cfg, candidates) -> int:
     shapes = [(mode, T, d) for mode in args.modes for d in cfg["d"] for T in cfg["T"]]
     total, rows, n = len(shapes) * len(candidates), [], 0
     for mode, T, d in shapes:
@@ -368,8 +371,8 @@ def _time_candidates(args, device, cfg, candidates, spec_of) -> int:
                     torch.cuda.empty_cache()
                     continue
                 row["ms"] = round(time_ms(fn, device, args.quick, mode), 4)
-                if label in spec_of and mode in ("fwd", "fwd+bwd"):
-                    flops = model_flops(*spec_of[label], mode, cfg["B"] * T * cfg["H"], d, args.gated)
+                if hasattr(fn, "algebra") and mode in ("fwd", "fwd+bwd"):
+                    flops = model_flops(fn.algebra, mode, cfg["B"] * T * cfg["H"], d, args.gated)
                     row["tflops"] = float(f"{flops / (row['ms'] * 1e-3) / 1e12:.4g}")
                 _progress(f"{row['ms']:.4g} ms")
             except Unavailable as exc:
@@ -457,13 +460,14 @@ def _add_ratios(rows):
             row["ratio_to"] = ref["what"]
 
 
-def model_flops(name, params, mode, tokens: int, d: int, gated: bool) -> float:
-    """FLOPs of one call by the cost model (``hladsl compile --emit cost``): the two-pass
-    kernels at chunk 64, the backward re-running the state pass."""
-    from hladsl.api import compile_spec
+def model_flops(alg, mode, tokens: int, d: int, gated: bool) -> float:
+    """FLOPs of one call of the algebra ``alg`` by the cost model (``hladsl compile --emit
+    cost``): the two-pass kernels at chunk 64, the backward re-running the state pass."""
     from hladsl.ir.cost import kernel_costs
-    from hladsl.ir.pipeline import Target
-    c = compile_spec(name, target=Target(64, (("d", d), ("dv", d)), gated), **params)
+    from hladsl.ir.pipeline import PASSES, Target, algebra_compilation, run_passes
+    target = Target(64, tuple((dim, d) for dim in alg.dims), gated)
+    c = run_passes(replace(algebra_compilation(alg), target=target),
+                   passes=tuple(p for p in PASSES if p.target_specific))
     rows = kernel_costs(c.program, c.backward)
     per_token = sum(r.flops_per_token for r in rows[:2])
     if mode == "fwd+bwd":

@@ -1,14 +1,28 @@
 """The ``hladsl`` command. Spec problems print ``file:line:col``, the line and a
-caret, and exit 1; no Python traceback ever reaches the user for a bad spec."""
+caret, and exit 1; no Python traceback ever reaches the user: a failure inside hladsl
+itself says so in one line and exits 3 (``HLADSL_TRACEBACK=1`` shows the traceback)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from hladsl.emit import EMIT_KINDS, check_report, emit
 from hladsl.errors import SettingError, SpecError
 from hladsl.version import __version__
 
+INTERNAL_ERROR = 3   # exit status of a failure inside hladsl (argparse takes 2 for usage errors)
+
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return value
 
 
 def _parse_params(items: list[str]) -> dict:
@@ -46,7 +60,7 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="set a spec parameter, e.g. -p p=3")
     comp.add_argument("--size", action="append", default=[], metavar="DIM=N",
                       help="a dim's size for --emit cost (default 64), e.g. --size d=128")
-    comp.add_argument("--chunk", type=int, default=64, help="chunk size for --emit cost")
+    comp.add_argument("--chunk", type=_positive_int, default=64, help="chunk size for --emit cost")
     chk = sub.add_parser("check", help="verify a spec: syntax, names, indices, associativity, "
                                        "grading, VJP")
     chk.add_argument("spec")
@@ -76,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, SettingError) as exc:
         print(f"hladsl: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:   # not the input's fault: a bug to report, in one line
+        if os.environ.get("HLADSL_TRACEBACK", "0").strip().lower() not in ("", "0", "false", "no"):
+            raise
+        first = (str(exc).splitlines() or [""])[0]
+        print(f"hladsl: internal error ({type(exc).__name__}: {first}): a bug in hladsl, please "
+              "report it with the command (HLADSL_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return INTERNAL_ERROR
 
 
 if __name__ == "__main__":

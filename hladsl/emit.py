@@ -337,10 +337,14 @@ def _carried(spec, params, out_dir):
     error = carried_kernels_error(compilation)
     if error is not None:
         return text + f"kernels: none ({error}): calls run the spec as written\n"
+    from hladsl.runtime import launch
+    switches = {"CARRY_DERIVED": launch.CARRY_DERIVED}
     if products:
-        return text + (f"kernels: generated; with product summaries ({', '.join(products)}): calls with no "
-                       "state in or out run them where launch.CARRY_PRODUCTS\n")
-    return text + "kernels: generated (launch.CARRY_DERIVED: calls with no state in or out run them)\n"
+        switches["CARRY_PRODUCTS"] = launch.CARRY_PRODUCTS
+    runs = "calls with no state in or out run them" if all(switches.values()) else "calls run the spec as written"
+    said = ", ".join(f"launch.{k}={'on' if v else 'off'}" for k, v in switches.items())
+    with_products = f"; with product summaries ({', '.join(products)})" if products else ""
+    return text + f"kernels: generated{with_products} ({said}): {runs}\n"
 
 
 def _cp(spec, params, out_dir):

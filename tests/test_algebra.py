@@ -204,3 +204,34 @@ def test_same_delta_different_decays(tmp_path, normalize):
         return x[None, :, None]
     o, _ = op(b(q), b(k), b(v), g=b(g), scale=1.0)
     assert ((o[0, :, 0] - ref).norm() / ref.norm()).item() <= 1e-9
+
+
+# G reads C at segment A in one cross term and at B in another: C must be carried.
+C_AT_BOTH_SIDES = """mechanism c_at_both_sides {
+  dims d, dv
+  input q[d], k[d], v[dv]
+  state S[i, j] = k[i] k[j]  symmetric(i, j)
+  state C[i, e] = q[i] v[e]
+  state G[i, e] = 0  cross S@B[i, j] C@A[j, e] + S@A[i, j] C@B[j, e]
+  output o[e] = q[i] (S[i, j] C[j, e] - G[i, e])
+}
+"""
+
+
+def test_a_state_read_at_both_segments_streams(tmp_path):
+    """Algebra.graph keeps every segment a summary's cross terms read another at: C, read at A
+    by one of G's terms and at B by the other, streams (it once kept the last side only, so C
+    was combine-only and the chunk path raised KeyError). The float64 chunk path matches the
+    brute-force token sums."""
+    path = tmp_path / "c_at_both_sides.hla"
+    path.write_text(C_AT_BOTH_SIDES)
+    alg = hladsl.compile_spec(str(path))
+    assert alg.graph().succ["G"]["C"]["sides"] == {"A", "B"}
+    assert [s.name for s in alg.streaming] == ["S", "C", "G"]
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(50, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    g = -0.1 * torch.rand(50, generator=gen, dtype=torch.float64)
+    o, _ = hladsl.load(str(path), backend="torch", chunk_size=16)(q[None, :, None], k[None, :, None],
+                                                                 v[None, :, None], g=g[None, :, None], scale=1.0)
+    want = naive_output(alg, q, k, v, g)
+    assert ((o[0, :, 0] - want).norm() / want.norm()).item() < 1e-12

@@ -65,6 +65,52 @@ def test_hla3_carries_w0_through_product_summaries(gated):
     assert carried_compilation(hladsl.compile_spec("hla2"))[1] == ()
 
 
+# A derived carry whose combine reads a state at both segments: W0 = S C - 2 G with G's cross
+# S@B C@A gives W0(A⊕B) ∋ + ρ_B S@A C@B - ρ_B C@A S@B, so C, read at A, must be carried.
+C_READ_AT_BOTH = """mechanism c_read_at_both {
+  dims d, dv
+  input q[d], k[d], v[dv]
+  state S[i, j] = k[i] k[j]  symmetric(i, j)
+  state C[i, e] = q[i] v[e]
+  state G[i, e] = 0  cross S@B[i, j] C@A[j, e]
+  output o[e] = q[i] (S[i, j] C[j, e] - 2 G[i, e])
+}
+"""
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_a_state_read_at_both_segments_is_carried(carrying, gated, tmp_path):
+    """Algebra.graph keeps every segment a summary is read at (it once kept the last, so C read
+    at A and at B counted as B only: combine-only, and the kernels' generation raised KeyError).
+    The carried form carries C; a stateless call of its kernels (backend="triton", float32)
+    matches the spec as written on the float64 torch path to 1e-4, output and gradients."""
+    path = tmp_path / "c_read_at_both.hla"
+    path.write_text(C_READ_AT_BOTH)
+    alg = hladsl.compile_spec(str(path))
+    assert alg.graph().succ["G"]["C"]["sides"] == {"A"}
+    carried, forms = carried_form(alg)
+    assert carried.graph().succ["W0"]["C"]["sides"] == {"A", "B"}
+    assert [s.name for s in carried.streaming] == ["S", "C", "W0"]
+    torch.manual_seed(2)
+    T, d = 80, 8
+    base = [torch.randn(1, T, 1, d, dtype=torch.float64) for _ in range(3)] + [
+        -0.2 * torch.rand(1, T, 1, dtype=torch.float64)]
+    xs = [x.float().requires_grad_() for x in base]
+    o, _ = hladsl.load(str(path), backend="triton")(*xs[:3], g=xs[3] if gated else None, scale=1.0)
+    assert carrying == ["c_read_at_both_carried"]
+    refs = [x.clone().requires_grad_() for x in base]
+    ref, _ = hladsl.load(str(path), backend="torch")(*refs[:3], g=refs[3] if gated else None, scale=1.0)
+    assert carrying[-1] == "c_read_at_both"
+    cot = torch.randn_like(ref)
+    o.backward(cot.float())
+    ref.backward(cot)
+    pairs = [("o", o.detach(), ref.detach())] + [
+        (n, x.grad, r.grad) for n, x, r in zip(("dq", "dk", "dv", "dg"), xs, refs) if gated or n != "dg"]
+    for what, got, want in pairs:
+        err = ((got.double() - want).norm() / want.norm()).item()
+        assert err < 1e-4, f"{what}: {err:.2e}"
+
+
 def test_a_wrong_rewrite_is_caught():
     before = hladsl.compile_spec("hla2").output
     w = Poly(("a", "e"), (Monomial(Fraction(1), (Factor("state", "C", "", ("a", "e")),)),))   # not S C - G
@@ -82,12 +128,13 @@ def test_emit_carried():
     text = out.getvalue()
     assert "W0[w0,w1] = C[_1,w1] S[w0,_1] - G[w0,w1]   (replaces G)" in text
     assert "W0(A⊕B) = ρ_B^2 W0@A[w0,w1] + W0@B[w0,w1] + ρ_B S@A[_0,w0] C@B[_0,w1]" in text
-    assert text.endswith("kernels: generated (launch.CARRY_DERIVED: calls with no state in or out run them)\n")
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        main(["compile", "hla3", "--emit", "carried"])
-    assert out.getvalue().endswith("kernels: generated; with product summaries (Z0, Z1, Z2): calls with no "
-                                   "state in or out run them where launch.CARRY_PRODUCTS\n")
+    assert text.endswith("kernels: generated (launch.CARRY_DERIVED=on): calls with no state in or out run them\n")
+    for products, runs in ((True, "calls with no state in or out run them"), (False, "calls run the spec as written")):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), launch.switched(CARRY_PRODUCTS=products):
+            main(["compile", "hla3", "--emit", "carried"])
+        assert out.getvalue().endswith("kernels: generated; with product summaries (Z0, Z1, Z2) (launch.CARRY_DERIVED=on, "
+                                       f"launch.CARRY_PRODUCTS={'on' if products else 'off'}): {runs}\n")
 
 
 @pytest.fixture
@@ -116,11 +163,11 @@ def test_stateless_calls_run_the_carried_form(carrying, gated, normalize):
 @pytest.mark.parametrize("gated", [False, True])
 def test_hla3_runs_its_carried_form_where_products_are_on(carrying, gated):
     """The same for hla3, whose carried form adds product summaries: with launch.CARRY_PRODUCTS
-    its carried kernels (SK, SQ, P, W0 carried; Z0..Z2 combine-only); off, as written."""
-    with launch.switched(CARRY_PRODUCTS=True):
-        check_stateless_call("hla3", gated, False, carrying, "hla3_carried")
+    (on) its carried kernels (SK, SQ, P, W0 carried; Z0..Z2 combine-only); off, as written."""
+    check_stateless_call("hla3", gated, False, carrying, "hla3_carried")
     carrying.clear()
-    check_stateless_call("hla3", gated, False, carrying, "hla3")
+    with launch.switched(CARRY_PRODUCTS=False):
+        check_stateless_call("hla3", gated, False, carrying, "hla3")
 
 
 def check_stateless_call(name: str, gated: bool, normalize: bool, carrying: list, runs: str):

@@ -122,6 +122,26 @@ def test_error_golden_cli(stem):
     assert result.stdout == ""
 
 
+def test_an_internal_error_is_one_line_not_a_traceback(monkeypatch, capsys):
+    """A failure inside hladsl (not the spec's fault) exits 3 with one line that says so (the
+    first of its message's); HLADSL_TRACEBACK=1 lets the exception through for whoever debugs it."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("ptxas failed\nline two of a compiler's log")
+    monkeypatch.setattr(cli, "emit", broken)
+    for unset in (None, "0"):
+        if unset is None:
+            monkeypatch.delenv("HLADSL_TRACEBACK", raising=False)
+        else:
+            monkeypatch.setenv("HLADSL_TRACEBACK", unset)
+        assert cli.main(["compile", "hla2", "--emit", "carried"]) == 3
+        err = capsys.readouterr().err
+        assert err.startswith("hladsl: internal error (RuntimeError: ptxas failed): a bug in hladsl")
+        assert err.count("\n") == 1
+    monkeypatch.setenv("HLADSL_TRACEBACK", "1")
+    with pytest.raises(RuntimeError):
+        cli.main(["compile", "hla2", "--emit", "carried"])
+
+
 # ---------------------------------------------------------------- shipped specs
 
 @pytest.mark.parametrize("name", SHIPPED)

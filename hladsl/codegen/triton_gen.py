@@ -981,11 +981,11 @@ def _staged_recursion(low: _Lowering, program: ChunkProgram, states: list[dict],
         return None
     terms_of = {}
     for r in recursions:
-        at = {f.name: f.where for m in r.terms.terms for f in m.factors}
+        at = {(f.name, f.where) for m in r.terms.terms for f in m.factors}   # (a state may be read at several)
         terms_of[r.name] = chunk_terms(program, r)
         if (terms_of[r.name] is None or _unsplittable(low, program, r, splits)
-                or any(x not in staged.lower for x, where in at.items() if where != DELTA)
-                or any(x not in cs["deltas"] for x, where in at.items() if where == END)):
+                or any(x not in staged.lower for x, where in at if where != DELTA)
+                or any(x not in cs["deltas"] for x, where in at if where == END)):
             return None
     order = [name for name, _ in program.states]
     carried = [o for ts in terms_of.values() for t in ts for o in t.operands if o.kind is Kind.CARRY]

@@ -72,14 +72,15 @@ def _slots(indices) -> tuple[tuple[str, object], ...]:
 
 
 def dependency_graph(spec: ast.Spec) -> Digraph:
-    """Edge X -> Y (attribute side) when Y appears in a cross term of X."""
+    """Edge X -> Y when Y appears in a cross term of X (for cycles and order; the segments
+    read are ``Algebra.graph``'s)."""
     graph = Digraph()
     for s in spec.states:
         graph.add_node(s.name)
         for term in (s.cross.terms if s.cross else ()):
             for f in _tensors(term.factors):
                 if spec.state(f.name) is not None:
-                    graph.add_edge(s.name, f.name, side=f.side)
+                    graph.add_edge(s.name, f.name)
     return graph
 
 

@@ -54,19 +54,28 @@ class Algebra:
         return float(self.params.get("eps", 0.0))
 
     def graph(self) -> Digraph:
-        """X -> Y (side=...) when a cross term of X reads Y; outputs as node '<out>'."""
-        g = Digraph()
+        """X -> Y (attribute sides: the segments, "A" / "B", at which X's cross terms read Y;
+        one cross term may read Y at A and another at B); outputs as node '<out>'."""
+        sides: dict[tuple[str, str], set[str]] = {}
         for s in self.summaries:
-            g.add_node(s.name)
             for c in s.crosses:
                 for f in c.factors:
-                    g.add_edge(s.name, f.name, side=f.where)
-        g.add_node("<out>")
+                    sides.setdefault((s.name, f.name), set()).add(f.where)
         for poly in (self.output, self.normalizer):
             for t in (poly.terms if poly else ()):
                 for f in t.factors:
                     if f.kind == "state":
-                        g.add_edge("<out>", f.name, side="A")
+                        sides.setdefault(("<out>", f.name), set()).add("A")
+        g = Digraph()
+        g.add_nodes_from([s.name for s in self.summaries] + ["<out>"])
+        for (u, v), where in sides.items():
+            g.add_edge(u, v, sides=frozenset(where))
+        return g
+
+    def a_side_graph(self) -> Digraph:
+        """``graph``'s edges that read segment A (what must be carried to form a combine)."""
+        g = Digraph([(u, v) for u, v, sides in self.graph().edges(data="sides") if "A" in sides])
+        g.add_node("<out>")
         return g
 
     @cached_property
@@ -81,8 +90,5 @@ class Algebra:
         """Summaries carried from segment to segment: what the outputs read,
         closed under A-side reads. The rest are combine-only: a later segment's
         value is formed from its tokens when needed."""
-        g = self.graph()
-        a_side = Digraph([(u, v) for u, v, side in g.edges(data="side") if side == "A"])
-        a_side.add_node("<out>")
-        keep = descendants(a_side, "<out>")
+        keep = descendants(self.a_side_graph(), "<out>")
         return tuple(s for s in self.summaries if s.name in keep)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from hladsl.frontend.graph import Digraph, descendants
+from hladsl.frontend.graph import descendants
 
 from hladsl.ir.algebra import Algebra, Summary
 from hladsl.ir.combine import combine
@@ -41,8 +41,7 @@ class SegmentAlgebra(Algebra):
 
     @property
     def streaming(self) -> tuple[Summary, ...]:
-        g = self.graph()
-        a_side = Digraph([(u, v) for u, v, side in g.edges(data="side") if side == "A"])
+        a_side = self.a_side_graph()
         roots = ["<out>", *self.carried]
         a_side.add_nodes_from(roots)
         keep = set(self.carried).union(*(descendants(a_side, r) for r in roots))

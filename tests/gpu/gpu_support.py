@@ -97,6 +97,11 @@ SPECS = [
 ]
 SHIPPED = [s for s in SPECS if s.name]
 BY_ID = {s.id: s for s in SPECS}
+# specs known to have a carried form whose kernels generate: their calls with no state in or
+# out run it (launch.CARRY_DERIVED, op.Op._carried_op); HLA3's adds product summaries (Z0..Z2,
+# launch.CARRY_PRODUCTS)
+CARRIED = {"hla2", "two_kv", "hla3"}
+WITH_PRODUCTS = {"hla3"}
 
 
 def _spec_file(text: str) -> str:

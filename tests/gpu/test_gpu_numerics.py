@@ -19,7 +19,6 @@ integer specialisation (n_chunks % 16) and compile once.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import pytest
@@ -27,7 +26,7 @@ import torch
 
 from hladsl.runtime import launch
 
-from gpu_support import (BY_ID, DEVICE, SPECS, TOL, Inputs, Ratios, Spec, check_against_reference,
+from gpu_support import (BY_ID, CARRIED, DEVICE, SPECS, WITH_PRODUCTS, TOL, Inputs, Ratios, Spec, check_against_reference,
                          cotangents, dtype_name, gates, generator, grads, group, initial_state,
                          load, loss, no_kernel_fits, schedule, tokens)
 
@@ -43,18 +42,15 @@ class Variant:
     schedule: str = "two_pass"
     with_state: bool = True       # initial_state given, output_final_state=True
     d: int | None = None          # None: the spec's own head dim
-    products: bool = False        # launch.CARRY_PRODUCTS: a carried form adding product summaries runs
 
     def id(self, d: int) -> str:
         return "-".join([dtype_name(self.dtype), "gated" if self.gated else "ungated",
                          "norm" if self.normalize else "plain", self.schedule,
-                         "state" if self.with_state else "nostate", f"d{d}"]
-                        + (["products"] if self.products else []))
+                         "state" if self.with_state else "nostate", f"d{d}"])
 
     def kernels(self, spec, d: int):
         """The xdist group: tests with equal groups run the same generated kernels."""
-        return group(spec.id, d, dtype_name(self.dtype), self.gated, self.normalize, self.schedule,
-                     *(["products"] if self.products else []))
+        return group(spec.id, d, dtype_name(self.dtype), self.gated, self.normalize, self.schedule)
 
 
 PLAIN = Variant(BF16, gated=False, normalize=False, with_state=False)
@@ -88,17 +84,13 @@ D128 = {"linear": [Variant(BF16, False, False, d=128), Variant(BF16, True, True,
         "hla2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128), AUTO_D128,
                  Variant(BF16, True, False, with_state=False, d=128)],
         "ahla": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128), AUTO_D128],
-        "power2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128)]}
+        "power2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128)],
+        # the carried form's kernels at d = 128 (with its product summaries)
+        "hla3": [Variant(BF16, True, False, with_state=False, d=128)]}
 
 
 # stateless calls of the carried form's other kernel sets: normalised (W1 carried too), fp16
 CARRIED_MORE = [Variant(BF16, True, True, with_state=False), Variant(FP16, True, True, with_state=False)]
-# carried forms adding product summaries (HLA3's Z0..Z2), which run only where launch.CARRY_PRODUCTS
-PRODUCTS = {"hla3": [Variant(BF16, False, False, with_state=False, products=True),
-                     Variant(BF16, True, True, with_state=False, products=True)]}
-# specs known to have a carried form whose kernels generate: their calls with no state in or
-# out run it (launch.CARRY_DERIVED, op.Op._carried_op)
-CARRIED = {"hla2", "two_kv"}
 
 
 # narrow head dims: bf16 chains of dots on 16/32-wide tiles miscompile on Hopper (an
@@ -112,7 +104,7 @@ def cases():
         variants = (TWO_PASS + (FUSED if spec.fused else [])
                     + (SCAN + (AUTO if spec.long_chunk else []) if spec.scan else [])
                     + (STAGED + [AUTO_GATED] if spec.staged else [])
-                    + D128.get(spec.id, []) + PRODUCTS.get(spec.id, [])
+                    + D128.get(spec.id, [])
                     + (CARRIED_MORE if spec.id in CARRIED else []) + narrow)
         for v in variants:
             d = v.d or spec.d
@@ -156,16 +148,14 @@ def test_forward_backward_matches_fp32_reference(spec, variant, d, record_proper
                     initial_state(spec, variant.normalize, B, H, d, d, variant.gated, gen)
                     if variant.with_state else None)
     ratios = Ratios(record_property)
-    with no_kernel_fits() as fallbacks, schedule(op, variant.schedule), \
-            launch.switched(CARRY_PRODUCTS=True) if variant.products else contextlib.nullcontext():
+    with no_kernel_fits() as fallbacks, schedule(op, variant.schedule):
         check_against_reference(op, ref, inputs, ratios, TOL[variant.dtype], gen,
                                 output_final_state=variant.with_state)
     ratios.check()
-    # a call with no state in or out runs the carried form where the spec has one (CARRIED; hla3's
-    # adds product summaries: with CARRY_PRODUCTS)
-    carried = not variant.with_state and (spec.id in CARRIED or variant.products)
+    # a call with no state in or out runs the carried form where the spec has one (CARRIED)
+    carried = not variant.with_state and spec.id in CARRIED
     assert routed and all((r is not None) == carried for r in routed), routed
-    assert not variant.products or routed[0].products, "no product summaries"
+    assert not carried or bool(routed[0].products) == (spec.id in WITH_PRODUCTS), routed[0].products
     if fallbacks:   # correct, but through the torch program: the kernels are what is under test
         pytest.xfail(f"checked through the torch fallback, not generated kernels: {fallbacks[0]}")
     if variant.schedule == "auto" and variant != AUTO_GATED:   # (gated at d = 64: C = 64)
