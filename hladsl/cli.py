@@ -14,7 +14,6 @@ from hladsl.version import __version__
 INTERNAL_ERROR = 3   # exit status of a failure inside hladsl (argparse takes 2 for usage errors)
 
 
-
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -22,6 +21,12 @@ def _positive_int(text: str) -> int:
         value = 0
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return value
+
+
+def _size(dim: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SettingError(f"--size {dim}: expected a positive integer, got {value!r}")
     return value
 
 
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             print(check_report(args.spec, **params))
             return 0
-        sizes = {k: int(v) for k, v in _parse_params(args.size).items()}
+        sizes = {k: _size(k, v) for k, v in _parse_params(args.size).items()}
         print(emit(args.spec, args.emit, params, args.output_dir, sizes, args.chunk), end="")
         return 0
     except SpecError as exc:
@@ -89,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (OSError, SettingError) as exc:
         print(f"hladsl: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, NotImplementedError) as exc:   # what the compiler cannot generate for a spec
+        print(f"hladsl: cannot generate this: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:   # not the input's fault: a bug to report, in one line
         if os.environ.get("HLADSL_TRACEBACK", "0").strip().lower() not in ("", "0", "false", "no"):

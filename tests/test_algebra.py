@@ -213,16 +213,16 @@ C_AT_BOTH_SIDES = """mechanism c_at_both_sides {
   state S[i, j] = k[i] k[j]  symmetric(i, j)
   state C[i, e] = q[i] v[e]
   state G[i, e] = 0  cross S@B[i, j] C@A[j, e] + S@A[i, j] C@B[j, e]
-  output o[e] = q[i] (S[i, j] C[j, e] - G[i, e])
+  output o[e] = q[i] G[i, e]
 }
 """
 
 
 def test_a_state_read_at_both_segments_streams(tmp_path):
     """Algebra.graph keeps every segment a summary's cross terms read another at: C, read at A
-    by one of G's terms and at B by the other, streams (it once kept the last side only, so C
-    was combine-only and the chunk path raised KeyError). The float64 chunk path matches the
-    brute-force token sums."""
+    by one of G's terms and at B by the other (the output reads only G), streams (it once kept
+    the last side only, B, so C was combine-only and the chunk path raised KeyError). The float64
+    chunk path matches the brute-force token sums."""
     path = tmp_path / "c_at_both_sides.hla"
     path.write_text(C_AT_BOTH_SIDES)
     alg = hladsl.compile_spec(str(path))

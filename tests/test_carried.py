@@ -123,18 +123,20 @@ def test_a_wrong_rewrite_is_caught():
 def test_emit_carried():
     from hladsl.cli import main
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), launch.switched(CARRY_DERIVED=True):
         main(["compile", "hla2", "--emit", "carried"])
     text = out.getvalue()
     assert "W0[w0,w1] = C[_1,w1] S[w0,_1] - G[w0,w1]   (replaces G)" in text
     assert "W0(A⊕B) = ρ_B^2 W0@A[w0,w1] + W0@B[w0,w1] + ρ_B S@A[_0,w0] C@B[_0,w1]" in text
     assert text.endswith("kernels: generated (launch.CARRY_DERIVED=on): calls with no state in or out run them\n")
-    for products, runs in ((True, "calls with no state in or out run them"), (False, "calls run the spec as written")):
+    for derived, products in ((True, True), (True, False), (False, True)):
+        runs = "calls with no state in or out run them" if derived and products else "calls run the spec as written"
         out = io.StringIO()
-        with contextlib.redirect_stdout(out), launch.switched(CARRY_PRODUCTS=products):
+        with contextlib.redirect_stdout(out), launch.switched(CARRY_DERIVED=derived, CARRY_PRODUCTS=products):
             main(["compile", "hla3", "--emit", "carried"])
-        assert out.getvalue().endswith("kernels: generated; with product summaries (Z0, Z1, Z2) (launch.CARRY_DERIVED=on, "
-                                       f"launch.CARRY_PRODUCTS={'on' if products else 'off'}): {runs}\n")
+        on = {True: "on", False: "off"}
+        assert out.getvalue().endswith(f"kernels: generated; with product summaries (Z0, Z1, Z2) (launch.CARRY_DERIVED="
+                                       f"{on[derived]}, launch.CARRY_PRODUCTS={on[products]}): {runs}\n")
 
 
 @pytest.fixture

@@ -142,6 +142,21 @@ def test_an_internal_error_is_one_line_not_a_traceback(monkeypatch, capsys):
         cli.main(["compile", "hla2", "--emit", "carried"])
 
 
+def test_what_cannot_be_generated_and_bad_sizes_exit_1(monkeypatch, capsys):
+    """A ValueError of code generation (a spec the kernels do not support) is the input's
+    limit, not a bug: exit 1, one line; so are --size and --chunk that are not positive."""
+    def unsupported(*args, **kwargs):
+        raise ValueError("Triton chunk kernels need a power-of-two chunk size")
+    assert cli.main(["compile", "hla2", "--emit", "cost", "--size", "d=0"]) == 1
+    assert capsys.readouterr().err == "hladsl: --size d: expected a positive integer, got 0\n"
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["compile", "hla2", "--emit", "cost", "--chunk", "-4"])
+    assert exit_.value.code == 2 and "expected a positive integer, got '-4'" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "emit", unsupported)
+    assert cli.main(["compile", "hla2", "--emit", "triton"]) == 1
+    assert capsys.readouterr().err == "hladsl: cannot generate this: Triton chunk kernels need a power-of-two chunk size\n"
+
+
 # ---------------------------------------------------------------- shipped specs
 
 @pytest.mark.parametrize("name", SHIPPED)
