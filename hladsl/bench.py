@@ -27,7 +27,6 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import replace
 
 import torch
 
@@ -463,12 +462,11 @@ def _add_ratios(rows):
 def model_flops(alg, mode, tokens: int, d: int, gated: bool) -> float:
     """FLOPs of one call of the algebra ``alg`` by the cost model (``hladsl compile --emit
     cost``): the two-pass kernels at chunk 64, the backward re-running the state pass."""
+    from hladsl.ir.backward import backward_program
     from hladsl.ir.cost import kernel_costs
-    from hladsl.ir.pipeline import PASSES, Target, algebra_compilation, run_passes
-    target = Target(64, tuple((dim, d) for dim in alg.dims), gated)
-    c = run_passes(replace(algebra_compilation(alg), target=target),
-                   passes=tuple(p for p in PASSES if p.target_specific))
-    rows = kernel_costs(c.program, c.backward)
+    from hladsl.ir.pipeline import chunk_program
+    program = chunk_program(alg, 64, tuple((dim, d) for dim in alg.dims), gated)
+    rows = kernel_costs(program, backward_program(program))
     per_token = sum(r.flops_per_token for r in rows[:2])
     if mode == "fwd+bwd":
         per_token += sum(r.flops_per_token for r in rows[2:]) + rows[0].flops_per_token

@@ -14,20 +14,22 @@ from hladsl.version import __version__
 INTERNAL_ERROR = 3   # exit status of a failure inside hladsl (argparse takes 2 for usage errors)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+def _positive_int(text) -> int:
+    """--chunk (an argparse type) and each --size value: an integer above 0."""
+    value = int(text) if str(text).isdigit() else 0
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
     return value
 
 
-def _size(dim: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SettingError(f"--size {dim}: expected a positive integer, got {value!r}")
-    return value
+def _sizes(items: list[str]) -> dict[str, int]:
+    out = {}
+    for dim, value in _parse_params(items).items():
+        try:
+            out[dim] = _positive_int(value)
+        except argparse.ArgumentTypeError as exc:
+            raise SettingError(f"--size {dim}: {exc}") from None
+    return out
 
 
 def _parse_params(items: list[str]) -> dict:
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             print(check_report(args.spec, **params))
             return 0
-        sizes = {k: _size(k, v) for k, v in _parse_params(args.size).items()}
+        sizes = _sizes(args.size)
         print(emit(args.spec, args.emit, params, args.output_dir, sizes, args.chunk), end="")
         return 0
     except SpecError as exc:

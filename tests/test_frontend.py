@@ -148,7 +148,7 @@ def test_what_cannot_be_generated_and_bad_sizes_exit_1(monkeypatch, capsys):
     def unsupported(*args, **kwargs):
         raise ValueError("Triton chunk kernels need a power-of-two chunk size")
     assert cli.main(["compile", "hla2", "--emit", "cost", "--size", "d=0"]) == 1
-    assert capsys.readouterr().err == "hladsl: --size d: expected a positive integer, got 0\n"
+    assert capsys.readouterr().err == "hladsl: --size d: expected a positive integer, got '0'\n"
     with pytest.raises(SystemExit) as exit_:
         cli.main(["compile", "hla2", "--emit", "cost", "--chunk", "-4"])
     assert exit_.value.code == 2 and "expected a positive integer, got '-4'" in capsys.readouterr().err
