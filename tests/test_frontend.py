@@ -156,6 +156,13 @@ def test_what_cannot_be_generated_and_bad_sizes_exit_1(monkeypatch, capsys):
     assert cli.main(["compile", "hla2", "--emit", "triton"]) == 1
     assert capsys.readouterr().err == "hladsl: cannot generate this: Triton chunk kernels need a power-of-two chunk size\n"
 
+    def guard(*args, **kwargs):   # (ir.operands' exhaustiveness guard: a compiler bug, not the spec's limit)
+        raise NotImplementedError("a consumer does not handle operand kind(s) x")
+    monkeypatch.setattr(cli, "emit", guard)
+    monkeypatch.delenv("HLADSL_TRACEBACK", raising=False)
+    assert cli.main(["compile", "hla2", "--emit", "triton"]) == 3
+    assert capsys.readouterr().err.startswith("hladsl: internal error (NotImplementedError:")
+
 
 # ---------------------------------------------------------------- shipped specs
 
