@@ -4,7 +4,7 @@ backward) for sm_90, without a GPU: the launches of ``forward_triton`` and
 compiled with Triton's own ptxas the way that launch would specialise it.
 
     python benchmarks/compile_probe.py hla2 [--d 64] [--chunk 64] [--schedule scan|staged] [--ungated]
-        [--pairs 32] [--sms 132] [--forward] [--only grad_kernel] [--launch NAME=VALUE ...]
+        [--pairs 32] [--sms 132] [--forward] [--carried] [--only grad_kernel] [--launch NAME=VALUE ...]
         [--out probe.json]
 
 ``--pairs`` (sequence, head) pairs on a GPU of ``--sms`` SMs: the launch rules pick the block
@@ -39,13 +39,19 @@ _TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
 
 
 def record(name: str, params: dict, d: int, gated: bool, chunk: int = 64, schedule: str = "two_pass",
-           pairs: int = 2, n_sms: int = 132, backward: bool = True):
+           pairs: int = 2, n_sms: int = 132, backward: bool = True, carried: bool = False):
     """(kernel, args) of every launch of the forward (a call with nothing to differentiate)
     and, with ``backward``, the backward at a small shape, with the block widths the launch
     rules give ``pairs`` (sequence, head) pairs on ``n_sms`` SMs."""
     from hladsl.runtime.triton_backward import backward_triton
     from hladsl.runtime.triton_forward import forward_triton
     alg = hladsl.compile_spec(name, **params)
+    if carried:   # the form a call with no state runs (ir.carried)
+        from hladsl.runtime.op import carried_compilation
+        found = carried_compilation(alg)
+        if found is None:
+            raise SystemExit(f"{name} has no carried form")
+        alg = found[0].algebra
     program = chunk_program(alg, chunk, tuple(sorted((x, d) for x in alg.dims)), gated)
     N, H, nC = 1, pairs, 2
     tiles = {x: torch.randn(N, H, nC, chunk, d, dtype=torch.bfloat16) for x in alg.inputs}
@@ -122,6 +128,7 @@ def main() -> int:
     parser.add_argument("--schedule", default="two_pass", choices=("two_pass", "scan", "staged"),
                         help="staged: a forward's complete scan in two stages (the backward's is one)")
     parser.add_argument("--forward", action="store_true", help="the forward's kernels only")
+    parser.add_argument("--carried", action="store_true", help="the spec's carried form (ir.carried)")
     parser.add_argument("--pairs", type=int, default=2, help="(sequence, head) pairs of the call")
     parser.add_argument("--sms", type=int, default=132, help="SMs of the GPU the widths are chosen for")
     parser.add_argument("--launch", nargs="+", default=[], metavar="NAME=VALUE",
@@ -140,7 +147,7 @@ def main() -> int:
     params = {k: int(v) for k, v in (item.split("=", 1) for item in args.param)}
     rows = []
     for kernel, kargs in record(args.spec, params, args.d, not args.ungated, args.chunk,
-                                 args.schedule, args.pairs, args.sms, not args.forward):
+                                 args.schedule, args.pairs, args.sms, not args.forward, args.carried):
         if args.only and kernel.fn.__name__ != args.only:
             continue
         which = {k: kargs[k] for k in ("TARGETS", "PART", "PARTS") if k in kargs}

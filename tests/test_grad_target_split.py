@@ -167,7 +167,8 @@ def test_part_test_is_membership():
 @pytest.mark.parametrize("name,gated,parts", [
     ("linear", True, [1, 1, 1, 1]),
     ("hla2", True, [1, 1, 1, 1]),
-    ("hla3_masked", True, [1, 1, 1, 8]),          # dΛ: 52 matmuls of 32 networks, runs of 4
+    ("hla3_masked", True, [1, 1, 1, 1]),          # dΛ rides with dq, dk, dv: 3 networks of its own, no matmuls
+    ("hla3", True, [9, 11, 1, 1]),                # (it was 52 matmuls of 32 networks, in runs of 4)
     ("hla3", False, [9, 11, 1]),                  # dq, dk past GRAD_WHOLE_MAX_MATMULS
 ])
 def test_groups_start_whole_up_to_the_matmul_limit(name, gated, parts):
@@ -195,7 +196,7 @@ def test_a_group_whose_whole_kernel_would_spill_runs_in_runs_from_the_first_call
     """A group under the matmul limit runs whole unless its whole kernel, compiled before its
     first launch, keeps more than GRAD_WHOLE_MAX_SPILL bytes in local memory
     (``launch.grad_whole_spills``; here the compiler is told to report ``spilled`` bytes --
-    sm_90 reports 2 KB for hla2's gated dΛ): then every call, the first too, runs it in runs,
+    sm_90 reported 2 KB for hla2's gated dΛ group): then every call, the first too, runs it in runs,
     with the same gradients as whole up to float32 rounding. The trial compile gets the whole
     launch's own arguments, once per variant."""
     from hladsl.runtime import launch
@@ -224,11 +225,12 @@ def test_a_group_whose_whole_kernel_would_spill_runs_in_runs_from_the_first_call
         seen.append(([a["PARTS"] for _, a in launched if a["PART"] == 0], len(trials) - before,
                      [_variant(k, a) for k, a in launched]))
     (whole, tried_first, whole_variants), (parted, tried_second, _), (again, tried_third, _) = seen
-    # groups of 7, 8, 4, 18 networks: dq, dk, dΛ would run in runs of 4, dv is one run anyway
-    assert whole == [1, 1, 1, 1] and tried_first == 3    # each whole variant tried once ...
-    assert trials[:3] == [whole_variants[i] for i in (0, 1, 3)]   # ... with the arguments it runs with
-    assert parted == again == [2, 2, 1, 5]
-    assert tried_second == 3 and tried_third == 0        # remembered per variant
+    # groups of 7, 8, 4, 3 network units (dΛ's riders join dq's, dk's and dv's): dq, dk would run
+    # in runs of 4; dv and dΛ are one run anyway
+    assert whole == [1, 1, 1, 1] and tried_first == 2    # each whole variant tried once ...
+    assert trials[:2] == [whole_variants[i] for i in (0, 1)]   # ... with the arguments it runs with
+    assert parted == again == [2, 2, 1, 1]
+    assert tried_second == 2 and tried_third == 0        # remembered per variant
     (a_tiles, a_lam, a_init) = results[0]
     for b_tiles, b_lam, b_init in results[1:]:
         assert all(_rel(b_tiles[x], a_tiles[x].double()) <= 1e-6 for x in tiles)

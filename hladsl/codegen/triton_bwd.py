@@ -326,7 +326,7 @@ def backward_context(program: ChunkProgram, stage_complete: bool = False) -> dic
         shared = low.block.mark()   # each target's code may reuse the reverse code's products only
         by_key = _group(parallel, _group_key)
         f_groups = []
-        for key in _group_keys(list(low.input_dim), program.gated):
+        for key in _group_keys(list(low.input_dim), program.gated, by_key):
             low.block.rewind(shared)
             mark = len(lines)
             accs, f_inits = _grad_code(low, by_key.get(key, []), fdefs, frozenset())
@@ -574,13 +574,27 @@ def _parted_code(low: _BwdLowering, grads, defs, tiled, loads: dict) -> tuple[li
     sections = ("pre", "loop")
     first = {sec: len(block.sections[sec]) for sec in sections}
     owner: dict = {sec: [] for sec in sections}
-    for n, g in enumerate(grads):
+    units = _network_units(grads)
+    for n, g in zip(units, grads):
         before = {sec: len(block.sections[sec]) for sec in sections}
         low.grads([g], _ACC[g.target].format(g.name), defs, tiled)
         for sec in sections:
             owner[sec] += [n] * (len(block.sections[sec]) - before[sec])
     lines = {sec: block.sections[sec][first[sec]:] for sec in sections}
-    return accs, inits, _guarded(lines, owner, len(grads), loads)
+    return accs, inits, _guarded(lines, owner, units[-1] + 1 if units else 0, loads)
+
+
+def _network_units(grads) -> list[int]:
+    """The part-split unit of each network of a group, in order: a dΛ network riding with an
+    input's gradient (``_rider``; it follows that gradient's network) joins its unit -- it
+    reads that network's products and adds one row dot, so a part holding it alone would
+    recompute them all."""
+    units, n = [], -1
+    for g in grads:
+        if not (g.target in _LAM and g.name and n >= 0):
+            n += 1
+        units.append(n)
+    return units
 
 
 _DEFINES = re.compile(r"(t\d+) = ")
@@ -630,13 +644,16 @@ def _guarded(lines: dict, owner: dict, count: int, loads: dict | None = None) ->
             placed.append((line, nets))
         body: list[str] = []
         current = None
+        # a group of one network is tested too: a launch's PARTS follows its largest group, and
+        # a line every network needs, run in every part, would add that network's sum PARTS times
+        guarded = (lambda nets: len(nets) < count) if count > 1 else (lambda nets: True)
         for line, nets in placed:
             if nets != current:
                 current = nets
-                if len(nets) < count:
+                if guarded(nets):
                     body.append(f"if {_part_test(nets, count)}:  # network{'s' if len(nets) > 1 else ''} "
                                 f"{', '.join(str(n + 1) for n in sorted(nets))} of {count}")
-            indent = "    " if len(nets) < count else ""
+            indent = "    " if guarded(nets) else ""
             body.append(indent + line if line.strip() else "")
         out[sec] = "\n".join(body).strip("\n")
     return out
@@ -675,13 +692,24 @@ def _part_test(nets, count: int) -> str:
     return tests[0] if len(tests) == 1 else " + ".join(f"({t})" for t in tests)
 
 
-def _group_keys(inputs, gated) -> list[tuple]:
-    """The gradient target groups, in launch-bit order: each token input, then Λ."""
-    return [("x", x) for x in inputs] + ([("lam", None)] if gated else [])
+def _group_keys(inputs, gated, by_key: dict) -> list[tuple]:
+    """The gradient target groups, in launch-bit order: each token input, then Λ where gated
+    and some dΛ network rides with no input (or none exists: the group stores zeros)."""
+    keys = [("x", x) for x in inputs]
+    riding = any(g.target in _LAM for key in keys for g in by_key.get(key, []))
+    return keys + ([("lam", None)] if gated and (("lam", None) in by_key or not riding) else [])
+
+
+_LAM = (Target.LAM, Target.LAM_END)
 
 
 def _group_key(g: GradTerm) -> tuple:
-    return ("lam", None) if g.target in (Target.LAM, Target.LAM_END) else ("x", g.name)
+    """A dΛ network rides with the input whose gradient network it extends (``_rider``):
+    in that group it reuses the gradient's products and adds one row dot, where a dΛ group
+    of its own recomputed every one of them (hla3's: 41 networks, as many as dq's and dk's)."""
+    if g.target in _LAM:
+        return ("x", g.name) if g.name else ("lam", None)
+    return ("x", g.name)
 
 
 def _group_info(low: _BwdLowering, key, accs) -> dict:
@@ -689,7 +717,10 @@ def _group_info(low: _BwdLowering, key, accs) -> dict:
     acc = "dlam" if kind == "lam" else f"dx_{name}"
     dim = None if kind == "lam" else low.input_dim[name]
     return {"input": name, "acc": acc, "dim": dim, "shape": "C," if dim is None else f"C, B_{dim}",
-            "lam_end": "dlam_end" in accs, "zero": acc not in accs}
+            # what it adds to the launch's dΛ: its dlam [C] (the Λ group's, zeros without
+            # networks) and dΛ_end (at the chunk's last position)
+            "dlam": kind == "lam" or "dlam" in accs, "lam_end": "dlam_end" in accs,
+            "zero": acc not in accs}
 
 
 def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated, lazy: dict) -> list[dict]:
@@ -701,7 +732,7 @@ def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated, lazy: 
     carries those read)."""
     by_key = _group(parallel, _group_key)
     groups, temps = [], 0
-    for key in _group_keys(inputs, gated):
+    for key in _group_keys(inputs, gated, by_key):
         low.region()
         low.block._temps = temps   # temps numbered on across groups: one may run after another
         grads = by_key.get(key, [])
@@ -710,7 +741,8 @@ def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated, lazy: 
         early = [v for v in lazy if re.search(rf"\b{v}\b", derived)]
         derived = "\n".join([line for v in early for line in lazy[v]] + ([derived] if derived else []))
         accs, inits, code = _parted_code(low, grads, defs, tiled, {v: x for v, x in lazy.items() if v not in early})
-        groups.append({**_group_info(low, key, accs), "derived": derived, "networks": len(grads),
+        groups.append({**_group_info(low, key, accs), "derived": derived,
+                       "networks": len(set(_network_units(grads))),   # the units parts split
                        # full-width matmuls of the whole group (the loop's run on narrow tiles)
                        "matmuls": code["pre"].count("_dot("),
                        "inits": "\n".join(inits), "code": code, "chained": low.block.chained})

@@ -54,7 +54,8 @@ class Target(str, Enum):
 @dataclass(frozen=True)
 class GradTerm:
     target: Target
-    name: str                  # input (token, power), state (carry), derived; '' for Λ
+    name: str                  # input (token, power), state (carry), derived; for Λ the input whose
+                               # gradient network it extends by a row dot ('' where none: _rider)
     wrt: Operand | None        # the forward operand differentiated (None for Λ)
     term: TermProgram          # the network: cotangent + operands -> the target's indices
     indices: tuple[str, ...]   # the target's indices (term.output plus ``broadcast``)
@@ -198,13 +199,21 @@ def _lam_grads(p, term: TermProgram, ct: Operand, sizes) -> list[GradTerm]:
         if w:
             src = f"∂/∂Λ_{t} (weight {w:+d}) of {term.coef:+g} · {term.source}"
             net = _whole(p, term, ct, t, (t,), term.coef * w, src, sizes)
-            out.append(_grad(Target.LAM, "", None, net, (t,), sizes))
+            out.append(_grad(Target.LAM, _rider(term, t), None, net, (t,), sizes))
     if end[0]:
         src = f"∂/∂Λ_end (weight {end[0]:+d}) of {term.coef:+g} · {term.source}"
         times = [o.indices[0] for o in term.operands if o.kind in _ROW_DOT]
-        net = _whole(p, term, ct, times[0] if times else None, (), term.coef * end[0], src, sizes)
-        out.append(_grad(Target.LAM_END, "", None, net, (), sizes))
+        t = times[0] if times else None
+        net = _whole(p, term, ct, t, (), term.coef * end[0], src, sizes)
+        out.append(_grad(Target.LAM_END, _rider(term, t), None, net, (), sizes))
     return out
+
+
+def _rider(term: TermProgram, t: str | None) -> str:
+    """The token input whose gradient network a dΛ network at time ``t`` extends by one row
+    dot (``_whole``): computed beside that gradient, the network costs one row dot more;
+    '' where none sits at ``t`` (a network of its own)."""
+    return next((o.name for o in term.operands if o.kind in _ROW_DOT and o.indices[0] == t), "")
 
 
 _ROW_DOT = (Kind.TOKEN, Kind.POWER)

@@ -131,10 +131,13 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             **({"n_rblocks": blocks} if ctx["reverse_partial"] else {})}
     loop, dot = plan.grad_loop, plan.grad_dot
     everything = _grad_args(d_tiles, d_lam, grad_scales)
+    lam_order = _LamOrder()
     for targets, held, parts, runs in plan.grad_launches:
         base = {**args, **everything, **common, **loop, **dot, "TARGETS": targets, **plan.grad_warps}
         grid = (n_chunks, n_seq * heads)
-        if parts < runs and launch.grad_whole_spills(module.grad_kernel, grid, {**base, "PART": 0, "PARTS": 1}):
+        lam_first = lam_order.next(held)   # a later part adds to what part 0 stored
+        if parts < runs and launch.grad_whole_spills(module.grad_kernel, grid,
+                                                     {**base, "PART": 0, "PARTS": 1, "LAM": lam_first}):
             parts = runs   # whole, its kernel would spill (launch.grad_parts)
         # one part writes its targets; several sum in an fp32 buffer (part p > 0 adds to what
         # the parts before it stored), the last writing the target in its dtype (dΛ: fp32, in place)
@@ -145,8 +148,24 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                 sums.update(tile_args(f"dsum_{g['input']}", token_layout(
                     *x.shape[:4], x.shape[4], torch.float32, device)))
         for part in range(parts):
-            launch.launch(module.grad_kernel, grid, {**base, **sums, "PART": part, "PARTS": parts}, True)
+            launch.launch(module.grad_kernel, grid, {**base, **sums, "PART": part, "PARTS": parts,
+                                                     "LAM": lam_first if part == 0 else 2 * bool(lam_first)}, True)
     return d_tiles, d_lam, d_init
+
+
+class _LamOrder:
+    """The LAM constexpr of each gradient launch, in launch order: 0 where its groups add
+    nothing to dΛ, 1 for the first that does (it stores dΛ whole: the buffer is uninitialised),
+    2 for every later one (it adds to what the earlier launches stored)."""
+
+    def __init__(self):
+        self.stored = False
+
+    def next(self, held) -> int:
+        if not any(g["dlam"] or g["lam_end"] for g in held):
+            return 0
+        first, self.stored = not self.stored, True
+        return 1 if first else 2
 
 
 def _module(program, schedule: str, first) -> tuple:
@@ -445,10 +464,12 @@ def _fused(module, ctx, plan, tokens, state_args, starts, cot, grad_final, first
         args[f"dinit_{name}"] = d_init[name] = binding.fresh(torch.empty_like(init))
     args.update({f"starts_{s['name']}": starts[s["name"]] for s in ctx["fused"]["reads"]})
     d_tiles, d_lam = _grad_buffers(ctx, first, plan.common, lam, grad_dtype)
+    groups, lam_order = ctx["fused"]["groups"], _LamOrder()
     for targets in plan.fused_targets:
+        held = [g for n, g in enumerate(groups) if targets >> n & 1]
         launch.launch(module.fused_bwd_kernel, (n_seq * heads,),
                       {**tokens, **plan.packed, **args, **cot, **_grad_args(d_tiles, d_lam, grad_scales, parted=False),
-                       **plan.common, **plan.fused_dot, "TARGETS": targets}, True)
+                       **plan.common, **plan.fused_dot, "TARGETS": targets, "LAM": lam_order.next(held)}, True)
     return d_tiles, d_lam, d_init
 
 
