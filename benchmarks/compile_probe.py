@@ -150,7 +150,7 @@ def main() -> int:
                                  args.schedule, args.pairs, args.sms, not args.forward, args.carried):
         if args.only and kernel.fn.__name__ != args.only:
             continue
-        which = {k: kargs[k] for k in ("TARGETS", "PART", "PARTS") if k in kargs}
+        which = {k: kargs[k] for k in ("TARGETS", "PART", "PARTS", "LAM") if k in kargs}
         row = dict(**which, spec=args.spec, d=args.d, chunk=args.chunk, gated=not args.ungated, **compile_one(kernel, kargs))
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -105,7 +105,7 @@ def _executed(code: str, part: int, parts: int) -> list[str]:
 
 
 @pytest.mark.parametrize("name,params", [("hla2", {}), ("hla3", {}), ("hla3_masked", {"normalize": True}),
-                                         ("ahla", {})])
+                                         ("ahla", {}), ("linear", {})])
 def test_each_part_defines_what_it_reads_and_adds_its_networks_once(name, params):
     """For every PARTS a program may be launched with, each part's code defines every temp
     and loads every state tile it loads itself before reading it (a product shared with a
@@ -167,8 +167,9 @@ def test_part_test_is_membership():
 @pytest.mark.parametrize("name,gated,parts", [
     ("linear", True, [1, 1, 1, 1]),
     ("hla2", True, [1, 1, 1, 1]),
-    ("hla3_masked", True, [1, 1, 1, 1]),          # dΛ rides with dq, dk, dv: 3 networks of its own, no matmuls
-    ("hla3", True, [9, 11, 1, 1]),                # (it was 52 matmuls of 32 networks, in runs of 4)
+    ("hla3_masked", True, [1, 1, 1, 1]),          # dΛ rides with dq, dk: 3 networks of its own, no matmuls
+                                                  # (before round 36 52 matmuls of 32 networks, in runs of 4)
+    ("hla3", True, [9, 11, 1, 1]),
     ("hla3", False, [9, 11, 1]),                  # dq, dk past GRAD_WHOLE_MAX_MATMULS
 ])
 def test_groups_start_whole_up_to_the_matmul_limit(name, gated, parts):
@@ -225,7 +226,7 @@ def test_a_group_whose_whole_kernel_would_spill_runs_in_runs_from_the_first_call
         seen.append(([a["PARTS"] for _, a in launched if a["PART"] == 0], len(trials) - before,
                      [_variant(k, a) for k, a in launched]))
     (whole, tried_first, whole_variants), (parted, tried_second, _), (again, tried_third, _) = seen
-    # groups of 7, 8, 4, 3 network units (dΛ's riders join dq's, dk's and dv's): dq, dk would run
+    # groups of 7, 8, 4, 3 network units (dΛ's riders join dq's and dk's): dq, dk would run
     # in runs of 4; dv and dΛ are one run anyway
     assert whole == [1, 1, 1, 1] and tried_first == 2    # each whole variant tried once ...
     assert trials[:2] == [whole_variants[i] for i in (0, 1)]   # ... with the arguments it runs with
@@ -263,3 +264,31 @@ def test_spill_verdicts_in_a_dry_run_compile_nothing(monkeypatch):
     def interpreted():   # a stand-in kernel: not a GPU JITFunction
         pass
     assert not launch.grad_whole_spills(interpreted, (1,), {}) and launch._WHOLE_SPILLS == {}
+
+
+@pytest.mark.parametrize("name,carried", [("hla2", False), ("hla3", False), ("hla3", True), ("hla3_masked", False)])
+def test_a_dlam_network_shares_the_unit_of_the_gradient_network_it_extends(name, carried):
+    """A dΛ network riding with an input's gradient (``ir.backward._rider``) is that gradient's
+    network plus a row dot: it sits in that input's group, in the same part-split unit as that
+    network (``triton_bwd._network_units``), so no part computes its products for it alone --
+    also where a term reads the input twice (k k), whose other gradient network lies between."""
+    from hladsl.codegen.triton_bwd import _group, _group_key, _network_units
+    from hladsl.ir.backward import PARALLEL, Target, backward_program
+    from hladsl.runtime.op import carried_compilation
+    alg = hladsl.compile_spec(name)
+    if carried:
+        alg = carried_compilation(alg)[0].algebra
+    program = chunk_program(alg, 64, tuple((d, 64) for d in alg.dims), True)
+    every = [g for g in backward_program(program).all_terms() if g.target in PARALLEL]
+    riders = 0
+    for key, grads in _group(every, _group_key).items():
+        units = _network_units(grads)
+        for g, unit in zip(grads, units):
+            if g.target in (Target.LAM, Target.LAM_END) and g.name:
+                riders += 1
+                assert key == ("x", g.name)
+                extended = [u for h, u in zip(grads, units) if h.target not in (Target.LAM, Target.LAM_END)
+                            and h.wrt == g.wrt and h.term.operands == g.term.operands[:-1]]
+                assert unit in extended, (key, g.term.source)
+        assert sorted(set(units)) == list(range(len(set(units))))   # units numbered densely
+    assert riders

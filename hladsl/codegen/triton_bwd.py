@@ -10,12 +10,15 @@ state-pass kernel (recomputes the chunk-start states), and
                     d-states without it are per-block partial sums in a slot per
                     block (``reverse_partial``), which grad_kernel sums (n_rblocks)
   grad_kernel       grid (nC, N*H), one launch per set of gradient target groups
-                    (constexpr TARGETS: one bit per token input, then Λ) and part
+                    (constexpr TARGETS: one bit per token input, then Λ's own) and part
                     (constexpr PART of PARTS: a run of the group's networks, or the
                     whole group when PARTS == 1); one chunk each, looping over tiles
                     of a packed dim. Groups reuse nothing from each other, and parts
                     nothing from each other, so a program holds only its own tiles
-                    (all targets in one program spilled registers on sm_90)
+                    (all targets in one program spilled registers on sm_90). A dΛ
+                    network extending an input's gradient network runs in that
+                    input's group; each launch adds its groups' dΛ (constexpr LAM:
+                    the first stores, later ones add, in launch order)
   rdelta_kernel,    (the chunk-parallel reverse pass, ``_reverse_scan``) every chunk's
   rscan_kernel      own part of its d-states at once, then a walk applying only the carry
                     (and forward-delta) networks; in two stages (HLA3) those for the lower
@@ -581,18 +584,21 @@ def _parted_code(low: _BwdLowering, grads, defs, tiled, loads: dict) -> tuple[li
         for sec in sections:
             owner[sec] += [n] * (len(block.sections[sec]) - before[sec])
     lines = {sec: block.sections[sec][first[sec]:] for sec in sections}
-    return accs, inits, _guarded(lines, owner, units[-1] + 1 if units else 0, loads)
+    return accs, inits, _guarded(lines, owner, max(units) + 1 if units else 0, loads)
 
 
 def _network_units(grads) -> list[int]:
-    """The part-split unit of each network of a group, in order: a dΛ network riding with an
-    input's gradient (``_rider``; it follows that gradient's network) joins its unit -- it
-    reads that network's products and adds one row dot, so a part holding it alone would
-    recompute them all."""
-    units, n = [], -1
+    """The part-split unit of each network of a group: a dΛ network riding with an input's
+    gradient (``_rider``) joins the unit of the gradient network it extends (its operands but
+    the extended one, differentiating that one) -- it reads that network's products and adds
+    one row dot, so a part holding it apart would recompute them all. A term reading an input
+    twice (k k) has its other gradient network between the two."""
+    units, own, count = [], {}, 0
     for g in grads:
-        if not (g.target in _LAM and g.name and n >= 0):
-            n += 1
+        n = own.get((g.wrt, g.term.operands[:-1])) if g.target in _LAM and g.name else None
+        if n is None:
+            n, count = count, count + 1
+            own[(g.wrt, g.term.operands)] = n   # (the nearest one before a rider)
         units.append(n)
     return units
 
@@ -697,7 +703,10 @@ def _group_keys(inputs, gated, by_key: dict) -> list[tuple]:
     and some dΛ network rides with no input (or none exists: the group stores zeros)."""
     keys = [("x", x) for x in inputs]
     riding = any(g.target in _LAM for key in keys for g in by_key.get(key, []))
-    return keys + ([("lam", None)] if gated and (("lam", None) in by_key or not riding) else [])
+    keys += [("lam", None)] if gated and (("lam", None) in by_key or not riding) else []
+    if not set(by_key) <= set(keys):   # a network in no group would be lost: a compiler bug
+        raise RuntimeError(f"gradient networks of no target group: {sorted(set(by_key) - set(keys), key=str)}")
+    return keys
 
 
 _LAM = (Target.LAM, Target.LAM_END)
@@ -724,8 +733,9 @@ def _group_info(low: _BwdLowering, key, accs) -> dict:
 
 
 def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated, lazy: dict) -> list[dict]:
-    """One gradient target group per token input (its dx) and, where gated, one for Λ
-    (dΛ and dΛ_end): each group's code (derived carries, accumulators, the networks
+    """One gradient target group per token input (its dx, and the dΛ networks riding with
+    it: ``_group_key``) and, where gated, one for the dΛ and dΛ_end networks riding with no
+    input (zeros where none exists and none rides; left out where every one rides): each group's code (derived carries, accumulators, the networks
     before and inside the loop over ``tiled``, for part PART of PARTS: ``_parted_code``)
     lowered in a fresh region. A group without networks stores zeros. ``lazy``: the
     load lines of the state tiles the code loads where it reads them (before the derived

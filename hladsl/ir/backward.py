@@ -56,7 +56,7 @@ class GradTerm:
     target: Target
     name: str                  # input (token, power), state (carry), derived; for Λ the input whose
                                # gradient network it extends by a row dot ('' where none: _rider)
-    wrt: Operand | None        # the forward operand differentiated (None for Λ)
+    wrt: Operand | None        # the forward operand differentiated; for Λ the one it extends (or None)
     term: TermProgram          # the network: cotangent + operands -> the target's indices
     indices: tuple[str, ...]   # the target's indices (term.output plus ``broadcast``)
     broadcast: tuple[tuple[str, int], ...] = ()   # (index, size) the network lacks: constant along it
@@ -199,21 +199,22 @@ def _lam_grads(p, term: TermProgram, ct: Operand, sizes) -> list[GradTerm]:
         if w:
             src = f"∂/∂Λ_{t} (weight {w:+d}) of {term.coef:+g} · {term.source}"
             net = _whole(p, term, ct, t, (t,), term.coef * w, src, sizes)
-            out.append(_grad(Target.LAM, _rider(term, t), None, net, (t,), sizes))
+            out.append(_grad(Target.LAM, *_rider(term, t), net, (t,), sizes))
     if end[0]:
         src = f"∂/∂Λ_end (weight {end[0]:+d}) of {term.coef:+g} · {term.source}"
         times = [o.indices[0] for o in term.operands if o.kind in _ROW_DOT]
         t = times[0] if times else None
         net = _whole(p, term, ct, t, (), term.coef * end[0], src, sizes)
-        out.append(_grad(Target.LAM_END, _rider(term, t), None, net, (), sizes))
+        out.append(_grad(Target.LAM_END, *_rider(term, t), net, (), sizes))
     return out
 
 
-def _rider(term: TermProgram, t: str | None) -> str:
-    """The token input whose gradient network a dΛ network at time ``t`` extends by one row
-    dot (``_whole``): computed beside that gradient, the network costs one row dot more;
-    '' where none sits at ``t`` (a network of its own)."""
-    return next((o.name for o in term.operands if o.kind in _ROW_DOT and o.indices[0] == t), "")
+def _rider(term: TermProgram, t: str | None) -> tuple[str, Operand | None]:
+    """(input, operand): the token operand whose gradient network a dΛ network at time ``t``
+    extends by one row dot (``_whole``; computed beside that gradient, it costs one row dot
+    more), and its input; ('', None) where none sits at ``t`` (a network of its own)."""
+    x = next((o for o in term.operands if o.kind in _ROW_DOT and o.indices[0] == t), None)
+    return ("", None) if x is None else (x.name, x)
 
 
 _ROW_DOT = (Kind.TOKEN, Kind.POWER)

@@ -1140,8 +1140,10 @@ def grad_parts(networks: int, matmuls: int) -> tuple[int, int]:
     its networks read (once, shared among them: ``triton_bwd._parted_code``), their partial
     gradients summed afterwards (one more [C, dim] fp32 write and read each).
 
-    Why (H100, B = 2, H = 16, d = 64, bf16, fwd + bwd, ms; runs 211-217, local bytes as the
-    driver reports them there): runs recompute what their networks share -- each run of
+    ``networks`` counts a group's units (a dΛ network riding with a gradient joins its unit:
+    ``triton_bwd._network_units``). Why (H100, B = 2, H = 16, d = 64, bf16, fwd + bwd, ms; runs
+    211-217, local bytes as the driver reports them there; the dΛ groups named below held every
+    dΛ network then, before round 36 put them in their inputs' groups): runs recompute what their networks share -- each run of
     hla3_masked's dq needs 24-30 of the group's 47 matmuls, 162 over its six runs -- so a
     whole group wins wherever it spills little: ungated hla3_masked 6.19 -> 4.26 at 16k,
     23.94 -> 16.53 at 64k (dq, dk whole: 424, 496 B); ahla 3.10 -> 2.53, gated 4.08 -> 3.69
