@@ -562,10 +562,12 @@ def _accumulators(low: _BwdLowering, grads) -> tuple[list[str], list[str]]:
     return accs, inits
 
 
-def _parted_code(low: _BwdLowering, grads, defs, tiled, loads: dict) -> tuple[list[str], list[str], dict]:
+def _parted_code(low: _BwdLowering, grads, units: list[int], defs, tiled,
+                 loads: dict) -> tuple[list[str], list[str], dict]:
     """(accumulators, their zeroing lines, code by section -- before the loop over ``tiled``
     and in it) of one target group, for the program computing part PART of PARTS
-    (contiguous runs of the group's networks; the launcher sums the parts' gradients).
+    (runs of the group's network ``units``, ``_network_units``; the launcher sums the parts'
+    gradients).
     The networks are lowered in order, each product once (a network reuses what the ones
     before it computed), and each line runs under a constexpr test of whether a network of
     this part needs it -- its own, or a later one reusing it: a program computes its
@@ -577,7 +579,6 @@ def _parted_code(low: _BwdLowering, grads, defs, tiled, loads: dict) -> tuple[li
     sections = ("pre", "loop")
     first = {sec: len(block.sections[sec]) for sec in sections}
     owner: dict = {sec: [] for sec in sections}
-    units = _network_units(grads)
     for n, g in zip(units, grads):
         before = {sec: len(block.sections[sec]) for sec in sections}
         low.grads([g], _ACC[g.target].format(g.name), defs, tiled)
@@ -650,9 +651,10 @@ def _guarded(lines: dict, owner: dict, count: int, loads: dict | None = None) ->
             placed.append((line, nets))
         body: list[str] = []
         current = None
-        # a group of one network is tested too: a launch's PARTS follows its largest group, and
-        # a line every network needs, run in every part, would add that network's sum PARTS times
-        guarded = (lambda nets: len(nets) < count) if count > 1 else (lambda nets: True)
+        def guarded(nets) -> bool:
+            # a group of one network is tested too: a launch's PARTS follows its largest group,
+            # and a line every network needs, run in every part, would add that network PARTS times
+            return len(nets) < count or count == 1
         for line, nets in placed:
             if nets != current:
                 current = nets
@@ -716,9 +718,7 @@ def _group_key(g: GradTerm) -> tuple:
     """A dΛ network rides with the input whose gradient network it extends (``_rider``):
     in that group it reuses the gradient's products and adds one row dot, where a dΛ group
     of its own recomputed every one of them (hla3's: 41 networks, as many as dq's and dk's)."""
-    if g.target in _LAM:
-        return ("x", g.name) if g.name else ("lam", None)
-    return ("x", g.name)
+    return ("lam", None) if g.target in _LAM and not g.name else ("x", g.name)
 
 
 def _group_info(low: _BwdLowering, key, accs) -> dict:
@@ -735,7 +735,8 @@ def _group_info(low: _BwdLowering, key, accs) -> dict:
 def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated, lazy: dict) -> list[dict]:
     """One gradient target group per token input (its dx, and the dΛ networks riding with
     it: ``_group_key``) and, where gated, one for the dΛ and dΛ_end networks riding with no
-    input (zeros where none exists and none rides; left out where every one rides): each group's code (derived carries, accumulators, the networks
+    input (zeros where none exists and none rides; left out where every one rides): each
+    group's code (derived carries, accumulators, the networks
     before and inside the loop over ``tiled``, for part PART of PARTS: ``_parted_code``)
     lowered in a fresh region. A group without networks stores zeros. ``lazy``: the
     load lines of the state tiles the code loads where it reads them (before the derived
@@ -750,9 +751,11 @@ def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated, lazy: 
         derived = low.derived() if reads_derived else ""
         early = [v for v in lazy if re.search(rf"\b{v}\b", derived)]
         derived = "\n".join([line for v in early for line in lazy[v]] + ([derived] if derived else []))
-        accs, inits, code = _parted_code(low, grads, defs, tiled, {v: x for v, x in lazy.items() if v not in early})
+        units = _network_units(grads)
+        accs, inits, code = _parted_code(low, grads, units, defs, tiled,
+                                         {v: x for v, x in lazy.items() if v not in early})
         groups.append({**_group_info(low, key, accs), "derived": derived,
-                       "networks": len(set(_network_units(grads))),   # the units parts split
+                       "networks": len(set(units)),   # the units parts split
                        # full-width matmuls of the whole group (the loop's run on narrow tiles)
                        "matmuls": code["pre"].count("_dot("),
                        "inits": "\n".join(inits), "code": code, "chained": low.block.chained})

@@ -209,12 +209,19 @@ def _lam_grads(p, term: TermProgram, ct: Operand, sizes) -> list[GradTerm]:
     return out
 
 
+def _row_dot_operand(term: TermProgram, t: str | None) -> int | None:
+    """The position of the token (or power) operand of ``term`` at time ``t``, the first
+    where several sit there; None where none does."""
+    return next((k for k, o in enumerate(term.operands) if o.kind in _ROW_DOT and o.indices[0] == t),
+                None)
+
+
 def _rider(term: TermProgram, t: str | None) -> tuple[str, Operand | None]:
     """(input, operand): the token operand whose gradient network a dΛ network at time ``t``
     extends by one row dot (``_whole``; computed beside that gradient, it costs one row dot
     more), and its input; ('', None) where none sits at ``t`` (a network of its own)."""
-    x = next((o for o in term.operands if o.kind in _ROW_DOT and o.indices[0] == t), None)
-    return ("", None) if x is None else (x.name, x)
+    k = _row_dot_operand(term, t)
+    return ("", None) if k is None else (term.operands[k].name, term.operands[k])
 
 
 _ROW_DOT = (Kind.TOKEN, Kind.POWER)
@@ -225,8 +232,7 @@ def _whole(p, term: TermProgram, ct: Operand, t: str | None, output, coef, src, 
     nothing). When a token (or power) operand x sits at time T, N_T is Σ_i x[T,i] ·
     (x's gradient network)[T,i]: the network is planned as exactly that gradient
     network plus one row dot, so the kernels reuse the gradient they compute anyway."""
-    k = next((k for k, o in enumerate(term.operands) if o.kind in _ROW_DOT and o.indices[0] == t),
-             None)
+    k = _row_dot_operand(term, t)
     if k is None:
         return _network(p, (ct,) + term.operands, output, coef, term.carry_weight, src, sizes)
     x = term.operands[k]
