@@ -69,6 +69,7 @@ def test_every_target_grouping_gives_the_same_gradients(name, params, gated, sch
     for per, networks in ((None, None), (2, 1), (1, 3), (64, 1000)):
         if networks:   # every group in parts of ``networks``
             monkeypatch.setattr(launch, "GRAD_WHOLE_MAX_MATMULS", -1)
+            monkeypatch.setattr(launch, "GRAD_LONG_RUN", 0)
             monkeypatch.setattr(launch, "GRAD_NETWORKS_PER_PROGRAM", networks)
         results.append(backward_triton(program, f32(tiles), lam.float(), f32(init), grad_o.float(),
                                        f32(grad_final), alg.eps, schedule=schedule, targets_per_program=per))
@@ -164,26 +165,49 @@ def test_part_test_is_membership():
                         assert got == want or (parts > count and got and empty), (nets, count, parts, part)
 
 
-@pytest.mark.parametrize("name,gated,parts", [
-    ("linear", True, [1, 1, 1, 1]),
-    ("hla2", True, [1, 1, 1, 1]),
-    ("hla3_masked", True, [1, 1, 1, 1]),          # dΛ rides with dq, dk: 3 networks of its own, no matmuls
-                                                  # (before round 36 52 matmuls of 32 networks, in runs of 4)
-    ("hla3", True, [9, 11, 1, 1]),
-    ("hla3", False, [9, 11, 1]),                  # dq, dk past GRAD_WHOLE_MAX_MATMULS
+@pytest.mark.parametrize("name,gated,candidates", [
+    ("linear", True, [(1,), (1,), (1,), (1,)]),
+    ("hla2", True, [(1, 2), (1, 2), (1,), (1,)]),   # runs of 8 of 7, 8 networks: the whole group
+    ("hla3_masked", True, [(1, 3, 6), (1, 2, 4), (1, 2), (1,)]),   # dΛ rides with dq, dk: 3 networks
+                                                  # of its own, no matmuls (before round 36 52 matmuls of 32 networks)
+    ("hla3", True, [(9,), (11,), (1, 2, 4), (1, 2)]),
+    ("hla3", False, [(9,), (11,), (1, 2, 4)]),   # dq, dk past GRAD_WHOLE_MAX_MATMULS: runs of 4, untried
 ])
-def test_groups_start_whole_up_to_the_matmul_limit(name, gated, parts):
-    """The gradient launches a backward plan holds (launch.grad_parts): a group whole up to
-    GRAD_WHOLE_MAX_MATMULS, a larger one in runs of GRAD_NETWORKS_PER_PROGRAM networks."""
+def test_groups_may_run_whole_up_to_the_matmul_limit_then_in_runs_of_8_then_of_4(name, gated, candidates):
+    """The part counts a backward plan offers each gradient launch (launch.grad_parts), fewest
+    first: up to GRAD_WHOLE_MAX_MATMULS whole, then runs of GRAD_LONG_RUN, then of
+    GRAD_NETWORKS_PER_PROGRAM networks (a count met twice offered once); past it the last alone."""
     from hladsl.codegen.triton_bwd import backward_kernels
     from hladsl.runtime.triton_backward import _BackwardPlan
     program = chunk_program(hladsl.compile_spec(name), 64, (("d", 64), ("dv", 64)), gated)
     _, ctx = backward_kernels(program)
     first = torch.zeros(2, 16, 4, 64, 64, dtype=torch.bfloat16)
     plan = _BackwardPlan(program, ctx, first, None, 4, None, "two_pass", None, None)
-    assert [p for _, _, p, _ in plan.grad_launches] == parts
-    assert [t for t, _, _, _ in plan.grad_launches] == [1 << n for n in range(len(parts))]
-    assert all(runs == -(-max(g["networks"] for g in held) // 4) for _, held, _, runs in plan.grad_launches)
+    assert [c for _, _, c in plan.grad_launches] == candidates
+    assert [t for t, _, _ in plan.grad_launches] == [1 << n for n in range(len(candidates))]
+    for _, held, offered in plan.grad_launches:
+        units = max(g["networks"] for g in held)
+        small = sum(g["matmuls"] for g in held) <= 48
+        assert offered[-1] == -(-units // 4) and (offered[0] == 1) == small and (len(offered) == 1 or small)
+
+
+def test_the_launcher_takes_the_fewest_parts_whose_kernels_do_not_spill(monkeypatch):
+    """``launch.grad_fitting_parts``: each candidate's parts are compiled in order up to the
+    first that spills (``grad_spills``), each as it would launch (PART, PARTS, and LAM: part 0
+    stores dΛ first where ``lam_first`` says so, later parts add); the last candidate runs
+    untried."""
+    from hladsl.runtime import launch
+    tried = []
+
+    def take(spilling):
+        tried.clear()
+        monkeypatch.setattr(launch, "grad_spills", lambda kernel, grid, args: tried.append(
+            (args["PARTS"], args["PART"], args["LAM"], args["x"])) or (args["PARTS"], args["PART"]) in spilling)
+        return launch.grad_fitting_parts(None, (1,), {"x": 7}, (1, 3, 6), 1)
+    assert take(set()) == 1 and tried == [(1, 0, 1, 7)]
+    assert take({(1, 0)}) == 3 and tried == [(1, 0, 1, 7), (3, 0, 1, 7), (3, 1, 2, 7), (3, 2, 2, 7)]
+    assert take({(1, 0), (3, 1)}) == 6 and tried == [(1, 0, 1, 7), (3, 0, 1, 7), (3, 1, 2, 7)]
+    assert launch.grad_fitting_parts(None, (1,), {}, (4,), 0) == 4   # one candidate: no trial
 
 
 def _variant(kernel, args) -> tuple:
@@ -196,7 +220,7 @@ def _variant(kernel, args) -> tuple:
 def test_a_group_whose_whole_kernel_would_spill_runs_in_runs_from_the_first_call(monkeypatch):
     """A group under the matmul limit runs whole unless its whole kernel, compiled before its
     first launch, keeps more than GRAD_WHOLE_MAX_SPILL bytes in local memory
-    (``launch.grad_whole_spills``; here the compiler is told to report ``spilled`` bytes --
+    (``launch.grad_spills``; here the compiler is told to report ``spilled`` bytes --
     sm_90 reported 2 KB for hla2's gated dΛ group): then every call, the first too, runs it in runs,
     with the same gradients as whole up to float32 rounding. The trial compile gets the whole
     launch's own arguments, once per variant."""
@@ -217,7 +241,7 @@ def test_a_group_whose_whole_kernel_would_spill_runs_in_runs_from_the_first_call
     results, seen = [], []
     for n, spilled in enumerate((0, 2048, 2048)):   # no spill; spills, then the same again (remembered)
         if n < 2:
-            monkeypatch.setattr(launch, "_WHOLE_SPILLS", {})
+            monkeypatch.setattr(launch, "_SPILLS", {})
         monkeypatch.setattr(launch, "local_bytes",
                             lambda kernel, grid, args, b=spilled: trials.append(_variant(kernel, args)) or b)
         launched.clear()
@@ -240,30 +264,30 @@ def test_a_group_whose_whole_kernel_would_spill_runs_in_runs_from_the_first_call
 
 
 def test_spill_verdicts_in_a_dry_run_compile_nothing(monkeypatch):
-    """``progress.counted``'s dry run counts a first call's compiles: ``grad_whole_spills``
+    """``progress.counted``'s dry run counts a first call's compiles: ``grad_spills``
     answers from what it knows and compiles nothing; under the interpreter it knows nothing
     (False, nothing stored)."""
     from hladsl.runtime import launch, progress
 
     def no_compile(*args):
         raise AssertionError("compiled in a dry run")
-    monkeypatch.setattr(launch, "_WHOLE_SPILLS", {("known",): 4096})
+    monkeypatch.setattr(launch, "_SPILLS", {("known",): 4096})
     monkeypatch.setattr(launch, "local_bytes", no_compile)
     token = progress._dry.set([])
     try:
         monkeypatch.setattr(launch, "compiled_variant_key", lambda kernel, args: ("known",))
-        assert launch.grad_whole_spills(None, (1,), {})
+        assert launch.grad_spills(None, (1,), {})
         monkeypatch.setattr(launch, "compiled_variant_key", lambda kernel, args: ("new",))
-        assert not launch.grad_whole_spills(None, (1,), {})
+        assert not launch.grad_spills(None, (1,), {})
     finally:
         progress._dry.reset(token)
     monkeypatch.undo()
-    monkeypatch.setattr(launch, "_WHOLE_SPILLS", {})
+    monkeypatch.setattr(launch, "_SPILLS", {})
     monkeypatch.setattr(launch, "local_bytes", no_compile)
 
     def interpreted():   # a stand-in kernel: not a GPU JITFunction
         pass
-    assert not launch.grad_whole_spills(interpreted, (1,), {}) and launch._WHOLE_SPILLS == {}
+    assert not launch.grad_spills(interpreted, (1,), {}) and launch._SPILLS == {}
 
 
 @pytest.mark.parametrize("name,carried", [("hla2", False), ("hla3", False), ("hla3", True), ("hla3_masked", False)])

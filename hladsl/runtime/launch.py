@@ -47,7 +47,7 @@ Rules:
 * gradient kernels: one gradient target group (a token input, or Λ) per program
   (``grad_target_sets``), so that one target's tiles are live at a time; the packed
   dim they loop over in tiles of at most 4096 [C, tile] elements (``grad_loop_tile``); a target with many
-  networks over several programs (``grad_parts``); 8 warps at feature dims of 128 (``grad_warps``).
+  networks over several programs (``grad_parts``, ``grad_fitting_parts``); 8 warps at feature dims of 128 (``grad_warps``).
 * the carried form (``ir.carried``) for calls with no state in or out where ``CARRY_DERIVED``
   (on), one adding product summaries where ``CARRY_PRODUCTS`` too (on; ``op.Op._carried_op``).
 * A/B runs in separate processes: ``HLADSL_LAUNCH="NAME=VALUE ..."`` sets rule constants
@@ -1126,19 +1126,22 @@ def grad_target_sets(groups: int, per_program: int | None = None) -> list[int]:
 
 
 GRAD_WHOLE_MAX_MATMULS = 48        # a group whole up to this many full-width matmuls (4 until round 30)
-GRAD_WHOLE_MAX_SPILL = 1024        # ... unless its compiled kernel spills more bytes a thread
-GRAD_NETWORKS_PER_PROGRAM = 4      # a parted group's runs (runs of 2 until round 12)
+GRAD_WHOLE_MAX_SPILL = 1024        # ... and whole, or in runs of GRAD_LONG_RUN, while its kernels spill at most this
+GRAD_LONG_RUN = 8                  # the longer runs tried before the shortest (0: none; round 37)
+GRAD_NETWORKS_PER_PROGRAM = 4      # the shortest runs, taken without a trial (runs of 2 until round 12)
 
 
-def grad_parts(networks: int, matmuls: int) -> tuple[int, int]:
-    """(parts, runs): how many programs share one gradient target's ``networks``, and how
-    many where its whole kernel would spill (``grad_whole_spills``). A group whose code (its
-    networks reusing each other's products) has at most GRAD_WHOLE_MAX_MATMULS full-width
-    matmuls runs whole, in one program, unless compiled whole it keeps more than
-    GRAD_WHOLE_MAX_SPILL bytes a thread in local memory; a larger or spilling one runs in
-    contiguous runs of GRAD_NETWORKS_PER_PROGRAM networks, each run computing the products
-    its networks read (once, shared among them: ``triton_bwd._parted_code``), their partial
-    gradients summed afterwards (one more [C, dim] fp32 write and read each).
+def grad_parts(networks: int, matmuls: int) -> tuple[int, ...]:
+    """How many programs may share one gradient target's ``networks``, fewest first: the
+    launcher takes the first whose kernels keep at most GRAD_WHOLE_MAX_SPILL bytes a thread
+    in local memory (``grad_fitting_parts``), the last without a trial. Where the group's
+    code (its networks reusing each other's products) has at most GRAD_WHOLE_MAX_MATMULS
+    full-width matmuls: whole (one program), then contiguous runs of GRAD_LONG_RUN, then of
+    GRAD_NETWORKS_PER_PROGRAM networks; a larger group runs in the shortest runs untried (its
+    trial compiles cost minutes: hla3 as written with a state, whose dq and dk have 70 and 84,
+    passed a test's 480 s compiling its runs of 8 and 4, run 252). Each run computes the products its networks read
+    (once, shared among them: ``triton_bwd._parted_code``), their partial gradients summed
+    afterwards (one more [C, dim] fp32 write and read each).
 
     ``networks`` counts a group's units (a dΛ network riding with a gradient joins its unit:
     ``triton_bwd._network_units``). Why (H100, B = 2, H = 16, d = 64, bf16, fwd + bwd, ms; runs
@@ -1153,19 +1156,40 @@ def grad_parts(networks: int, matmuls: int) -> tuple[int, int]:
     15.77 with its dΛ whole too; gated hla2 6.97 -> 8.97 with every group whole (its dΛ
     2016 B; dq, dk 720, 256 B: 7.05 whole with dΛ in runs); hla3's dv whole (33 matmuls;
     2016 B on sm_90 by ``benchmarks/compile_probe.py --only grad_kernel``) 7.47 -> 8.36 at
-    4k. Spills are the compiler's to decide (the groups' live tiles do not separate these
-    cases), so the rule compiles the whole kernel before its first launch and reads them.
-    GRAD_WHOLE_MAX_MATMULS bounds that trial compile: hla3's dq, dk (70, 84 matmuls) spill
-    3856, 4648 B whole on sm_90 and take 29-33 s to compile on a 2-core CPU."""
-    runs = max(1, -(-networks // GRAD_NETWORKS_PER_PROGRAM))
-    return (1 if matmuls <= GRAD_WHOLE_MAX_MATMULS else runs), runs
+    4k. The same holds between run lengths (H200, round 37, run 250, fwd + bwd at 16k):
+    ungated hla3's dq, dk (carried form, 29 and 33 units) spill 1792, 1912 B whole, at most 824 B in
+    runs of 8 and run 6.996 -> 6.156 ms in runs of 8 against runs of 4; gated, runs of 8
+    spill up to 1824 B and lost 5 % (run 246). Spills are the compiler's to decide (the
+    groups' live tiles do not separate these cases), so the rule compiles a candidate's
+    kernels before their first launch and reads them. GRAD_WHOLE_MAX_MATMULS bounds the
+    trial compiles: hla3's dq, dk as written (70, 84 matmuls) spill 3856, 4648 B whole
+    on sm_90 and take 29-33 s to compile on a 2-core CPU."""
+    def runs(length: int) -> int:
+        return max(1, -(-networks // length))
+    if matmuls > GRAD_WHOLE_MAX_MATMULS:   # no trial compiles of so large a group's kernels
+        return (runs(GRAD_NETWORKS_PER_PROGRAM),)
+    return tuple(sorted({1} | {runs(n) for n in (GRAD_LONG_RUN, GRAD_NETWORKS_PER_PROGRAM) if n}))
 
 
-_WHOLE_SPILLS: dict = {}   # a whole group's compiled variant (direct.variant_key) -> its local bytes a thread
+_SPILLS: dict = {}   # a gradient kernel's compiled variant (direct.variant_key) -> its local bytes a thread
 
 
-def grad_whole_spills(kernel, grid, args: dict) -> bool:
-    """Whether the whole gradient group launched with ``args`` would keep more than
+def grad_fitting_parts(kernel, grid, args: dict, candidates: tuple[int, ...], lam_first: int) -> int:
+    """The first of ``candidates`` (``grad_parts``: part counts, fewest first) none of whose
+    parts' kernels keeps more than GRAD_WHOLE_MAX_SPILL bytes a thread in local memory
+    (``grad_spills``; a candidate's parts are tried in order, up to the first that spills);
+    the last one untried where none fits. ``args``: the launch's, but PART, PARTS, LAM
+    (``lam_first``: part 0's, later parts add) -- each trial compiles the variant it launches."""
+    for parts in candidates[:-1]:
+        if not any(grad_spills(kernel, grid, {**args, "PART": p, "PARTS": parts,
+                                               "LAM": lam_first if p == 0 else 2 * bool(lam_first)})
+                   for p in range(parts)):
+            return parts
+    return candidates[-1]
+
+
+def grad_spills(kernel, grid, args: dict) -> bool:
+    """Whether the gradient kernel launched with ``args`` would keep more than
     GRAD_WHOLE_MAX_SPILL bytes a thread in local memory (``local_bytes``: compiled, not
     launched, once per compiled variant -- so every call of a shape runs the same programs and
     sums in the same order); False where that is not known (the interpreter) and, in a dry
@@ -1174,11 +1198,11 @@ def grad_whole_spills(kernel, grid, args: dict) -> bool:
     key = compiled_variant_key(kernel, args)
     if key is None:
         return False
-    spilled = _WHOLE_SPILLS.get(key)
+    spilled = _SPILLS.get(key)
     if spilled is None:
         if progress.dry_run():   # counting a first call's compiles: nothing compiles yet
             return False
-        spilled = _WHOLE_SPILLS[key] = local_bytes(kernel, grid, args)
+        spilled = _SPILLS[key] = local_bytes(kernel, grid, args)
     return spilled > GRAD_WHOLE_MAX_SPILL
 
 

@@ -132,13 +132,12 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     loop, dot = plan.grad_loop, plan.grad_dot
     everything = _grad_args(d_tiles, d_lam, grad_scales)
     lam_order = _LamOrder()
-    for targets, held, parts, runs in plan.grad_launches:
+    for targets, held, candidates in plan.grad_launches:
         base = {**args, **everything, **common, **loop, **dot, "TARGETS": targets, **plan.grad_warps}
         grid = (n_chunks, n_seq * heads)
         lam_first = lam_order.next(held)   # a later part adds to what part 0 stored
-        if parts < runs and launch.grad_whole_spills(module.grad_kernel, grid,
-                                                     {**base, "PART": 0, "PARTS": 1, "LAM": lam_first}):
-            parts = runs   # whole, its kernel would spill (launch.grad_parts)
+        # whole, or in runs, whichever fewest parts' kernels do not spill (launch.grad_parts)
+        parts = launch.grad_fitting_parts(module.grad_kernel, grid, base, candidates, lam_first)
         # one part writes its targets; several sum in an fp32 buffer (part p > 0 adds to what
         # the parts before it stored), the last writing the target in its dtype (dΛ: fp32, in place)
         sums = {}
@@ -544,5 +543,5 @@ class _BackwardPlan:
         self.grad_launches = []
         for targets in launch.grad_target_sets(len(groups), targets_per_program):
             held = [g for n, g in enumerate(groups) if targets >> n & 1]
-            parts, runs = launch.grad_parts(max(g["networks"] for g in held), sum(g["matmuls"] for g in held))
-            self.grad_launches.append((targets, held, parts, runs))
+            self.grad_launches.append((targets, held, launch.grad_parts(
+                max(g["networks"] for g in held), sum(g["matmuls"] for g in held))))
