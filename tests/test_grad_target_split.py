@@ -193,21 +193,30 @@ def test_groups_may_run_whole_up_to_the_matmul_limit_then_in_runs_of_8_then_of_4
 
 def test_the_launcher_takes_the_fewest_parts_whose_kernels_do_not_spill(monkeypatch):
     """``launch.grad_fitting_parts``: each candidate's parts are compiled in order up to the
-    first that spills (``grad_spills``), each as it would launch (PART, PARTS, and LAM: part 0
-    stores dΛ first where ``lam_first`` says so, later parts add); the last candidate runs
-    untried."""
+    first that spills (``grad_spills``), each as it would launch (its arguments in that many
+    parts, PART, PARTS, and LAM: part 0's ``lam_first``, later parts add where it is not 0);
+    the last candidate runs untried; the choice is remembered per launch variant; nothing is
+    known (the first candidate) where no variant key exists (the interpreter)."""
     from hladsl.runtime import launch
     tried = []
+    monkeypatch.setattr(launch, "compiled_variant_key", lambda kernel, args: ("variant", args["x"], args["LAM"]))
 
-    def take(spilling):
+    def take(spilling, lam_first=1):
         tried.clear()
+        monkeypatch.setattr(launch, "_GRAD_PARTS", {})
         monkeypatch.setattr(launch, "grad_spills", lambda kernel, grid, args: tried.append(
             (args["PARTS"], args["PART"], args["LAM"], args["x"])) or (args["PARTS"], args["PART"]) in spilling)
-        return launch.grad_fitting_parts(None, (1,), {"x": 7}, (1, 3, 6), 1)
+        return launch.grad_fitting_parts(None, (1,), lambda parts: {"x": 7 * parts}, (1, 3, 6), lam_first)
     assert take(set()) == 1 and tried == [(1, 0, 1, 7)]
-    assert take({(1, 0)}) == 3 and tried == [(1, 0, 1, 7), (3, 0, 1, 7), (3, 1, 2, 7), (3, 2, 2, 7)]
-    assert take({(1, 0), (3, 1)}) == 6 and tried == [(1, 0, 1, 7), (3, 0, 1, 7), (3, 1, 2, 7)]
-    assert launch.grad_fitting_parts(None, (1,), {}, (4,), 0) == 4   # one candidate: no trial
+    assert take({(1, 0)}) == 3 and tried == [(1, 0, 1, 7), (3, 0, 1, 21), (3, 1, 2, 21), (3, 2, 2, 21)]
+    assert take({(1, 0), (3, 1)}) == 6 and tried == [(1, 0, 1, 7), (3, 0, 1, 21), (3, 1, 2, 21)]
+    assert take({(1, 0)}, lam_first=0) == 3 and [t[2] for t in tried] == [0, 0, 0, 0]
+    assert take({(1, 0)}, lam_first=2) == 3 and [t[2] for t in tried] == [2, 2, 2, 2]
+    tried.clear()   # remembered: a second call tries nothing
+    assert launch.grad_fitting_parts(None, (1,), lambda parts: {"x": 7 * parts}, (1, 3, 6), 2) == 3 and not tried
+    assert launch.grad_fitting_parts(None, (1,), dict, (4,), 0) == 4 and not tried   # one candidate: no trial
+    monkeypatch.setattr(launch, "compiled_variant_key", lambda kernel, args: None)
+    assert launch.grad_fitting_parts(None, (1,), lambda parts: {"x": 1}, (1, 3, 6), 1) == 1 and not tried
 
 
 def _variant(kernel, args) -> tuple:
@@ -242,6 +251,7 @@ def test_a_group_whose_whole_kernel_would_spill_runs_in_runs_from_the_first_call
     for n, spilled in enumerate((0, 2048, 2048)):   # no spill; spills, then the same again (remembered)
         if n < 2:
             monkeypatch.setattr(launch, "_SPILLS", {})
+            monkeypatch.setattr(launch, "_GRAD_PARTS", {})
         monkeypatch.setattr(launch, "local_bytes",
                             lambda kernel, grid, args, b=spilled: trials.append(_variant(kernel, args)) or b)
         launched.clear()
@@ -261,6 +271,40 @@ def test_a_group_whose_whole_kernel_would_spill_runs_in_runs_from_the_first_call
         assert all(_rel(b_tiles[x], a_tiles[x].double()) <= 1e-6 for x in tiles)
         assert _rel(b_lam, a_lam.double()) <= 1e-6
         assert all(torch.equal(a_init[s], b_init[s]) for s in init)
+
+
+def test_a_candidate_in_parts_is_tried_as_the_variants_it_launches(monkeypatch):
+    """bf16 gradients: a launch in parts sums them in fp32 buffers (``dsum_``), whole it has
+    none -- so a candidate in parts is compiled for its trial with those buffers, the variant
+    it then launches (a trial without them compiled a variant never launched, and the launch
+    compiled again). Runs of 4 and 2 here (hla2's dq, dk: 7 and 8 units -> candidates 1, 2, 4),
+    whole kernels spilling."""
+    from hladsl.runtime import launch
+    from hladsl.runtime.triton_backward import backward_triton
+    program = chunk_program(hladsl.compile_spec("hla2"), C, (("d", 8), ("dv", 8)), True)
+    tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=5)
+    tiles, init, grad_final = ({k: v.float() for k, v in d.items()} for d in (tiles, init, grad_final))
+    launched, trials = [], []
+    real = launch.launch
+
+    def recording(kernel, grid, args, may, tiling=None):
+        if kernel.fn.__name__ == "grad_kernel":
+            launched.append((args["TARGETS"], args["PARTS"], _variant(kernel, args)))
+        return real(kernel, grid, args, may, tiling)
+    monkeypatch.setattr(launch, "launch", recording)
+    monkeypatch.setattr(launch, "compiled_variant_key", _variant)
+    monkeypatch.setattr(launch, "_SPILLS", {})
+    monkeypatch.setattr(launch, "_GRAD_PARTS", {})
+    monkeypatch.setattr(launch, "GRAD_LONG_RUN", 4)
+    monkeypatch.setattr(launch, "GRAD_NETWORKS_PER_PROGRAM", 2)
+    monkeypatch.setattr(launch, "local_bytes", lambda kernel, grid, args: trials.append(_variant(kernel, args))
+                        or (2048 if args["PARTS"] == 1 else 0))
+    backward_triton(program, tiles, lam.float(), init, grad_o.float(), grad_final, 1e-6,
+                    grad_dtype=torch.bfloat16)
+    tried = [v for targets, parts, v in launched if targets in (1, 2)]
+    assert [parts for targets, parts, _ in launched if targets in (1, 2)] == [2, 2, 2, 2]
+    assert all(v in trials for v in tried) and len(trials) == 2 * 3 + 2   # dq, dk: whole + 2 parts; dv, dΛ whole
+    assert any(t == torch.float32 for _, _, v in launched for name, t in v[1] if name.startswith("dsum_"))
 
 
 def test_spill_verdicts_in_a_dry_run_compile_nothing(monkeypatch):

@@ -1127,8 +1127,8 @@ def grad_target_sets(groups: int, per_program: int | None = None) -> list[int]:
 
 GRAD_WHOLE_MAX_MATMULS = 48        # a group whole up to this many full-width matmuls (4 until round 30)
 GRAD_WHOLE_MAX_SPILL = 1024        # ... and whole, or in runs of GRAD_LONG_RUN, while its kernels spill at most this
-GRAD_LONG_RUN = 8                  # the longer runs tried before the shortest (0: none; round 37)
-GRAD_NETWORKS_PER_PROGRAM = 4      # the shortest runs, taken without a trial (runs of 2 until round 12)
+GRAD_LONG_RUN = 8                  # longer runs, tried before GRAD_NETWORKS_PER_PROGRAM's (0: none; round 37)
+GRAD_NETWORKS_PER_PROGRAM = 4      # the runs taken untried (runs of 2 until round 12)
 
 
 def grad_parts(networks: int, matmuls: int) -> tuple[int, ...]:
@@ -1136,10 +1136,11 @@ def grad_parts(networks: int, matmuls: int) -> tuple[int, ...]:
     launcher takes the first whose kernels keep at most GRAD_WHOLE_MAX_SPILL bytes a thread
     in local memory (``grad_fitting_parts``), the last without a trial. Where the group's
     code (its networks reusing each other's products) has at most GRAD_WHOLE_MAX_MATMULS
-    full-width matmuls: whole (one program), then contiguous runs of GRAD_LONG_RUN, then of
-    GRAD_NETWORKS_PER_PROGRAM networks; a larger group runs in the shortest runs untried (its
-    trial compiles cost minutes: hla3 as written with a state, whose dq and dk have 70 and 84,
-    passed a test's 480 s compiling its runs of 8 and 4, run 252). Each run computes the products its networks read
+    full-width matmuls: whole (one program) and contiguous runs of GRAD_LONG_RUN and of
+    GRAD_NETWORKS_PER_PROGRAM networks, fewest parts first (a count met twice once); a larger
+    group runs in runs of GRAD_NETWORKS_PER_PROGRAM untried (its trial compiles cost minutes:
+    hla3 as written with a state, whose dq and dk have 70 and 84 matmuls, overran a test's
+    480 s timeout compiling its trial runs, run 252). Each run computes the products its networks read
     (once, shared among them: ``triton_bwd._parted_code``), their partial gradients summed
     afterwards (one more [C, dim] fp32 write and read each).
 
@@ -1172,20 +1173,42 @@ def grad_parts(networks: int, matmuls: int) -> tuple[int, ...]:
 
 
 _SPILLS: dict = {}   # a gradient kernel's compiled variant (direct.variant_key) -> its local bytes a thread
+_GRAD_PARTS = plan_cache()   # (a launch's whole variant, its candidates) -> the part count it runs in
 
 
-def grad_fitting_parts(kernel, grid, args: dict, candidates: tuple[int, ...], lam_first: int) -> int:
+def part_lam(part: int, lam_first: int) -> int:
+    """The LAM constexpr of part ``part`` of a gradient launch whose first part has ``lam_first``
+    (0: adds nothing to dΛ; 1: stores it; 2: adds): later parts add to what part 0 wrote."""
+    return lam_first if part == 0 else 2 * bool(lam_first)
+
+
+def grad_fitting_parts(kernel, grid, in_parts, candidates: tuple[int, ...], lam_first: int) -> int:
     """The first of ``candidates`` (``grad_parts``: part counts, fewest first) none of whose
     parts' kernels keeps more than GRAD_WHOLE_MAX_SPILL bytes a thread in local memory
     (``grad_spills``; a candidate's parts are tried in order, up to the first that spills);
-    the last one untried where none fits. ``args``: the launch's, but PART, PARTS, LAM
-    (``lam_first``: part 0's, later parts add) -- each trial compiles the variant it launches."""
+    the last one untried where none fits. ``in_parts(parts)``: the launch's arguments in that
+    many parts but PART, PARTS, LAM (``part_lam``) -- each trial compiles the variant it would
+    launch. Remembered per launch variant, so a call after the first builds one variant key;
+    the first of ``candidates`` where nothing is known (the interpreter) or, in a dry run
+    (``progress.counted``), as far as nothing new would compile."""
+    if len(candidates) == 1:
+        return candidates[0]
+    key = compiled_variant_key(kernel, {**in_parts(1), "PART": 0, "PARTS": 1, "LAM": lam_first})
+    if key is None:
+        return candidates[0]
+    known = _GRAD_PARTS.get((key, candidates))
+    if known is not None:
+        return known
+    chosen = candidates[-1]
     for parts in candidates[:-1]:
-        if not any(grad_spills(kernel, grid, {**args, "PART": p, "PARTS": parts,
-                                               "LAM": lam_first if p == 0 else 2 * bool(lam_first)})
+        args = in_parts(parts)
+        if not any(grad_spills(kernel, grid, {**args, "PART": p, "PARTS": parts, "LAM": part_lam(p, lam_first)})
                    for p in range(parts)):
-            return parts
-    return candidates[-1]
+            chosen = parts
+            break
+    if not progress.dry_run():
+        _GRAD_PARTS[(key, candidates)] = chosen
+    return chosen
 
 
 def grad_spills(kernel, grid, args: dict) -> bool:

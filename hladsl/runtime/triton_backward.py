@@ -136,19 +136,24 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         base = {**args, **everything, **common, **loop, **dot, "TARGETS": targets, **plan.grad_warps}
         grid = (n_chunks, n_seq * heads)
         lam_first = lam_order.next(held)   # a later part adds to what part 0 stored
+
+        def in_parts(parts: int) -> dict:
+            """The launch's arguments in ``parts`` parts: one part writes its targets; several
+            sum in an fp32 buffer (part p > 0 adds to what the parts before it stored), the last
+            writing the target in its dtype (dΛ: fp32, in place)."""
+            sums = {}
+            for g in held:
+                x = d_tiles.get(g["input"])
+                if x is not None and parts > 1 and x.dtype != torch.float32:
+                    sums.update(tile_args(f"dsum_{g['input']}", token_layout(
+                        *x.shape[:4], x.shape[4], torch.float32, device)))
+            return {**base, **sums}
         # whole, or in runs, whichever fewest parts' kernels do not spill (launch.grad_parts)
-        parts = launch.grad_fitting_parts(module.grad_kernel, grid, base, candidates, lam_first)
-        # one part writes its targets; several sum in an fp32 buffer (part p > 0 adds to what
-        # the parts before it stored), the last writing the target in its dtype (dΛ: fp32, in place)
-        sums = {}
-        for g in held:
-            x = d_tiles.get(g["input"])
-            if x is not None and parts > 1 and x.dtype != torch.float32:
-                sums.update(tile_args(f"dsum_{g['input']}", token_layout(
-                    *x.shape[:4], x.shape[4], torch.float32, device)))
+        parts = launch.grad_fitting_parts(module.grad_kernel, grid, in_parts, candidates, lam_first)
+        args_in_parts = in_parts(parts)
         for part in range(parts):
-            launch.launch(module.grad_kernel, grid, {**base, **sums, "PART": part, "PARTS": parts,
-                                                     "LAM": lam_first if part == 0 else 2 * bool(lam_first)}, True)
+            launch.launch(module.grad_kernel, grid, {**args_in_parts, "PART": part, "PARTS": parts,
+                                                     "LAM": launch.part_lam(part, lam_first)}, True)
     return d_tiles, d_lam, d_init
 
 
@@ -479,7 +484,8 @@ class _BackwardPlan:
     """The launch choices of one backward shape class, made once: shared constexprs and
     options, packed tables, walk arguments, the schedule, the state and reverse passes'
     grids / blocks / tilings, the dot dtypes of each kernel, and the gradient kernel's
-    launches (target sets, the groups each holds, parts)."""
+    launches (target sets, the groups each holds, the part counts each may run in:
+    ``launch.grad_parts``; the launcher picks one, ``launch.grad_fitting_parts``)."""
 
     def __init__(self, program, ctx, first, precision, num_warps, reverse_block, schedule,
                  targets_per_program, seq_chunks, fused_ok: bool = True, stage_complete: bool = False):
@@ -540,7 +546,7 @@ class _BackwardPlan:
                                             self.grad_loop if ctx["grad_loop_dot"] else {}, features)
         self.grad_warps = launch.grad_warps(features)
         groups = ctx["grad_groups"]
-        self.grad_launches = []
+        self.grad_launches = []   # (TARGETS, the groups it holds, the part counts it may run in)
         for targets in launch.grad_target_sets(len(groups), targets_per_program):
             held = [g for n, g in enumerate(groups) if targets >> n & 1]
             self.grad_launches.append((targets, held, launch.grad_parts(
