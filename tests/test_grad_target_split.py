@@ -214,6 +214,10 @@ def test_the_launcher_takes_the_fewest_parts_whose_kernels_do_not_spill(monkeypa
     assert take({(1, 0)}, lam_first=2) == 3 and [t[2] for t in tried] == [2, 2, 2, 2]
     tried.clear()   # remembered: a second call tries nothing
     assert launch.grad_fitting_parts(None, (1,), lambda parts: {"x": 7 * parts}, (1, 3, 6), 2) == 3 and not tried
+    # ... per launch variant: part 0's LAM is in it (here nothing spills for lam_first 1)
+    monkeypatch.setattr(launch, "grad_spills", lambda kernel, grid, args: tried.append(args["LAM"]) and False)
+    assert launch.grad_fitting_parts(None, (1,), lambda parts: {"x": 7 * parts}, (1, 3, 6), 1) == 1 and tried == [1]
+    tried.clear()
     assert launch.grad_fitting_parts(None, (1,), dict, (4,), 0) == 4 and not tried   # one candidate: no trial
     monkeypatch.setattr(launch, "compiled_variant_key", lambda kernel, args: None)
     assert launch.grad_fitting_parts(None, (1,), lambda parts: {"x": 1}, (1, 3, 6), 1) == 1 and not tried
@@ -271,6 +275,25 @@ def test_a_group_whose_whole_kernel_would_spill_runs_in_runs_from_the_first_call
         assert all(_rel(b_tiles[x], a_tiles[x].double()) <= 1e-6 for x in tiles)
         assert _rel(b_lam, a_lam.double()) <= 1e-6
         assert all(torch.equal(a_init[s], b_init[s]) for s in init)
+
+
+def test_a_dry_run_remembers_no_choice(monkeypatch):
+    """``progress.counted``'s dry run knows no verdict it has not compiled (``grad_spills``:
+    False), so its choice (whole) is not remembered: the real first call then tries the
+    candidates and runs in parts where the whole kernel spills."""
+    from hladsl.runtime import launch, progress
+    monkeypatch.setattr(launch, "_GRAD_PARTS", {})
+    monkeypatch.setattr(launch, "_SPILLS", {})
+    monkeypatch.setattr(launch, "compiled_variant_key", lambda kernel, args: (args["PARTS"], args["PART"]))
+    monkeypatch.setattr(launch, "local_bytes", lambda kernel, grid, args: 2048 if args["PARTS"] == 1 else 0)
+    token = progress._dry.set([])
+    try:
+        assert launch.grad_fitting_parts(None, (1,), lambda parts: {}, (1, 2, 4), 1) == 1
+    finally:
+        progress._dry.reset(token)
+    assert launch._GRAD_PARTS == {} and launch._SPILLS == {}
+    assert launch.grad_fitting_parts(None, (1,), lambda parts: {}, (1, 2, 4), 1) == 2
+    assert list(launch._GRAD_PARTS.values()) == [2]
 
 
 def test_a_candidate_in_parts_is_tried_as_the_variants_it_launches(monkeypatch):

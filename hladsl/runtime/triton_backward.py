@@ -136,17 +136,21 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         base = {**args, **everything, **common, **loop, **dot, "TARGETS": targets, **plan.grad_warps}
         grid = (n_chunks, n_seq * heads)
         lam_first = lam_order.next(held)   # a later part adds to what part 0 stored
+        sums: dict = {}
 
         def in_parts(parts: int) -> dict:
             """The launch's arguments in ``parts`` parts: one part writes its targets; several
             sum in an fp32 buffer (part p > 0 adds to what the parts before it stored), the last
-            writing the target in its dtype (dΛ: fp32, in place)."""
-            sums = {}
-            for g in held:
-                x = d_tiles.get(g["input"])
-                if x is not None and parts > 1 and x.dtype != torch.float32:
-                    sums.update(tile_args(f"dsum_{g['input']}", token_layout(
-                        *x.shape[:4], x.shape[4], torch.float32, device)))
+            writing the target in its dtype (dΛ: fp32, in place) -- one set of buffers for the
+            trials and the launch, whatever the part count."""
+            if parts == 1:
+                return base
+            if not sums:
+                for g in held:
+                    x = d_tiles.get(g["input"])
+                    if x is not None and x.dtype != torch.float32:
+                        sums.update(tile_args(f"dsum_{g['input']}", token_layout(
+                            *x.shape[:4], x.shape[4], torch.float32, device)))
             return {**base, **sums}
         # whole, or in runs, whichever fewest parts' kernels do not spill (launch.grad_parts)
         parts = launch.grad_fitting_parts(module.grad_kernel, grid, in_parts, candidates, lam_first)
