@@ -230,6 +230,14 @@ def _variant(kernel, args) -> tuple:
         (k, v.dtype) for k, v in args.items() if isinstance(v, torch.Tensor)))
 
 
+def _gated_hla2(seed: int):
+    """A small gated hla2 program and its float32 inputs (the launcher tests' case)."""
+    program = chunk_program(hladsl.compile_spec("hla2"), C, (("d", 8), ("dv", 8)), True)
+    tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=seed)
+    tiles, init, grad_final = ({k: v.float() for k, v in d.items()} for d in (tiles, init, grad_final))
+    return program, tiles, lam, init, grad_o, grad_final
+
+
 def test_a_group_whose_whole_kernel_would_spill_runs_in_runs_from_the_first_call(monkeypatch):
     """A group under the matmul limit runs whole unless its whole kernel, compiled before its
     first launch, keeps more than GRAD_WHOLE_MAX_SPILL bytes in local memory
@@ -239,9 +247,7 @@ def test_a_group_whose_whole_kernel_would_spill_runs_in_runs_from_the_first_call
     launch's own arguments, once per variant."""
     from hladsl.runtime import launch
     from hladsl.runtime.triton_backward import backward_triton
-    program = chunk_program(hladsl.compile_spec("hla2"), C, (("d", 8), ("dv", 8)), True)
-    tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=3)
-    tiles, init, grad_final = ({k: v.float() for k, v in d.items()} for d in (tiles, init, grad_final))
+    program, tiles, lam, init, grad_o, grad_final = _gated_hla2(seed=3)
     launched, trials = [], []
     real = launch.launch
 
@@ -304,9 +310,7 @@ def test_a_candidate_in_parts_is_tried_as_the_variants_it_launches(monkeypatch):
     whole kernels spilling."""
     from hladsl.runtime import launch
     from hladsl.runtime.triton_backward import backward_triton
-    program = chunk_program(hladsl.compile_spec("hla2"), C, (("d", 8), ("dv", 8)), True)
-    tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=5)
-    tiles, init, grad_final = ({k: v.float() for k, v in d.items()} for d in (tiles, init, grad_final))
+    program, tiles, lam, init, grad_o, grad_final = _gated_hla2(seed=5)
     launched, trials = [], []
     real = launch.launch
 
