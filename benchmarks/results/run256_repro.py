@@ -1,0 +1,48 @@
+"""Round 38, run 256: run 255's illegal memory access (run254_trials.py's bf16 hla3 call, B = 2,
+T = 2048, H = 4, ungated, no state) located: the call with CUDA_LAUNCH_BLOCKING=1, every kernel
+launch recorded, the last one named where the call fails.
+    python3 run256_repro.py B T H [gated]"""
+import sys
+import traceback
+
+import torch
+
+import hladsl
+from hladsl.runtime import direct
+
+B, T, H = (int(a) for a in sys.argv[1:4])
+gated = len(sys.argv) > 4
+last = []
+call, cached = direct.call, direct.cached
+
+
+def note(kernel, grid, args):
+    name = getattr(getattr(kernel, "fn", kernel), "__name__", str(kernel))
+    shown = {k: v for k, v in args.items() if k.isupper() or k.startswith(("B_", "num_"))}
+    last[:] = [f"{name} grid={tuple(grid)} {shown}"]
+
+
+def recorded(kernel, grid, args, key_args=None):
+    note(kernel, grid, args)
+    return call(kernel, grid, args, key_args)
+
+
+def recorded_cached(kernel, grid, args):
+    note(kernel, grid, args)
+    return cached(kernel, grid, args)
+
+
+direct.call, direct.cached = recorded, recorded_cached
+torch.manual_seed(0)
+d = 64
+x = [(torch.randn(B, T, H, d, device="cuda") / d ** 0.25).bfloat16().requires_grad_() for _ in range(3)]
+g = (-0.05 * torch.rand(B, T, H, device="cuda")).requires_grad_() if gated else None
+try:
+    o = hladsl.load("hla3")(*x, g=g)[0]
+    o.backward(torch.randn_like(o))
+    torch.cuda.synchronize()
+    print(f"B={B} T={T} H={H} gated={gated}: OK, |dq| {x[0].grad.float().norm():.4g}")
+except Exception as exc:
+    print(f"B={B} T={T} H={H} gated={gated}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
+    print("  last launch:", last[0][:900] if last else None)
+    print("  " + "".join(traceback.format_exc().splitlines(True)[-12:-1]))
