@@ -1,14 +1,15 @@
 """Round 38, run 256: run 255's illegal memory access (run254_trials.py's bf16 hla3 call, B = 2,
 T = 2048, H = 4, ungated, no state) located: the call with CUDA_LAUNCH_BLOCKING=1, every kernel
 launch recorded, the last one named where the call fails.
-    python3 run256_repro.py B T H [gated] [fp32]   (run 258: fp32 inputs)"""
+    python3 run256_repro.py B T H [gated] [fp32] [warps4] [ieee]
+(run 258: fp32 inputs; run 259: the launch fallbacks without 8 warps, fp32-accurate dots as "ieee")"""
 import sys
 import traceback
 
 import torch
 
 import hladsl
-from hladsl.runtime import direct
+from hladsl.runtime import direct, launch
 
 B, T, H = (int(a) for a in sys.argv[1:4])
 gated = "gated" in sys.argv[4:]
@@ -34,6 +35,11 @@ def recorded_cached(kernel, grid, args):
 
 
 direct.call, direct.cached = recorded, recorded_cached
+if "warps4" in sys.argv[4:]:
+    launch.FALLBACKS = tuple(f for f in launch.FALLBACKS if f.get("num_warps", 4) == 4)
+if "ieee" in sys.argv[4:]:
+    launch.EXACT_DOTS = launch.EXACT_STATE_DOTS = "ieee"
+print("variant:", sys.argv[4:], launch.FALLBACKS, launch.EXACT_DOTS, launch.EXACT_STATE_DOTS)
 torch.manual_seed(0)
 d = 64
 x = [(torch.randn(B, T, H, d, device="cuda") / d ** 0.25).to(dtype).requires_grad_() for _ in range(3)]
