@@ -53,10 +53,9 @@ def _roles(shared: Tile, output) -> list[str]:
 
 def last_product(a: Tile, b: Tile, output) -> bool:
     """Whether a · b -> ``output`` is one plain matmul (what a shared factor saves)."""
-    left, right, out = set(a.indices), set(b.indices), set(output)
-    return (len(a.indices) == len(b.indices) == len(output) == 2 and left <= right | out
-            and right <= left | out and bool((left & right) - out) and not left & right & out
-            and bool(left & out) and bool(right & out))
+    A, B, O = set(a.indices), set(b.indices), set(output)
+    return (len(a.indices) == len(b.indices) == len(output) == 2 and A <= B | O and B <= A | O
+            and bool((A & B) - O) and not A & B & O and bool(A & O) and bool(B & O))
 
 
 def families(lasts: list[LastProduct | None], lines: list[str]) -> dict[int, tuple[int, int]]:
