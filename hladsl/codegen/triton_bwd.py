@@ -41,7 +41,6 @@ import re
 
 from hladsl.codegen import templates
 from hladsl.codegen.prune import prune_dead
-from hladsl.codegen.shared_factors import Factoring, LastProduct, families, family_order, last_product
 from hladsl.codegen.templates import render_template
 
 from hladsl.codegen.steps import Block, Tile
@@ -125,8 +124,6 @@ class _BwdLowering(_Lowering):
         # code is generated): networks reading a whole cotangent (d den) run in block 0
         self.partial_dim: str | None = None
         self.ct_dims = {"num": (None, self.o_dim), "den": (None,)}
-        self.lasts: list | None = None   # a group's first pass: each network's LastProduct (shared_factors)
-        self.sums = 0                    # shared-factor sums named so far
         for name, dims in self.state_dims.items():
             self.ct_dims[f"end_{name}"] = tuple(dims)
         for d in p.derived:
@@ -165,13 +162,9 @@ class _BwdLowering(_Lowering):
         return (None,) if g.target is Target.LAM else ()
 
     # -- one gradient network ---------------------------------------------------------------
-    def grads(self, grads, acc: str, defs: dict, tiled: frozenset = frozenset(),
-              network: int | None = None, factoring: Factoring | None = None) -> None:
+    def grads(self, grads, acc: str, defs: dict, tiled: frozenset = frozenset()) -> None:
         """Code adding every network of ``grads`` (one target) into ``acc``; a network
-        touching a ``tiled`` dim runs in the loop over its tiles, the rest before it.
-        ``network``: the group's index of a lone network in ``grads``, for ``factoring``
-        (a family's last product shared: ``codegen.shared_factors``) and the first pass's
-        ``lasts``."""
+        touching a ``tiled`` dim runs in the loop over its tiles, the rest before it."""
         block = self.block
         for g in grads:
             t = g.term
@@ -187,21 +180,9 @@ class _BwdLowering(_Lowering):
             sizes.update((i, "C" if dim_of[i] is None else f"B_{dim_of[i]}") for i, _ in g.broadcast)
             block.sizes = sizes
             tiles = [self.operand(o, defs) for o in t.operands]
-            plain, steps = self._plain_last(g), t.plan.steps
-            if plain and factoring is not None and network in factoring.members:
-                for s in steps[:-1]:
-                    tiles.append(block.contract(tiles[s.left], tiles[s.right], s.indices))
-                a, b = tiles[steps[-1].left], tiles[steps[-1].right]
-                if last_product(a, b, t.output) and factoring.add(self, network, a, b, t.output, t.coef, acc):
-                    continue
-                steps = steps[-1:]
-            for s in steps:
+            for s in t.plan.steps:
                 tiles.append(block.contract(tiles[s.left], tiles[s.right], s.indices))
             value = block.reduce(tiles[t.plan.result], t.output).var
-            if self.lasts is not None:
-                a, b = (tiles[steps[-1].left], tiles[steps[-1].right]) if steps else (None, None)
-                self.lasts.append(LastProduct(a, b, tuple(t.output), block.section, (tiles[t.plan.result].var, value))
-                                  if plain and last_product(a, b, t.output) else None)
             if t.carry_weight:   # the forward term's carry scale exp(W Λ_end)
                 value = f"{value} * tl.exp({int(t.carry_weight)} * lam_end)"
             if g.broadcast:
@@ -216,16 +197,6 @@ class _BwdLowering(_Lowering):
                 value = f"tl.where(pid_{self.partial_dim} == 0, {value}, 0.0)"
             block.lines.append(f"{acc} {'-' if t.coef < 0 else '+'}= {value}")
         block.section, block.exact, block.exact_cotangents = "pre", False, False
-
-    def _plain_last(self, g: GradTerm) -> bool:
-        """Whether ``g`` adds its last step's product into a token gradient as is (no exact
-        product, carry scale, broadcast or power chain): a shared factor may take it."""
-        t, block = g.term, self.block
-        steps = t.plan.steps
-        return not (g.target is not Target.TOKEN or block.exact or block.exact_cotangents
-                    or t.carry_weight or g.broadcast or self.partial_dim or not steps
-                    or t.plan.result != len(t.operands) + len(steps) - 1
-                    or set(steps[-1].indices) != set(t.output))
 
     def exact_network(self, g: GradTerm) -> bool:
         """A gradient network is as exact as the forward sum whose cotangent it reads."""
@@ -592,7 +563,7 @@ def _accumulators(low: _BwdLowering, grads) -> tuple[list[str], list[str]]:
 
 
 def _parted_code(low: _BwdLowering, grads, units: list[int], defs, tiled,
-                 loads: dict, factoring: Factoring | None = None) -> tuple[list[str], list[str], dict]:
+                 loads: dict) -> tuple[list[str], list[str], dict]:
     """(accumulators, their zeroing lines, code by section -- before the loop over ``tiled``
     and in it) of one target group, for the program computing part PART of PARTS
     (runs of the group's network ``units``, ``_network_units``; the launcher sums the parts'
@@ -602,22 +573,17 @@ def _parted_code(low: _BwdLowering, grads, units: list[int], defs, tiled,
     this part needs it -- its own, or a later one reusing it: a program computes its
     networks' products (exactly those while PARTS <= the networks: ``_part_test``), those
     they share once. PARTS == 1: the whole group. ``loads``:
-    state tiles loaded (their lines) before the first line reading them, under its test.
-    ``factoring``: families of networks sharing their last product's operand
-    (``shared_factors``); a family's sum and product lines belong to each of its networks."""
+    state tiles loaded (their lines) before the first line reading them, under its test."""
     block = low.block
     accs, inits = _accumulators(low, grads)
     sections = ("pre", "loop")
     first = {sec: len(block.sections[sec]) for sec in sections}
     owner: dict = {sec: [] for sec in sections}
-    for i, (n, g) in enumerate(zip(units, grads)):
+    for n, g in zip(units, grads):
         before = {sec: len(block.sections[sec]) for sec in sections}
-        low.grads([g], _ACC[g.target].format(g.name), defs, tiled, i, factoring)
+        low.grads([g], _ACC[g.target].format(g.name), defs, tiled)
         for sec in sections:
             owner[sec] += [n] * (len(block.sections[sec]) - before[sec])
-    for sec, start, end, fam in (factoring.shared_lines if factoring else ()):
-        family = frozenset(units[i] for i in factoring.family(fam))
-        owner[sec][start - first[sec]:end - first[sec]] = [family] * (end - start)
     lines = {sec: block.sections[sec][first[sec]:] for sec in sections}
     return accs, inits, _guarded(lines, owner, max(units) + 1 if units else 0, loads)
 
@@ -660,9 +626,7 @@ def _guarded(lines: dict, owner: dict, count: int, loads: dict | None = None) ->
             if not line or line.startswith("#"):
                 continue
             defined = _DEFINES.match(line)
-            own = owner[sec][i]   # a network, or the networks of a shared factor's family
-            nets = (set(own) if isinstance(own, frozenset) else {own}) | (
-                need.get(defined.group(1), set()) if defined else set())
+            nets = {owner[sec][i]} | (need.get(defined.group(1), set()) if defined else set())
             sets[i] = frozenset(nets)
             read = line[defined.end():] if defined else line
             for t in _TEMPS.findall(read) + (lazy.findall(read) if lazy else []):
@@ -788,21 +752,8 @@ def _grad_groups(low: _BwdLowering, parallel, defs, tiled, inputs, gated, lazy: 
         early = [v for v in lazy if re.search(rf"\b{v}\b", derived)]
         derived = "\n".join([line for v in early for line in lazy[v]] + ([derived] if derived else []))
         units = _network_units(grads)
-        loads = {v: x for v, x in lazy.items() if v not in early}
-        low.lasts = []
-        accs, inits, code = _parted_code(low, grads, units, defs, tiled, loads)
-        members = families(low.lasts, low.block.sections["pre"] + low.block.sections["loop"])
-        low.lasts = None
-        if members:   # again, each family's last product once, its networks in a row (shared_factors)
-            order = family_order(len(grads), members)
-            grads = [grads[i] for i in order]
-            units = _network_units(grads)
-            low.region()
-            low.block._temps = temps
-            derived = "\n".join([line for v in early for line in lazy[v]] + (
-                [low.derived()] if reads_derived else []))
-            factoring = Factoring({order.index(n): f for n, f in members.items()})
-            accs, inits, code = _parted_code(low, grads, units, defs, tiled, loads, factoring)
+        accs, inits, code = _parted_code(low, grads, units, defs, tiled,
+                                         {v: x for v, x in lazy.items() if v not in early})
         groups.append({**_group_info(low, key, accs), "derived": derived,
                        "networks": len(set(units)),   # the units parts split
                        # full-width matmuls of the whole group (the loop's run on narrow tiles)
