@@ -4,9 +4,8 @@ every shipped spec, gated and not, against the float64 torch path, each call in 
 of its own (fp32_worker.py). Found in round 38 (runs 257-259): hla3's stateless call
 faults -- its carried reverse_kernel, narrowed to value blocks of 16 with fp32 tiles (8
 warps, one stage), reads shared memory out of bounds (compute-sanitizer memcheck), an
-illegal memory access. Not fixed yet: that case (ungated, the one run) is expected to fail,
-strictly, so the
-fix shows here."""
+illegal memory access. Not fixed yet: that case (ungated, the one run) is expected to
+fail, strictly, so the fix shows here."""
 from __future__ import annotations
 
 import json
