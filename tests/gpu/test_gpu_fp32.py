@@ -36,7 +36,7 @@ def test_fp32_inputs_train_on_the_kernels(spec_id, gated, record_property):
     here = Path(__file__).resolve().parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(here / "fp32_worker.py"), spec_id, str(int(gated))],
-                          capture_output=True, text=True, timeout=900, env=env)
+                          capture_output=True, text=True, timeout=450, env=env)   # (the runner stops a test at 480 s)
     assert done.returncode == 0, done.stderr[-2000:]
     errors = json.loads(done.stdout.strip().splitlines()[-1])
     for name, err in errors.items():
