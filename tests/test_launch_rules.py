@@ -440,3 +440,62 @@ def test_output_kernels_narrow_tile_guard_sees_the_packed_loop_tile():
         packed = launch.packed_blocks(program, {"B_d_pow2": tile})
         assert packed == {"B_d_pow2": tile}
         assert launch.dot_override(first, True, packed, features) == want
+
+
+def _tf32_launch(**changes):
+    import triton.language as tl
+    return {"num_warps": 8, "PREC": "tf32x3", "DOT": tl.float32, "SDOT": tl.float32,
+            "C": 64, "B_d": 64, "B_dv": 64, **changes}
+
+
+def test_tf32_dots_keep_a_narrow_tile_in_one_warpgroup():
+    """Triton 3.6 on Hopper splits a [64, N] dot's N over the two warpgroups of 8 warps, and a
+    tf32 warpgroup of N = 8 reads unpadded shared memory (triton-lang/triton#10629; hla3's fp32
+    reverse pass at value blocks of 16, runs 258-261): such a launch keeps 4 warps."""
+    import triton.language as tl
+    assert launch.wgmma_safe(_tf32_launch(B_dv=16))["num_warps"] == 4
+    assert launch.wgmma_safe(_tf32_launch(C=16))["num_warps"] == 4
+    assert launch.wgmma_safe(_tf32_launch(PREC="tf32", B_d=16))["num_warps"] == 4
+    assert launch.wgmma_safe(_tf32_launch(DOT=tl.bfloat16, B_dv=16))["num_warps"] == 4   # fp32 state dots
+    for kept in (_tf32_launch(B_dv=32), _tf32_launch(B_dv=16, PREC="ieee"),
+                 _tf32_launch(B_dv=16, DOT=tl.bfloat16, SDOT=tl.bfloat16), _tf32_launch(B_dv=16, num_warps=4)):
+        assert launch.wgmma_safe(kept) == kept
+    with launch.switched(TF32_SPLIT_MIN_TILE=0):
+        assert launch.wgmma_safe(_tf32_launch(B_dv=16))["num_warps"] == 8
+
+
+def test_a_launch_and_its_fallbacks_run_the_wgmma_safe_warps(monkeypatch):
+    """``launch`` applies the rule to what it is given and to each fallback it tries (the
+    last fallback asks for 8 warps)."""
+    from triton.runtime.errors import OutOfResources
+
+    from hladsl.runtime import direct
+    launched, fits = [], [False] * (len(launch.FALLBACKS) - 1) + [True]
+
+    def call(kernel, grid, args, key_args=None):
+        launched.append(args["num_warps"])
+        if not fits[len(launched) - 1]:
+            raise OutOfResources(1, 0, "shared memory")
+    monkeypatch.setattr(direct, "cached", lambda kernel, grid, args: False)
+    monkeypatch.setattr(direct, "call", call)
+    monkeypatch.setattr(launch, "_WORKING", {})
+    kernel = object()
+    launch.launch(kernel, (1,), _tf32_launch(B_dv=16, num_warps=4), may_fall_back=True)
+    assert launch.FALLBACKS[-1].get("num_warps") == 8 and launched == [4] * len(launch.FALLBACKS)
+    launched.clear()
+    fits[0] = True
+    launch.launch(kernel, (1,), _tf32_launch(B_dv=16), may_fall_back=False)
+    assert launched == [4]
+
+
+def test_gradient_kernels_with_tf32_tiles_run_at_8_warps():
+    """At 4 warps gated ahla's fp32 gradient kernel wrote shared memory out of bounds inside
+    a tf32 dot (run 263, memcheck); at 8 it ran (runs 263-264). bf16 calls keep the rule by
+    feature width."""
+    narrow = {"B_d": 64, "B_dv": 64}
+    assert launch.grad_warps(narrow, tf32_tiles=True) == {"num_warps": 8}
+    assert launch.grad_warps(narrow) == {}
+    assert launch.grad_warps({"B_d": 128, "B_dv": 128}) == {"num_warps": 8}
+    with launch.switched(GRAD_WARPS=4):
+        assert launch.grad_warps(narrow, tf32_tiles=True) == {"num_warps": 4}
+    assert launch.tf32_tiles(_tf32_launch()) and not launch.tf32_tiles(_tf32_launch(PREC="ieee"))

@@ -676,12 +676,36 @@ def _fallback_key(kernel, args: dict) -> tuple:
                               for k, v in items))
 
 
+# Triton 3.6 on Hopper lays a [64, N] dot at 8 warps as two warpgroups of N / 2 columns, and
+# with tf32 operands a warpgroup's N of 8 reads shared memory it did not pad, out of bounds
+# (triton-lang/triton#10629): hla3's fp32 reverse pass narrowed to value blocks of 16 faulted
+# (run 258, memcheck: an invalid __shared__ read in tl.dot) and ran at 4 warps (run 260). So
+# a launch with tf32 dots and a tile (C, B_<dim>) narrower than this keeps 4 warps (0: off).
+TF32_SPLIT_MIN_TILE = 32
+TF32_PRECISIONS = ("tf32", "tf32x3")
+
+
+def tf32_tiles(args: dict) -> bool:
+    """Whether a launch's ``args`` (DOT, SDOT, PREC) run fp32 tiles through tf32 dots."""
+    import triton.language as tl
+    return args.get("PREC") in TF32_PRECISIONS and tl.float32 in (args.get("DOT"), args.get("SDOT"))
+
+
+def wgmma_safe(args: dict) -> dict:
+    """``args`` at 4 warps where 8 would split a tf32 dot's narrow tile (above), else as given."""
+    if args.get("num_warps") != 8 or not tf32_tiles(args):
+        return args
+    tiles = [v for k, v in args.items() if (k == "C" or k.startswith("B_")) and type(v) is int]
+    return {**args, "num_warps": 4} if min(tiles, default=TF32_SPLIT_MIN_TILE) < TF32_SPLIT_MIN_TILE else args
+
+
 def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None = None) -> None:
     """``kernel[grid](**args)``; where ``may_fall_back`` (the caller fixed no stages),
     with the FALLBACKS on OutOfResources, or tuned under an autotuning session
     (``tiling``: the value-dim blocks the tuner may choose, from ``split_blocks``). A
     recorded call (``binding``) notes each launch that went through (a dry run, which only
     counts the variants a first call will compile, launches nothing and is not noted)."""
+    args = wgmma_safe(args)
     if progress.dry_run():
         progress.record(kernel, args)
         return
@@ -708,11 +732,11 @@ def _launch_variant(kernel, grid, args: dict, may_fall_back: bool, tiling: Tilin
     key = _fallback_key(kernel, args)
     start = _WORKING.get(key)
     if start is not None:   # this variant launched before: no progress bookkeeping per call
-        direct.call(kernel, grid, {**args, **FALLBACKS[start]} if start else args, key_args=args)
+        direct.call(kernel, grid, wgmma_safe({**args, **FALLBACKS[start]}) if start else args, key_args=args)
         return True
     from triton.runtime.errors import OutOfResources
     for n in range(len(FALLBACKS)):
-        options = {**args, **FALLBACKS[n]}
+        options = wgmma_safe({**args, **FALLBACKS[n]})
         try:
             progress.first_launch(kernel, options,
                                   lambda a=options: direct.call(kernel, grid, a, key_args=args))
@@ -1082,8 +1106,8 @@ def _tuned(kernel, grid, args: dict, tiling: Tiling | None) -> bool:
     def configured(candidate: dict, tensors: dict) -> tuple[tuple, dict]:
         blocks = {k: v for k, v in candidate.items() if k not in ("num_warps", "num_stages")}
         g, block = tiling.retile(blocks) if tiling else (grid, {})
-        return g, {**args, **block, **tensors, "num_warps": candidate["num_warps"],
-                   "num_stages": candidate["num_stages"]}
+        return g, wgmma_safe({**args, **block, **tensors, "num_warps": candidate["num_warps"],
+                              "num_stages": candidate["num_stages"]})
 
     fast = (id(kernel), tuning.shape_text, grid,
             tuple((k, str(v)) for k, v in args.items() if not isinstance(v, torch.Tensor)))
@@ -1241,7 +1265,7 @@ def local_bytes(kernel, grid, args: dict) -> float:
     shared memory (as ``launch`` would run it); infinite where none fits."""
     from triton.runtime.errors import OutOfResources
     for fallback in FALLBACKS:
-        options, compiled = {**args, **fallback}, []
+        options, compiled = wgmma_safe({**args, **fallback}), []
         progress.first_launch(kernel, options, lambda: compiled.append(kernel.warmup(grid=grid, **options)))
         try:
             compiled[0]._init_handles()   # loads the binary: the driver reports its local memory
@@ -1256,17 +1280,21 @@ WIDE_GRAD_DIM = 128
 WIDE_GRAD_WARPS = 8
 
 
-def grad_warps(features: dict) -> dict:
+def grad_warps(features: dict, tf32_tiles: bool = False) -> dict:
     """The gradient kernel's warps where they differ from the call's (4): 8 where a feature
     dim is at least WIDE_GRAD_DIM (``features``: ``feature_blocks``), as the forward's output
-    kernel (``output_warps``). Why: at 4 warps Triton 3.6 miscompiles the bf16 dot chains of
+    kernel (``output_warps``), and where the call's token tiles are fp32 with tf32 dots
+    (``tf32_tiles``). Why: at 4 warps Triton 3.6 miscompiles the bf16 dot chains of
     hla2's carried form (``ir.carried``) at d = 128 on the H100 -- its dv group, four networks
     whole, C = 64, faults with a misaligned 8-byte shared-memory store inside a ``tl.dot``
     (compute-sanitizer, runs 231-237); at 8 warps it runs (run 239, gated and ungated, d = 64
-    and 128), as it does with one or two networks a program."""
+    and 128), as it does with one or two networks a program. Likewise gated ahla with fp32
+    inputs (H200, B = 1, T = 1024, H = 2): its TARGETS = 4 kernel, whole, C = 64, tf32x3 dots,
+    writes shared memory out of bounds inside a ``tl.dot`` at 4 warps (memcheck, run 263) and
+    runs at 8. (``wgmma_safe`` still takes a launch with a tile under 32 back to 4 warps.)"""
     if GRAD_WARPS:
         return {"num_warps": GRAD_WARPS}
-    if WIDE_GRAD_WARPS and max(features.values(), default=0) >= WIDE_GRAD_DIM:
+    if WIDE_GRAD_WARPS and (tf32_tiles or max(features.values(), default=0) >= WIDE_GRAD_DIM):
         return {"num_warps": WIDE_GRAD_WARPS}
     return {}
 

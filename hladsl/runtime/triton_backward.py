@@ -548,7 +548,7 @@ class _BackwardPlan:
         # the narrow loop tile matters to the bf16 guard only where a DOT-dtype dot runs on it
         self.grad_dot = launch.dot_override(first, ctx["grad_chained_dots"],
                                             self.grad_loop if ctx["grad_loop_dot"] else {}, features)
-        self.grad_warps = launch.grad_warps(features)
+        self.grad_warps = launch.grad_warps(features, launch.tf32_tiles(common))
         groups = ctx["grad_groups"]
         self.grad_launches = []   # (TARGETS, the groups it holds, the part counts it may run in)
         for targets in launch.grad_target_sets(len(groups), targets_per_program):
