@@ -54,10 +54,11 @@ export HLADSL_CACHE_DIR=${HLADSL_CACHE_DIR:-/tmp/hladsl-gpu-tests/hladsl}
 args=(tests/gpu -m "$marker" --junitxml="$OUT/gpu-junit.xml" -o junit_family=xunit1
       -p no:cacheprovider -rfE --durations=30 -v)
 if "$PYTHON" -c "import xdist" 2>/dev/null; then
-  [ "$workers" -gt 0 ] && args+=(-n "$workers" --dist loadgroup)
+  if [ "$workers" -gt 0 ]; then args+=(-n "$workers" --dist loadgroup); else args+=(-n 0); fi
 else
   echo "gpu_tests.sh: pytest-xdist is not installed: running on one worker" >&2
   workers=0
+  args+=(-o addopts=)   # pyproject's "-n auto" needs xdist
 fi
 if "$PYTHON" -c "import pytest_timeout" 2>/dev/null; then
   args+=(--timeout=480)   # one hung kernel must not eat the whole run
