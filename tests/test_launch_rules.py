@@ -493,9 +493,9 @@ def test_gradient_kernels_with_tf32_tiles_run_at_8_warps():
     a tf32 dot (run 263, memcheck); at 8 it ran (runs 263-264). bf16 calls keep the rule by
     feature width."""
     narrow = {"B_d": 64, "B_dv": 64}
-    assert launch.grad_warps(narrow, tf32_tiles=True) == {"num_warps": 8}
+    assert launch.grad_warps(narrow, tf32=True) == {"num_warps": 8}
     assert launch.grad_warps(narrow) == {}
     assert launch.grad_warps({"B_d": 128, "B_dv": 128}) == {"num_warps": 8}
     with launch.switched(GRAD_WARPS=4):
-        assert launch.grad_warps(narrow, tf32_tiles=True) == {"num_warps": 4}
+        assert launch.grad_warps(narrow, tf32=True) == {"num_warps": 4}
     assert launch.tf32_tiles(_tf32_launch()) and not launch.tf32_tiles(_tf32_launch(PREC="ieee"))

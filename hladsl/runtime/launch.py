@@ -699,6 +699,11 @@ def wgmma_safe(args: dict) -> dict:
     return {**args, "num_warps": 4} if min(tiles, default=TF32_SPLIT_MIN_TILE) < TF32_SPLIT_MIN_TILE else args
 
 
+def with_fallback(args: dict, n: int) -> dict:
+    """``args`` with FALLBACKS[n]'s launch options, through ``wgmma_safe`` (the last asks for 8 warps)."""
+    return wgmma_safe({**args, **FALLBACKS[n]} if n else args)
+
+
 def launch(kernel, grid, args: dict, may_fall_back: bool, tiling: Tiling | None = None) -> None:
     """``kernel[grid](**args)``; where ``may_fall_back`` (the caller fixed no stages),
     with the FALLBACKS on OutOfResources, or tuned under an autotuning session
@@ -732,11 +737,11 @@ def _launch_variant(kernel, grid, args: dict, may_fall_back: bool, tiling: Tilin
     key = _fallback_key(kernel, args)
     start = _WORKING.get(key)
     if start is not None:   # this variant launched before: no progress bookkeeping per call
-        direct.call(kernel, grid, wgmma_safe({**args, **FALLBACKS[start]}) if start else args, key_args=args)
+        direct.call(kernel, grid, with_fallback(args, start), key_args=args)
         return True
     from triton.runtime.errors import OutOfResources
     for n in range(len(FALLBACKS)):
-        options = wgmma_safe({**args, **FALLBACKS[n]})
+        options = with_fallback(args, n)
         try:
             progress.first_launch(kernel, options,
                                   lambda a=options: direct.call(kernel, grid, a, key_args=args))
@@ -1264,8 +1269,8 @@ def local_bytes(kernel, grid, args: dict) -> float:
     bytes: compiled for the GPU without a launch, with the first of FALLBACKS that fits its
     shared memory (as ``launch`` would run it); infinite where none fits."""
     from triton.runtime.errors import OutOfResources
-    for fallback in FALLBACKS:
-        options, compiled = wgmma_safe({**args, **fallback}), []
+    for n in range(len(FALLBACKS)):
+        options, compiled = with_fallback(args, n), []
         progress.first_launch(kernel, options, lambda: compiled.append(kernel.warmup(grid=grid, **options)))
         try:
             compiled[0]._init_handles()   # loads the binary: the driver reports its local memory
@@ -1280,11 +1285,11 @@ WIDE_GRAD_DIM = 128
 WIDE_GRAD_WARPS = 8
 
 
-def grad_warps(features: dict, tf32_tiles: bool = False) -> dict:
+def grad_warps(features: dict, tf32: bool = False) -> dict:
     """The gradient kernel's warps where they differ from the call's (4): 8 where a feature
     dim is at least WIDE_GRAD_DIM (``features``: ``feature_blocks``), as the forward's output
     kernel (``output_warps``), and where the call's token tiles are fp32 with tf32 dots
-    (``tf32_tiles``). Why: at 4 warps Triton 3.6 miscompiles the bf16 dot chains of
+    (``tf32``: ``tf32_tiles`` of the call). Why: at 4 warps Triton 3.6 miscompiles the bf16 dot chains of
     hla2's carried form (``ir.carried``) at d = 128 on the H100 -- its dv group, four networks
     whole, C = 64, faults with a misaligned 8-byte shared-memory store inside a ``tl.dot``
     (compute-sanitizer, runs 231-237); at 8 warps it runs (run 239, gated and ungated, d = 64
@@ -1294,7 +1299,7 @@ def grad_warps(features: dict, tf32_tiles: bool = False) -> dict:
     runs at 8. (``wgmma_safe`` still takes a launch with a tile under 32 back to 4 warps.)"""
     if GRAD_WARPS:
         return {"num_warps": GRAD_WARPS}
-    if WIDE_GRAD_WARPS and (tf32_tiles or max(features.values(), default=0) >= WIDE_GRAD_DIM):
+    if WIDE_GRAD_WARPS and (tf32 or max(features.values(), default=0) >= WIDE_GRAD_DIM):
         return {"num_warps": WIDE_GRAD_WARPS}
     return {}
 
