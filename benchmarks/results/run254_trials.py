@@ -27,7 +27,7 @@ op = hladsl.load("hla3")
 
 def grads(dtype):
     leaves = [t.to(dtype).requires_grad_() for t in x]
-    o = op(*leaves)
+    o = op(*leaves)[0]   # (o, final states)
     o.backward(do.to(dtype))
     return [o.float()] + [t.grad.float() for t in leaves]
 

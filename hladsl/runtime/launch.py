@@ -1211,18 +1211,42 @@ def part_lam(part: int, lam_first: int) -> int:
     return lam_first if part == 0 else 2 * bool(lam_first)
 
 
+GRAD_SIDE_PARTS = False   # a target set's parts side by side in one launch (round 40: an A/B knob)
+
+
+def side_parts(parts: int) -> bool:
+    """Does a gradient target set in ``parts`` parts run them side by side: one launch of
+    nC x ``parts`` programs, a chunk's parts neighbours (``grad_kernel``'s SIDE), each writing
+    its sum to a slot the launcher adds in part order -- instead of a launch a part?
+    Why: each part's launch reads every chunk-start state and d-state its networks need
+    from HBM again, and hla3's gradient kernels wait on those loads (B = 2, T = 16384, H = 16,
+    d = 64, bf16, Nsight Compute, runs 266-268: 1.0-2.1 GB a launch, 42 % of the warps'
+    stall samples on long-scoreboard loads, 12 % occupancy at 255 registers); side by side a
+    chunk's parts read the same lines at once, from L2 after the first."""
+    return GRAD_SIDE_PARTS and parts > 1
+
+
+def part_launches(parts: int, lam_first: int) -> list[dict]:
+    """The constexprs of each launch of a gradient target set in ``parts`` parts: a launch a
+    part (part_lam) or, side by side (``side_parts``), one launch whose LAM 1 puts the parts'
+    dΛ in slots too."""
+    if side_parts(parts):
+        return [{"PART": 0, "PARTS": parts, "SIDE": True, "LAM": int(bool(lam_first))}]
+    return [{"PART": p, "PARTS": parts, "SIDE": False, "LAM": part_lam(p, lam_first)} for p in range(parts)]
+
+
 def grad_fitting_parts(kernel, grid, in_parts, candidates: tuple[int, ...], lam_first: int) -> int:
     """The first of ``candidates`` (``grad_parts``: part counts, fewest first) none of whose
     parts' kernels keeps more than GRAD_WHOLE_MAX_SPILL bytes a thread in local memory
     (``grad_spills``; a candidate's parts are tried in order, up to the first that spills);
     the last one untried where none fits. ``in_parts(parts)``: the launch's arguments in that
-    many parts but PART, PARTS, LAM (``part_lam``) -- each trial compiles the variant it would
-    launch. Remembered per launch variant, so a call after the first builds one variant key;
+    many parts but the part constexprs (``part_launches``) -- each trial compiles the variants it
+    would launch. Remembered per launch variant, so a call after the first builds one variant key;
     the first of ``candidates`` where nothing is known (the interpreter) or, in a dry run
     (``progress.counted``), as far as nothing new would compile."""
     if len(candidates) == 1:
         return candidates[0]
-    key = compiled_variant_key(kernel, {**in_parts(1), "PART": 0, "PARTS": 1, "LAM": lam_first})
+    key = compiled_variant_key(kernel, {**in_parts(1), **part_launches(1, lam_first)[0]})
     if key is None:
         return candidates[0]
     known = _GRAD_PARTS.get((key, candidates))
@@ -1231,8 +1255,8 @@ def grad_fitting_parts(kernel, grid, in_parts, candidates: tuple[int, ...], lam_
     chosen = candidates[-1]
     for parts in candidates[:-1]:
         args = in_parts(parts)
-        if not any(grad_spills(kernel, grid, {**args, "PART": p, "PARTS": parts, "LAM": part_lam(p, lam_first)})
-                   for p in range(parts)):
+        if not any(grad_spills(kernel, grid, {**args, **constexprs})
+                   for constexprs in part_launches(parts, lam_first)):
             chosen = parts
             break
     if not progress.dry_run():
