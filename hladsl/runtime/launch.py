@@ -1220,7 +1220,7 @@ def side_parts(parts: int) -> bool:
     its sum to a slot the launcher adds in part order -- instead of a launch a part?
     Why: each part's launch reads every chunk-start state and d-state its networks need
     from HBM again, and hla3's gradient kernels wait on those loads (B = 2, T = 16384, H = 16,
-    d = 64, bf16, Nsight Compute, runs 266-268: 1.0-2.1 GB a launch, 42 % of the warps'
+    d = 64, bf16, Nsight Compute, runs 266-268: 0.8-2.1 GB of L2 sectors asked for a launch, 42 % of the warps'
     stall samples on long-scoreboard loads, 12 % occupancy at 255 registers); side by side a
     chunk's parts read the same lines at once, from L2 after the first."""
     return GRAD_SIDE_PARTS and parts > 1
@@ -1249,7 +1249,7 @@ def grad_fitting_parts(kernel, grid, in_parts, candidates: tuple[int, ...], lam_
     key = compiled_variant_key(kernel, {**in_parts(1), **part_launches(1, lam_first)[0]})
     if key is None:
         return candidates[0]
-    known = _GRAD_PARTS.get((key, candidates))
+    known = _GRAD_PARTS.get((key, candidates, GRAD_SIDE_PARTS))
     if known is not None:
         return known
     chosen = candidates[-1]
@@ -1260,7 +1260,7 @@ def grad_fitting_parts(kernel, grid, in_parts, candidates: tuple[int, ...], lam_
             chosen = parts
             break
     if not progress.dry_run():
-        _GRAD_PARTS[(key, candidates)] = chosen
+        _GRAD_PARTS[(key, candidates, GRAD_SIDE_PARTS)] = chosen
     return chosen
 
 

@@ -149,7 +149,8 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
             if parts == 1:
                 return base
             if launch.side_parts(parts):
-                if parts not in slot_sets:
+                if parts not in slot_sets:   # one set alive: a rejected trial's slots are freed
+                    slot_sets.clear()
                     slot_sets[parts] = _slots(held, d_tiles, d_lam, parts)
                 return {**base, **slot_sets[parts]}
             if not sums:
