@@ -78,7 +78,7 @@ def compile_one(kernel, args: dict) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    options = {k: args[k] for k in ("num_warps", "num_stages") if k in args}
+    options = {k: args[k] for k in ("num_warps", "num_stages", "maxnreg") if k in args}
     sig, consts, attrs = {}, {}, {}
     for p in kernel.params:
         n = p.name

@@ -65,11 +65,8 @@ def test_every_target_grouping_gives_the_same_gradients(name, params, gated, sch
     def f32(d):
         return {k: v.float() for k, v in d.items()}
     results = []
-    # one network a program .. runs of three (parts sharing some products, not others) .. all in
-    # one; the parts a launch each, or side by side in one launch (GRAD_SIDE_PARTS)
-    for per, networks, side in ((None, None, False), (2, 1, False), (1, 3, False), (64, 1000, False),
-                                (None, 1, True), (2, 3, True)):
-        monkeypatch.setattr(launch, "GRAD_SIDE_PARTS", side)
+    # one network a program .. runs of three (parts sharing some products, not others) .. all in one
+    for per, networks in ((None, None), (2, 1), (1, 3), (64, 1000)):
         if networks:   # every group in parts of ``networks``
             monkeypatch.setattr(launch, "GRAD_WHOLE_MAX_MATMULS", -1)
             monkeypatch.setattr(launch, "GRAD_LONG_RUN", 0)
@@ -224,59 +221,6 @@ def test_the_launcher_takes_the_fewest_parts_whose_kernels_do_not_spill(monkeypa
     assert launch.grad_fitting_parts(None, (1,), dict, (4,), 0) == 4 and not tried   # one candidate: no trial
     monkeypatch.setattr(launch, "compiled_variant_key", lambda kernel, args: None)
     assert launch.grad_fitting_parts(None, (1,), lambda parts: {"x": 1}, (1, 3, 6), 1) == 1 and not tried
-
-
-def test_side_by_side_parts_launch_once_and_are_tried_as_launched(monkeypatch):
-    """``launch.GRAD_SIDE_PARTS``: a target set in parts is one launch of nC x PARTS programs
-    (SIDE, PART 0; LAM 1 where part 0 would store or add dΛ: the slots), trial-compiled as
-    that variant, with fp32 slot buffers of PARTS slots a chunk as its sums (bf16 gradients
-    here), added by ``slot_sum_kernel``; the gradients and dΛ are the launches-a-part ones up
-    to float32 rounding."""
-    from hladsl.runtime import launch
-    from hladsl.runtime.triton_backward import backward_triton
-    program, tiles, lam, init, grad_o, grad_final = _gated_hla2(seed=5)
-    monkeypatch.setattr(launch, "GRAD_LONG_RUN", 4)
-    monkeypatch.setattr(launch, "GRAD_NETWORKS_PER_PROGRAM", 2)
-    assert launch.part_launches(3, 2) == [{"PART": p, "PARTS": 3, "SIDE": False, "LAM": 2} for p in range(3)]
-    results, real = [], launch.launch
-    for side in (False, True):
-        monkeypatch.setattr(launch, "GRAD_SIDE_PARTS", side)
-        assert launch.part_launches(1, 1) == [{"PART": 0, "PARTS": 1, "SIDE": False, "LAM": 1}]
-        launched, trials, sums = [], [], []
-
-        def recording(kernel, grid, args, may, tiling=None):
-            if kernel.fn.__name__ == "grad_kernel":
-                launched.append(((args["TARGETS"], args["PART"], args["PARTS"], args["SIDE"], args["LAM"]),
-                                 grid, _variant(kernel, args)))
-            if kernel.fn.__name__ == "slot_sum_kernel":
-                sums.append((args["PARTS"], args["dim"], args["ADD"], args["out_ptr"].dtype))
-            return real(kernel, grid, args, may, tiling)
-        monkeypatch.setattr(launch, "launch", recording)
-        monkeypatch.setattr(launch, "compiled_variant_key", _variant)
-        monkeypatch.setattr(launch, "_SPILLS", {})
-        monkeypatch.setattr(launch, "_GRAD_PARTS", {})
-        monkeypatch.setattr(launch, "local_bytes", lambda kernel, grid, args: trials.append(_variant(kernel, args))
-                            or (2048 if args["PARTS"] == 1 else 0))
-        results.append(backward_triton(program, tiles, lam.float(), init, grad_o.float(), grad_final, 1e-6,
-                                       grad_dtype=torch.bfloat16))
-        n_chunks = tiles["q"].shape[2]
-        dq_dk = [(c, grid) for c, grid, _ in launched if c[0] in (1, 2)]
-        if side:
-            assert [c for c, _ in dq_dk] == [(1, 0, 2, True, 1), (2, 0, 2, True, 1)]
-            assert all(grid[0] == 2 * n_chunks for _, grid in dq_dk)
-            assert all(v in trials for c, _, v in launched if c[0] in (1, 2)) and len(trials) == 2 * 2 + 2
-            assert [dict(v[1])[f"dsum_{x}_ptr"] for c, _, v in launched if c[0] in (1, 2)
-                    for x in ("q", "k")[c[0] - 1]] == [torch.float32] * 2   # its own slots
-            # the slots added by a kernel: dq, then dΛ stored; dk and dv, each then dΛ added
-            assert sums == [(2, 8, False, torch.bfloat16), (2, 1, False, torch.float32)] + \
-                [(2, 8, False, torch.bfloat16), (2, 1, True, torch.float32)] * 2
-        else:
-            assert [c for c, _ in dq_dk] == [(1, 0, 2, False, 1), (1, 1, 2, False, 2),
-                                             (2, 0, 2, False, 2), (2, 1, 2, False, 2)]
-    (a_tiles, a_lam, a_init), (b_tiles, b_lam, b_init) = results
-    assert all(_rel(b_tiles[x].float(), a_tiles[x].double()) <= 1e-2 for x in tiles)   # bf16 stores
-    assert _rel(b_lam, a_lam.double()) <= 1e-6
-    assert all(torch.equal(a_init[s], b_init[s]) for s in init)
 
 
 def _variant(kernel, args) -> tuple:
@@ -443,3 +387,25 @@ def test_a_dlam_network_shares_the_unit_of_the_gradient_network_it_extends(name,
                 assert unit in extended, (key, g.term.source)
         assert sorted(set(units)) == list(range(len(set(units))))   # units numbered densely
     assert riders
+
+
+def test_a_register_cap_reaches_every_gradient_launch(monkeypatch):
+    """``launch.GRAD_MAXNREG`` (an A/B knob, run 271) is a launch option of every gradient
+    kernel launch and of nothing else; the gradients are the uncapped ones."""
+    from hladsl.runtime import launch
+    from hladsl.runtime.triton_backward import backward_triton
+    program, tiles, lam, init, grad_o, grad_final = _gated_hla2(seed=7)
+    results, real = [], launch.launch
+    for cap in (None, 168):
+        caps = set()
+
+        def recording(kernel, grid, args, may, tiling=None):
+            caps.add((kernel.fn.__name__ == "grad_kernel", args.get("maxnreg")))
+            return real(kernel, grid, args, may, tiling)
+        monkeypatch.setattr(launch, "launch", recording)
+        with launch.switched(GRAD_MAXNREG=cap):
+            results.append(backward_triton(program, tiles, lam.float(), init, grad_o.float(), grad_final, 1e-6))
+        assert {grad for grad, _ in caps} == {True, False}   # the reverse pass launches too
+        assert caps == {(True, cap), (False, None)}
+    (a_tiles, a_lam, _), (b_tiles, b_lam, _) = results
+    assert all(torch.equal(a_tiles[x], b_tiles[x]) for x in tiles) and torch.equal(a_lam, b_lam)

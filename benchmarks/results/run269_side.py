@@ -2,7 +2,7 @@
 programs, a chunk's parts neighbours sharing L2 lines, slots added by slot_sum_kernel) against a launch a part -- the
 gradients of the two (RMS ratio against each other) and fwd + bwd time, same process, alternating.
 B = 2, T = 16384, H = 16, d = 64, bf16, no state (the carried form), gated with a second argument "gated".
-    python3 run269_side.py hla3 [gated]   (prepared in round 40, not run: the device time was spent)"""
+    python3 run269_side.py hla3 [gated]   (run in round 41 on 3333ca8; the switch was declined and is not in the tree)"""
 import sys
 
 import torch

@@ -1211,56 +1211,32 @@ def part_lam(part: int, lam_first: int) -> int:
     return lam_first if part == 0 else 2 * bool(lam_first)
 
 
-GRAD_SIDE_PARTS = False   # a target set's parts side by side in one launch (round 40: an A/B knob)
-
-
-def side_parts(parts: int) -> bool:
-    """Does a gradient target set in ``parts`` parts run them side by side: one launch of
-    nC x ``parts`` programs, a chunk's parts neighbours (``grad_kernel``'s SIDE), each writing
-    its sum to a slot the launcher adds in part order -- instead of a launch a part?
-    Why: each part's launch reads every chunk-start state and d-state its networks need
-    from HBM again, and hla3's gradient kernels wait on those loads (B = 2, T = 16384, H = 16,
-    d = 64, bf16, Nsight Compute, runs 266-268: 0.8-2.1 GB of L2 sectors asked for a launch, 42 % of the warps'
-    stall samples on long-scoreboard loads, 12 % occupancy at 255 registers); side by side a
-    chunk's parts read the same lines at once, from L2 after the first."""
-    return GRAD_SIDE_PARTS and parts > 1
-
-
-def part_launches(parts: int, lam_first: int) -> list[dict]:
-    """The constexprs of each launch of a gradient target set in ``parts`` parts: a launch a
-    part (part_lam) or, side by side (``side_parts``), one launch whose LAM 1 puts the parts'
-    dΛ in slots too."""
-    if side_parts(parts):
-        return [{"PART": 0, "PARTS": parts, "SIDE": True, "LAM": int(bool(lam_first))}]
-    return [{"PART": p, "PARTS": parts, "SIDE": False, "LAM": part_lam(p, lam_first)} for p in range(parts)]
-
-
 def grad_fitting_parts(kernel, grid, in_parts, candidates: tuple[int, ...], lam_first: int) -> int:
     """The first of ``candidates`` (``grad_parts``: part counts, fewest first) none of whose
     parts' kernels keeps more than GRAD_WHOLE_MAX_SPILL bytes a thread in local memory
     (``grad_spills``; a candidate's parts are tried in order, up to the first that spills);
     the last one untried where none fits. ``in_parts(parts)``: the launch's arguments in that
-    many parts but the part constexprs (``part_launches``) -- each trial compiles the variants it
-    would launch. Remembered per launch variant, so a call after the first builds one variant key;
+    many parts but PART, PARTS, LAM (``part_lam``) -- each trial compiles the variant it would
+    launch. Remembered per launch variant, so a call after the first builds one variant key;
     the first of ``candidates`` where nothing is known (the interpreter) or, in a dry run
     (``progress.counted``), as far as nothing new would compile."""
     if len(candidates) == 1:
         return candidates[0]
-    key = compiled_variant_key(kernel, {**in_parts(1), **part_launches(1, lam_first)[0]})
+    key = compiled_variant_key(kernel, {**in_parts(1), "PART": 0, "PARTS": 1, "LAM": lam_first})
     if key is None:
         return candidates[0]
-    known = _GRAD_PARTS.get((key, candidates, GRAD_SIDE_PARTS))
+    known = _GRAD_PARTS.get((key, candidates))
     if known is not None:
         return known
     chosen = candidates[-1]
     for parts in candidates[:-1]:
         args = in_parts(parts)
-        if not any(grad_spills(kernel, grid, {**args, **constexprs})
-                   for constexprs in part_launches(parts, lam_first)):
+        if not any(grad_spills(kernel, grid, {**args, "PART": p, "PARTS": parts, "LAM": part_lam(p, lam_first)})
+                   for p in range(parts)):
             chosen = parts
             break
     if not progress.dry_run():
-        _GRAD_PARTS[(key, candidates, GRAD_SIDE_PARTS)] = chosen
+        _GRAD_PARTS[(key, candidates)] = chosen
     return chosen
 
 
@@ -1305,6 +1281,12 @@ def local_bytes(kernel, grid, args: dict) -> float:
 
 
 GRAD_WARPS = None     # the gradient kernels' warps whatever the rule says (an A/B knob: None keeps it)
+# ptxas' register cap a thread for the gradient kernels (an A/B knob; None: no cap). Declined as a rule (run 271,
+# H200, hla3 ungated, B = 2, T = 16384, H = 16, d = 64, bf16, fwd + bwd): 6.18 ms uncapped (2 programs of 4 warps
+# an SM), 8.06 at 168 (3 programs; its runs of 8 spill past GRAD_WHOLE_MAX_SPILL, so runs of 4), 8.58 at 168 in
+# runs of 8 (sm_90 stack <= 1256 B a thread), 10.99 at 128 (4 programs, <= 1912 B): the spills cost more than
+# the warps they let in hide.
+GRAD_MAXNREG = None
 WIDE_GRAD_DIM = 128
 WIDE_GRAD_WARPS = 8
 
@@ -1320,12 +1302,14 @@ def grad_warps(features: dict, tf32: bool = False) -> dict:
     and 128), as it does with one or two networks a program. Likewise gated ahla with fp32
     inputs (H200, B = 1, T = 1024, H = 2): its TARGETS = 4 kernel, whole, C = 64, tf32x3 dots,
     writes shared memory out of bounds inside a ``tl.dot`` at 4 warps (memcheck, run 263) and
-    runs at 8. (``wgmma_safe`` still takes a launch with a tile under 32 back to 4 warps.)"""
+    runs at 8. (``wgmma_safe`` still takes a launch with a tile under 32 back to 4 warps.) With
+    ``GRAD_MAXNREG``, ptxas' register cap too."""
+    cap = {"maxnreg": GRAD_MAXNREG} if GRAD_MAXNREG else {}
     if GRAD_WARPS:
-        return {"num_warps": GRAD_WARPS}
+        return {"num_warps": GRAD_WARPS, **cap}
     if WIDE_GRAD_WARPS and (tf32 or max(features.values(), default=0) >= WIDE_GRAD_DIM):
-        return {"num_warps": WIDE_GRAD_WARPS}
-    return {}
+        return {"num_warps": WIDE_GRAD_WARPS, **cap}
+    return cap
 
 
 GRAD_LOOP_TILE_ELEMENTS = 4096

@@ -4,7 +4,6 @@ convention, the layouts of ``triton_forward.forward_triton``)."""
 from __future__ import annotations
 
 import torch
-import triton
 import triton.runtime.errors
 
 from hladsl.codegen.triton_bwd import backward_kernels
@@ -138,21 +137,14 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         grid = (n_chunks, n_seq * heads)
         lam_first = lam_order.next(held)   # a later part adds to what part 0 stored
         sums: dict = {}
-        slot_sets: dict = {}
 
         def in_parts(parts: int) -> dict:
             """The launch's arguments in ``parts`` parts: one part writes its targets; several
             sum in an fp32 buffer (part p > 0 adds to what the parts before it stored), the last
             writing the target in its dtype (dΛ: fp32, in place) -- one set of buffers for the
-            trials and the launch, whatever the part count; side by side (``launch.side_parts``)
-            each part writes its own slot of fp32 buffers with ``parts`` slots a chunk."""
+            trials and the launch, whatever the part count."""
             if parts == 1:
                 return base
-            if launch.side_parts(parts):
-                if parts not in slot_sets:   # one set alive: a rejected trial's slots are freed
-                    slot_sets.clear()
-                    slot_sets[parts] = _slots(held, d_tiles, d_lam, parts)
-                return {**base, **slot_sets[parts]}
             if not sums:
                 for g in held:
                     x = d_tiles.get(g["input"])
@@ -163,48 +155,10 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
         # whole, or in runs, whichever fewest parts' kernels do not spill (launch.grad_parts)
         parts = launch.grad_fitting_parts(module.grad_kernel, grid, in_parts, candidates, lam_first)
         args_in_parts = in_parts(parts)
-        side = launch.side_parts(parts)
-        for part_args in launch.part_launches(parts, lam_first):
-            launch.launch(module.grad_kernel, (grid[0] * parts, grid[1]) if side else grid,
-                          {**args_in_parts, **part_args}, True)
-        if side:
-            _add_slots(module, held, d_tiles, d_lam, args_in_parts, parts, lam_first)
+        for part in range(parts):
+            launch.launch(module.grad_kernel, grid, {**args_in_parts, "PART": part, "PARTS": parts,
+                                                     "LAM": launch.part_lam(part, lam_first)}, True)
     return d_tiles, d_lam, d_init
-
-
-def _slots(held, d_tiles, d_lam, parts: int) -> dict:
-    """The slots of a launch in ``parts`` parts side by side: per input of its groups an fp32
-    [N, H, nC * parts, C, dim] tile buffer as its ``dsum_`` (chunk c's part p at c * parts + p),
-    and [N, H, nC * parts, C] fp32 as ``dlam_ptr`` where its groups add to dΛ."""
-    slots = {}
-    for g in held:
-        x = d_tiles.get(g["input"])
-        if x is not None:
-            n_seq, heads, n_chunks, chunk, dim = x.shape
-            slots.update(tile_args(f"dsum_{g['input']}", binding.fresh(torch.empty(
-                (n_seq, heads, n_chunks * parts, chunk, dim), dtype=torch.float32, device=x.device))))
-    if d_lam is not None and any(g["dlam"] or g["lam_end"] for g in held):
-        n_seq, heads, n_chunks, chunk = d_lam.shape
-        slots["dlam_ptr"] = binding.fresh(torch.empty((n_seq, heads, n_chunks * parts, chunk),
-                                                      dtype=torch.float32, device=d_lam.device))
-    return slots
-
-
-def _add_slots(module, held, d_tiles, d_lam, args: dict, parts: int, lam_first: int) -> None:
-    """Each target of a side-by-side launch: the sum of its parts' slots in part order
-    (``slot_sum_kernel``: the same sum, and order, on every call), in its buffer's dtype; dΛ
-    stored or added as ``lam_first`` says (``_LamOrder``)."""
-    def add(slots: torch.Tensor, out: torch.Tensor, add_to: bool) -> None:
-        n_seq, heads, n_chunks, chunk, dim = out.shape
-        launch.launch(module.slot_sum_kernel, (n_chunks, n_seq * heads),
-                      {**tile_args("slots", slots), **tile_args("out", out), "H": heads, "dim": dim,
-                       "C": chunk, "B": triton.next_power_of_2(dim), "PARTS": parts, "ADD": add_to}, False)
-    for g in held:
-        x = d_tiles.get(g["input"])
-        if x is not None:
-            add(args[f"dsum_{g['input']}_ptr"], x, False)
-    if lam_first:   # dΛ as a tile of dim 1
-        add(args["dlam_ptr"].unsqueeze(-1), d_lam.unsqueeze(-1), lam_first == 2)
 
 
 class _LamOrder:
