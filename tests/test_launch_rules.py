@@ -382,7 +382,9 @@ def test_launch_switches_from_the_environment_are_checked_and_typed():
     assert launch.switches_from_env("") == {} and launch.switches_from_env(None) == {}
     for bad, says in (("NO_SUCH_RULE=1", "no launch rule constant"), ("STAGE_WARPS", "NAME=VALUE"),
                       ("KEEP_STATE_PASS=4", "is a bool"), ("SCAN_GROUP=many", "is a int"),
-                      ("KEEP_STATE_PASS=treu", "is a bool"), ("FORWARD_CHUNK=abc", "takes a number or none"),
+                      ("KEEP_STATE_PASS=treu", "is a bool"), ("FORWARD_CHUNK=abc", "takes a positive whole number or none"),
+                      ("GRAD_MAXNREG=true", "positive whole number"), ("GRAD_MAXNREG=1.5", "positive whole number"),
+                      ("GRAD_MAXNREG=0", "positive whole number"),
                       ("EXACT_DOTS=bf16x2", "is one of tf32x3"), ("EXACT_STATE_DOTS=none", "is one of"),
                       ("STAGE_PARTS=terms", "is one of state, term")):
         with pytest.raises(ValueError, match=says) as err:

@@ -9,4 +9,4 @@ for spec in hla3 hla3_masked; do
     timeout 140 python3 benchmarks/results/run269_side.py $spec $gated 2>&1 | grep -v compiling | tail -4
   done
 done
-[ $SECONDS -lt 450 ] && HLADSL_LAUNCH="GRAD_SIDE_PARTS=true" OUT=$OUT/t GPU_TESTS_BUDGET=$((580 - SECONDS)) bash benchmarks/gpu_tests.sh -m "gpu and not slow" -n 8 -k "hla3 or hla2 or linear" 2>&1 | tail -2
+if [ $SECONDS -lt 450 ]; then HLADSL_LAUNCH="GRAD_SIDE_PARTS=true" OUT=$OUT/t GPU_TESTS_BUDGET=$((580 - SECONDS)) bash benchmarks/gpu_tests.sh -m "gpu and not slow" -n 8 -k "hla3 or hla2 or linear" 2>&1 | tail -2; fi

@@ -664,8 +664,8 @@ _WORKING: dict = {}    # (kernel, constexprs) -> the first fallback that compile
 
 
 def _fallback_key(kernel, args: dict) -> tuple:
-    """What decides whether a launch fits the GPU: the kernel, its constexprs and the launch
-    options (strides and sizes do not change its shared memory). Runs on every launch: no
+    """What decides whether a launch fits the GPU: the kernel, its constexprs, warps and stages
+    (strides and sizes do not change its shared memory, nor does a ``maxnreg`` cap). Runs on every launch: no
     sort, str() only for the odd non-number (tl dtypes)."""
     names = progress.constexpr_names(kernel)
     if names is not None:
@@ -850,8 +850,8 @@ def check_switch(name: str, value):
     if not (value is None or old is None or type(value) is type(old)
             or (type(old) is float and type(value) is int)):
         raise ValueError(f"launch.{name} is a {type(old).__name__}, got {value!r}")
-    if old is None and isinstance(value, str):   # the optional sizes and counts
-        raise ValueError(f"launch.{name} takes a number or none, got {value!r}")
+    if old is None and not (value is None or (type(value) is int and value > 0)):   # the optional sizes and counts
+        raise ValueError(f"launch.{name} takes a positive whole number or none, got {value!r}")
     if name in ("EXACT_DOTS", "EXACT_STATE_DOTS") and value not in EXACT_DOT_MODES:
         raise ValueError(f"launch.{name} is one of {', '.join(EXACT_DOT_MODES)}, got {value!r}")
     if name == "STAGE_PARTS" and value not in STAGE_PARTS_MODES:
@@ -1106,7 +1106,8 @@ def _tuned(kernel, grid, args: dict, tiling: Tiling | None) -> bool:
     names = progress.constexpr_names(kernel) or tuple(
         k for k, v in args.items() if not isinstance(v, torch.Tensor))
     key = {"kernel": autotune.kernel_source(kernel), **tuning.shape,
-           "constexprs": {n: str(args[n]) for n in names if n in args and n not in decided}}
+           "constexprs": {n: str(args[n]) for n in names if n in args and n not in decided},
+           **({"maxnreg": args["maxnreg"]} if args.get("maxnreg") else {})}   # a cap: winners of its own
 
     def configured(candidate: dict, tensors: dict) -> tuple[tuple, dict]:
         blocks = {k: v for k, v in candidate.items() if k not in ("num_warps", "num_stages")}

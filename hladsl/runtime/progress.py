@@ -62,14 +62,14 @@ def constexpr_names(kernel) -> tuple[str, ...] | None:
 
 def variant(kernel, args: dict) -> tuple:
     """What Triton compiles one binary per: the kernel, its constexpr arguments,
-    warps and stages (every non-tensor argument where the kernel does not list its
-    constexprs)."""
+    warps, stages and register cap (every non-tensor argument where the kernel does not
+    list its constexprs)."""
     names = constexpr_names(kernel)
     if names is None:
         names = tuple(sorted(k for k, v in args.items() if not hasattr(v, "data_ptr")))
     picked = tuple((n, str(args[n])) for n in names if n in args)
     return (kernel_label(kernel), id(kernel), picked,
-            args.get("num_warps"), args.get("num_stages"))
+            args.get("num_warps"), args.get("num_stages"), args.get("maxnreg"))
 
 
 def dry_run() -> bool:
