@@ -41,7 +41,7 @@ class FakeKernel:
         def run(**args):
             if self.fails is not None and self.fails(args):
                 raise OutOfResources(300000, 232448, "shared memory")
-            variant = tuple(args.get(n) for n in ("C", "B_v", "num_warps", "num_stages"))
+            variant = tuple(args.get(n) for n in ("C", "B_v", "num_warps", "num_stages", "maxnreg"))
             if variant not in self.compiled:
                 time.sleep(self.compile_s)
                 self.compiled.add(variant)
@@ -239,6 +239,17 @@ def test_a_slow_compile_prints_one_numbered_line_a_fast_one_none(loud, capsys):
     assert all(len(k.launches) == 1 for k in kernels)   # the dry run launched nothing
     progress.counted(("slow-compile test", id(kernels)), call)   # compiled: quiet
     assert capsys.readouterr().err == ""
+
+
+def test_every_launch_option_makes_its_own_variant(loud, capsys):
+    """A compiled variant is its constexprs and launch options (``direct.LAUNCH_OPTIONS``): the
+    same kernel under a register cap compiles again, and progress says so."""
+    kernel = FakeKernel("slow_capped", compile_s=0.3)
+    for options in ({}, {"maxnreg": 168}):
+        progress.counted(("cap test", id(kernel), tuple(options)),
+                         lambda o=options: launch.launch(kernel, (1,), {"C": 16, **o}, False))
+        assert capsys.readouterr().err.splitlines() == ["hladsl: compiling fake_fwd.slow_capped [1/1]..."]
+    assert progress.variant(kernel, {"C": 16}) != progress.variant(kernel, {"C": 16, "maxnreg": 168})
 
 
 def test_hladsl_quiet_silences_progress(loud, monkeypatch, capsys):

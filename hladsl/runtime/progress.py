@@ -19,6 +19,8 @@ import os
 import sys
 import threading
 
+from hladsl.runtime.direct import LAUNCH_OPTIONS
+
 SLOW_S = 2.0   # a compile or tuning run longer than this gets a line
 
 _SEEN: set = set()     # variants launched in this process (compiled, or cached on disk)
@@ -60,16 +62,19 @@ def constexpr_names(kernel) -> tuple[str, ...] | None:
     return names
 
 
+_OPTION_ORDER = tuple(sorted(LAUNCH_OPTIONS))
+
+
 def variant(kernel, args: dict) -> tuple:
-    """What Triton compiles one binary per: the kernel, its constexpr arguments,
-    warps, stages and register cap (every non-tensor argument where the kernel does not
-    list its constexprs)."""
+    """What Triton compiles one binary per: the kernel, its constexpr arguments and
+    launch options (``direct.LAUNCH_OPTIONS``: warps, stages, a register cap, ...; every
+    non-tensor argument where the kernel does not list its constexprs)."""
     names = constexpr_names(kernel)
     if names is None:
         names = tuple(sorted(k for k, v in args.items() if not hasattr(v, "data_ptr")))
     picked = tuple((n, str(args[n])) for n in names if n in args)
     return (kernel_label(kernel), id(kernel), picked,
-            args.get("num_warps"), args.get("num_stages"), args.get("maxnreg"))
+            tuple((k, args[k]) for k in _OPTION_ORDER if k in args))
 
 
 def dry_run() -> bool:
