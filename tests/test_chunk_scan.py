@@ -754,7 +754,7 @@ def test_d_states_stored_in_bf16(name, params, gated, grouped, launched, monkeyp
     launch.forget_plans()   # (plans hold the dtype: none made with fp32 d-states, none kept after)
     try:
         with monkeypatch.context() as m, launch.switched(**groups):
-            m.setattr(launch, "d_states_dtype", lambda sdot: torch.bfloat16)
+            m.setattr(launch, "d_states_dtype", lambda sdot, sharp=True: torch.bfloat16)
             _check_scan_schedule(name, params, gated, True, 8, (2, 16 * 7 - 5, 2, 8), 23, grad_tol=1e-2)
     finally:
         launch.forget_plans()
@@ -767,13 +767,17 @@ def test_d_states_stored_in_bf16(name, params, gated, grouped, launched, monkeyp
 
 def test_d_states_dtype_follows_the_state_dots():
     """bf16 d-states only where the backward's state products run in bf16 (fp32 SDOT: fp32
-    or fp16 inputs, the interpreter, the precision plan's exact state reads)."""
+    or fp16 inputs, the interpreter, the precision plan's exact state reads), and by default
+    only where no d initial state or quotient-cancelling d-state needs them sharp."""
     import triton.language as tl
     with launch.switched(D_STATES_IN_SDOT=True):
         assert launch.d_states_dtype(tl.bfloat16) == torch.bfloat16
+        assert launch.d_states_dtype(tl.bfloat16, sharp=False) == torch.bfloat16
         assert launch.d_states_dtype(tl.float32) == torch.float32
     with launch.switched(D_STATES_IN_SDOT=False):
         assert launch.d_states_dtype(tl.bfloat16) == torch.float32
+        assert launch.d_states_dtype(tl.bfloat16, sharp=False) == torch.bfloat16
+        assert launch.d_states_dtype(tl.float32, sharp=False) == torch.float32
 
 
 def test_the_reverse_scan_follows_the_chunk_scan():

@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
 from hladsl.codegen import templates
 from hladsl.codegen.prune import prune_dead
 from hladsl.codegen.templates import render_template
 
 from hladsl.codegen.steps import Block, Tile
-from hladsl.codegen.triton_gen import _Lowering, kernel_context, owned_mask
+from hladsl.codegen.triton_gen import _Lowering, kernel_context, kernels, owned_mask, starts_read_as_sdot
 from hladsl.ir.precision import precision_plan, quotient_cancelling
 from hladsl.ir.backward import (
     PARALLEL,
@@ -355,6 +356,9 @@ def backward_context(program: ChunkProgram, stage_complete: bool = False) -> dic
         "name": program.algebra.name,
         # ir.precision rule 5: every product reading a state or d-state fp32-accurate (SDOT)
         "exact_state_reads": precision_plan(program).exact_backward,
+        # d-states whose cotangent products the quotient rule makes exact (they sum nearly
+        # cancelling parts: kept fp32 in HBM, launch.d_states_dtype)
+        "cancelling_d_states": bool(low.quotient),
         "o_dim": low.o_dim,
         "inputs": all_inputs,
         "reverse_splits": splits,
@@ -795,6 +799,14 @@ def generation_error(program: ChunkProgram) -> str | None:
 _MODULES: dict[tuple, tuple] = {}   # (id(program), variant) -> (program, module, context)
 
 
+def _starts_sdot(program: ChunkProgram, module, context: dict) -> frozenset[str]:
+    """The states whose chunk starts the backward may store in its state-dot dtype
+    (``triton_gen.starts_read_as_sdot``): read so by every kernel of this module and of the
+    forward's module, whose output kernel reads the starts a training forward kept."""
+    sources = [Path(m.__file__).read_text(encoding="utf-8") for m in (module, kernels(program)[0])]
+    return starts_read_as_sdot(sources, [s["name"] for s in context["forward"]["states"] if s["read"]])
+
+
 def backward_kernels(program: ChunkProgram, stage_complete: bool = False):
     """(module, context) for ``program``'s backward, rendered once and disk-cached;
     ``stage_complete``: the variant whose state pass runs the complete scan in two stages."""
@@ -804,6 +816,7 @@ def backward_kernels(program: ChunkProgram, stage_complete: bool = False):
         context = backward_context(program, stage_complete)
         key = cache_key(context, template_text())
         module = load_module(f"{context['name']}_bwd", key, lambda: render(context, __version__))
+        context = {**context, "starts_sdot": _starts_sdot(program, module, context)}
         hit = _MODULES[(id(program), stage_complete)] = (program, module, context)
     return hit[1], hit[2]
 

@@ -612,6 +612,32 @@ def read_only_as_sdot(code: str, var: str) -> bool:
     return True
 
 
+def starts_read_as_sdot(sources, names) -> frozenset[str]:
+    """The states of ``names`` whose chunk starts (``starts_<name>``) every kernel of the
+    module texts ``sources`` only stores, or loads as ``st_<name>`` and reads only as SDOT dot
+    operands (``read_only_as_sdot``): stored in SDOT they give those kernels the same bits in
+    half the bytes (``runtime.launch.starts_dtype``). Any other use -- an exact product, an
+    elementwise read, a load under another name -- keeps them fp32."""
+    ok = set(names)
+    for source in sources:
+        for kernel in re.split(r"^@triton\.jit\n", source, flags=re.M)[1:]:
+            head = kernel.find("\n):")
+            if head < 0:
+                continue
+            body = "\n".join(line for line in kernel[head + 3:].splitlines()
+                             if not line.lstrip().startswith("#"))
+            for name in sorted(ok):
+                ptr = re.escape(f"starts_{name}")
+                uses = re.findall(rf"^.*\b{ptr}\b.*$", body, flags=re.M)
+                stores = [u for u in uses if re.search(rf"\btl\.store\({ptr}\b", u)]
+                loads = [u for u in uses if re.match(rf"\s*st_{re.escape(name)} = tl\.load\({ptr}\b", u)]
+                rest = "\n".join(line for line in body.splitlines() if line not in loads)
+                if len(stores) + len(loads) != len(uses) or (
+                        loads and not read_only_as_sdot(rest, f"st_{name}")):
+                    ok.discard(name)
+    return frozenset(ok)
+
+
 def _call_args(text: str, pos: int) -> tuple[list[str], int]:
     """The top-level comma-separated arguments of the call whose "(" ends just before
     ``pos``, and the index after its ")"."""

@@ -151,7 +151,8 @@ def starts_dtype(read_only_as_sdot: bool, sdot) -> torch.dtype:
     state read elementwise, in an exact product, or SDOT fp32). Measured (run 79, H100,
     B = 2, H = 16, d = 64, bf16, forward at T = 64k, fp32 -> bf16 starts): linear 1.079 ->
     0.890 ms (fla 0.885), ahla 2.718 -> 1.981, power p = 2 58.3 -> 55.4. The backward's
-    chunk starts stay fp32."""
+    chunk starts likewise, where every kernel reading them reads them so
+    (``triton_bwd._starts_sdot``): hla3 fwd + bwd 6.17 -> 5.86 ms, the same gradients (run 273)."""
     import triton.language as tl
     if STARTS_IN_SDOT and read_only_as_sdot and sdot == tl.bfloat16:
         return torch.bfloat16
@@ -159,22 +160,26 @@ def starts_dtype(read_only_as_sdot: bool, sdot) -> torch.dtype:
 
 
 # The reverse scan's per-chunk d-states in HBM -- its chunk parts and the chunk-end d-states the
-# gradient kernels read -- in the backward's state-dot dtype (``d_states_dtype``). Off: it breaks
-# the precision plan's exact d-state sums. Ungated HLA2's d C_init is S_initᵀ Σ_c dW0_c, formed
-# as Σ_c S_cᵀ dW0_c (the parts) minus the cross terms' ΔSᵀ dG, which cancel to a part in |S_B| /
-# |S_init|: bf16 parts and dG made its RMS ratio against fp32 1.5e-2 (bar 1e-2; fp32: 2.3e-6), dk
-# 2.9e-3 -> 4.4e-3 (run 227, H100, T = 8192, d = 64, bf16). For that it saved 11-13 %: hla2 fwd +
-# bwd 15.62 -> 13.85 ms at 64k (4.07x fla), hla3_masked 15.05 -> 13.03 (B = 2, H = 16).
+# gradient kernels read -- in the backward's state-dot dtype where nothing needs them sharper
+# (``d_states_dtype``). Not where a d initial state is formed from them: ungated HLA2's d C_init is
+# S_initᵀ Σ_c dW0_c, formed as Σ_c S_cᵀ dW0_c (the parts) minus the cross terms' ΔSᵀ dG, which
+# cancel to a part in |S_B| / |S_init|: bf16 parts and dG made its RMS ratio against fp32 1.5e-2 (bar
+# 1e-2; fp32: 2.3e-6), dk 2.9e-3 -> 4.4e-3 (run 227, H100, T = 8192, d = 64, bf16). Nor where the
+# quotient rule's cotangents sum nearly cancelling parts (``ir.precision.quotient_cancelling``).
+# Elsewhere (a call with no state in: the token gradients only) each stored d-state is rounded once,
+# 2^-9 of itself: hla3 fwd + bwd 5.86 -> 5.29 ms at T = 16384 (B = 2, H = 16, d = 64, H200), its
+# dk, dv 3.88e-3 -> 4.21e-3 against fp32 (run 273). D_STATES_IN_SDOT: bf16 even there (an A/B switch).
 D_STATES_IN_SDOT = False
 
 
-def d_states_dtype(sdot) -> torch.dtype:
+def d_states_dtype(sdot, sharp: bool = True) -> torch.dtype:
     """The dtype the reverse scan stores its per-chunk d-states in (its parts, the chunk-end
     d-states; its walks carry them in fp32 registers): bf16 where the backward's state products
-    run in bf16 (SDOT; fp32 where the precision plan makes its state reads exact, rule 5) and
-    ``D_STATES_IN_SDOT`` (an A/B switch: see there why it is off), else fp32."""
+    run in bf16 (SDOT; fp32 where the precision plan makes its state reads exact, rule 5), unless
+    ``sharp`` (a d initial state formed from them, or quotient-cancelling d-states) and not
+    ``D_STATES_IN_SDOT``; else fp32."""
     import triton.language as tl
-    return torch.bfloat16 if D_STATES_IN_SDOT and sdot == tl.bfloat16 else torch.float32
+    return torch.bfloat16 if sdot == tl.bfloat16 and (D_STATES_IN_SDOT or not sharp) else torch.float32
 
 
 MIN_CHUNK = 16

@@ -65,7 +65,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     n_seq, heads, n_chunks = first.shape[:3]
     device = first.device
     plan = _plan(program, ctx, stage_complete, first, precision, num_warps, reverse_block, schedule,
-                 targets_per_program, seq_chunks, reverse_only)
+                 targets_per_program, seq_chunks, reverse_only, reverse_only or init_states is not None)
     walk, common, packed = plan.walk, plan.common, plan.packed
     check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, plan.walkers,
                         zero_init_ok=True)
@@ -186,23 +186,28 @@ def _module(program, schedule: str, first) -> tuple:
 
 
 def _plan(program, ctx, stage_complete, first, precision, num_warps, reverse_block, schedule,
-          targets_per_program, seq_chunks, reverse_only) -> "_BackwardPlan":
+          targets_per_program, seq_chunks, reverse_only, forms_d_init: bool = True) -> "_BackwardPlan":
+    """``forms_d_init``: the call has an initial state, whose gradient the d-states sum to."""
     key = (id(program), stage_complete, tuple(first.shape[:4]), first.dtype, first.device, precision,
-           num_warps, reverse_block, schedule, targets_per_program, reverse_only)
+           num_warps, reverse_block, schedule, targets_per_program, reverse_only, forms_d_init)
     return launch.remembered(_PLANS, key, lambda: _BackwardPlan(
         program, ctx, first, precision, num_warps, reverse_block, schedule, targets_per_program,
-        seq_chunks, fused_ok=not reverse_only, stage_complete=stage_complete), cacheable=seq_chunks is None)
+        seq_chunks, fused_ok=not reverse_only, stage_complete=stage_complete, forms_d_init=forms_d_init),
+        cacheable=seq_chunks is None)
 
 
 def _state_pass(module, fwd, plan, program, tiles, lam, state_args: dict, scales, seq_chunks) -> tuple[dict, dict]:
-    """Step (a): (chunk-start states {state: [N, H, nC, *shape] fp32}, the state pass's
+    """Step (a): (chunk-start states {state: [N, H, nC, *shape] fp32, or in SDOT for the states
+    of ``plan.starts_sdot``}, the state pass's
     per-chunk deltas (``run_state_pass``)); ``state_args`` gains the starts."""
     first = tiles[next(iter(program.algebra.inputs))]
     starts = {}
     for s in fwd["states"]:
         if s["read"]:
             init = state_args[f"init_{s['name']}"]
-            starts[s["name"]] = per_chunk_alloc(init, seq_chunks)(tuple(first.shape[:3]) + tuple(init.shape[2:]))
+            as_sdot = s["name"] in plan.starts_sdot   # (in SDOT where every reader rounds them so)
+            starts[s["name"]] = per_chunk_alloc(init, seq_chunks)(tuple(first.shape[:3]) + tuple(init.shape[2:]),
+                                                                dtype=launch.starts_dtype(as_sdot, plan.common["SDOT"]))
             state_args[f"starts_{s['name']}"] = starts[s["name"]]
     deltas = run_state_pass(module, fwd, plan, state_args,
                             {**_token_args(fwd["state_inputs"], tiles, lam, program.gated, scales), **plan.packed},
@@ -257,7 +262,7 @@ def keep_state_pass(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     module, ctx, stage_complete = _module(program, schedule, first)
     fwd = ctx["forward"]
     plan = _plan(program, ctx, stage_complete, first, precision, num_warps, None, schedule, None, seq_chunks,
-                 False)
+                 False, init_states is not None)
     if lam is not None:
         lam = kernel_gates(lam, first.device)
     state_args, final = _state_buffers(fwd, program, init_states, (plan.walkers, first.shape[1]), first.device)
@@ -492,7 +497,8 @@ class _BackwardPlan:
     ``launch.grad_parts``; the launcher picks one, ``launch.grad_fitting_parts``)."""
 
     def __init__(self, program, ctx, first, precision, num_warps, reverse_block, schedule,
-                 targets_per_program, seq_chunks, fused_ok: bool = True, stage_complete: bool = False):
+                 targets_per_program, seq_chunks, fused_ok: bool = True, stage_complete: bool = False,
+                 forms_d_init: bool = True):
         self.program = program      # keeps id(program) in the plan's key from being reused
         self.stage_complete = stage_complete   # the module variant (launch.backward_module)
         fwd = ctx["forward"]
@@ -505,7 +511,8 @@ class _BackwardPlan:
             SDOT=launch.state_dot_dtype(first.dtype, device, ctx["exact_state_reads"]),
             PREC=precision or launch.exact_precision(device), num_warps=num_warps,
             **constexprs(program))
-        self.d_states_dtype = launch.d_states_dtype(common["SDOT"])
+        self.starts_sdot = ctx["starts_sdot"]
+        self.d_states_dtype = launch.d_states_dtype(common["SDOT"], forms_d_init or ctx["cancelling_d_states"])
         features = launch.feature_blocks(program, common)
         self.packed = _packed_tables(program, device)
         plan_state_pass(self, program, fwd, common, first, schedule, "backward", precision=precision)

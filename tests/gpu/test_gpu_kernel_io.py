@@ -9,7 +9,8 @@ bf16 dots are off, so SDOT is fp32 there).
   into the next FMA, one rounding fewer.)
 * STARTS_IN_SDOT: chunk-start states (and a scan's derived starts) stored in bf16 where the
   output kernel only feeds them to bf16 dots give the same output as fp32 starts rounded at
-  the dot.
+  the dot. So do the backward's chunk starts where every kernel reading them reads them so
+  (``triton_bwd._starts_sdot``: carried hla2 / hla3 with no state) -- output and gradients.
 """
 from __future__ import annotations
 
@@ -68,3 +69,27 @@ def test_bf16_chunk_starts_give_the_same_output(spec, schedule, monkeypatch):
     got = op(q, k, v, g=g)[0]
     assert chosen and set(chosen) == {torch.bfloat16}
     assert torch.equal(want, got)
+
+
+@pytest.mark.parametrize("spec", [pytest.param(s, marks=group("kernel_io", s)) for s in ("hla2", "hla3")])
+def test_bf16_backward_chunk_starts_give_the_same_gradients(spec, monkeypatch):
+    op = hladsl.load(spec)
+    q, k, v, _ = _inputs(torch.bfloat16, seed=2)
+
+    def fwd_bwd():   # no state in or out: the carried form, whose starts are read only by SDOT dots
+        leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+        o = op(*leaves, scale=0.3)[0]
+        o.float().square().mean().backward()
+        return [o.detach(), *(x.grad for x in leaves)]
+    monkeypatch.setattr(launch, "STARTS_IN_SDOT", False)
+    launch.forget_plans()
+    want = fwd_bwd()
+    chosen = []
+    rule = launch.starts_dtype
+    monkeypatch.setattr(launch, "STARTS_IN_SDOT", True)
+    monkeypatch.setattr(launch, "starts_dtype", lambda *a: chosen.append(rule(*a)) or chosen[-1])
+    launch.forget_plans()
+    got = fwd_bwd()
+    assert torch.bfloat16 in chosen
+    for a, b in zip(want, got):
+        assert torch.equal(a, b)
