@@ -778,6 +778,8 @@ def test_d_states_dtype_follows_the_state_dots():
         assert launch.d_states_dtype(tl.bfloat16) == torch.float32
         assert launch.d_states_dtype(tl.bfloat16, sharp=False) == torch.bfloat16
         assert launch.d_states_dtype(tl.float32, sharp=False) == torch.float32
+        with launch.switched(STATELESS_D_STATES_IN_SDOT=False):   # the rule off: fp32 everywhere
+            assert launch.d_states_dtype(tl.bfloat16, sharp=False) == torch.float32
 
 
 def test_the_reverse_scan_follows_the_chunk_scan():

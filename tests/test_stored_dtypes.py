@@ -9,12 +9,12 @@ import torch
 import hladsl
 from hladsl.codegen.triton_bwd import backward_kernels
 from hladsl.codegen.triton_gen import starts_read_as_sdot
-from hladsl.ir.pipeline import program_for
+from hladsl.ir.pipeline import algebra_compilation, chunk_program, program_for
 from hladsl.runtime import launch
 from hladsl.runtime.op import carried_compilation
 from oracles import oracle
 
-_KERNELS = '''
+_WRITER = '''
 @triton.jit
 def writer(
     starts_A, starts_B,
@@ -22,8 +22,8 @@ def writer(
     st_A = st_A + 1.0
     tl.store(starts_A + offs, st_A)
     tl.store(starts_B + offs, st_B)
-
-
+'''
+_READER = '''
 @triton.jit
 def reader(
     starts_A, starts_B, starts_C, starts_D, starts_E,
@@ -39,14 +39,38 @@ def reader(
     t5 = _dot(raw_k, other, SDOT, PREC)
     st_E = tl.load(starts_E + offs)
     t6 = _dot(raw_k, st_E, SDOT, PREC) + st_E
+    st_F = tl.load(starts_F + offs) * decay
+    t7 = _dot(raw_k, st_F, SDOT, PREC)
+    st_G = tl.load(starts_G + offs)
+    t8 = _dot(raw_k, st_G * decay, SDOT, PREC)
+    tl.store(starts_H + offs, tl.load(starts_H + offs) + 1.0)
 '''
 
 
 def test_starts_read_only_as_state_dot_operands_are_found():
     """Stored anywhere, read only as an SDOT operand (A): in SDOT; read elementwise (B), in a
-    DOT product (C), loaded under another name (D) or used beside its dot (E): fp32."""
-    assert starts_read_as_sdot([_KERNELS], "ABCDE") == {"A"}
-    assert starts_read_as_sdot([_KERNELS.split("def reader")[0]], "ABCDE") == set("ABCDE")
+    DOT product (C), loaded under another name (D), used beside its dot (E), loaded into an
+    expression (F), an operand computed from it (G), loaded inside its own store (H): fp32. A
+    kernel text that is not a function as the templates write them: nothing."""
+    assert starts_read_as_sdot([_WRITER + _READER], "ABCDEFGH") == {"A"}
+    assert starts_read_as_sdot([_WRITER, _READER], "ABCDEFGH") == {"A"}
+    assert starts_read_as_sdot([_WRITER], "ABCDEFG") == set("ABCDEFG")
+    assert starts_read_as_sdot(["@triton.jit\nreader = make_reader()\n"], "A") == frozenset()
+
+
+def test_shipped_programs_store_the_starts_their_kernels_round():
+    """What the rule takes for the shipped programs (d = 64, every module variant): the states
+    read only through SDOT dots; none where the precision plan makes state reads exact (hla3
+    as written) or where a gated program's dΛ networks read them elementwise."""
+    want = {("linear", False): {"S"}, ("ahla", False): {"P", "E"}, ("hla3_masked", False): {"S", "P", "H"},
+            ("hla3_masked", True): {"H"}, ("hla3", False): set(), ("linear", True): {"S"}}
+    for (name, normalize), states in want.items():
+        alg = hladsl.compile_spec(name, normalize=normalize)
+        for stage_complete in (False, True):
+            program = program_for(algebra_compilation(alg), 64, (("d", 64), ("dv", 64)), False)
+            assert backward_kernels(program, stage_complete)[1]["starts_sdot"] == states, (name, normalize)
+    program = program_for(algebra_compilation(hladsl.compile_spec("hla3_masked")), 64, (("d", 64), ("dv", 64)), True)
+    assert backward_kernels(program)[1]["starts_sdot"] == frozenset()
 
 
 @pytest.mark.parametrize("gated", [False, True])
@@ -126,3 +150,72 @@ def test_d_states_stay_sharp_where_a_d_initial_state_is_formed(stored):
             assert dends == ({torch.float32} if state is not None else {torch.bfloat16}), (state is None, dends)
     finally:
         op.schedule = "auto"
+
+
+@pytest.mark.parametrize("name, normalize, gated, starts, d_states", [
+    ("hla2", False, True, torch.float32, torch.bfloat16),    # gated: its dΛ networks read the starts elementwise
+    ("hla2", True, False, None, torch.float32),              # normalised: quotient-cancelling d-states
+])
+def test_what_the_rules_refuse_stays_fp32(stored, name, normalize, gated, starts, d_states):
+    """A stateless call of carried hla2, the reverse pass a chunk scan: gated, the chunk starts
+    its gradient kernels read stay fp32 (its d-states, needed by nothing sharp, are bf16);
+    normalised, the d-states stay fp32 (ir.precision.quotient_cancelling)."""
+    op = hladsl.load(name, backend="triton", normalize=normalize)
+    op.schedule = "scan"
+    q, k, v = (torch.rand(1, 150, 1, 8) + 0.1 for _ in range(3))
+    g = -0.2 * torch.rand(1, 150, 1) if gated else None
+    try:
+        xs = [x.clone().requires_grad_() for x in (q, k, v)]
+        op(*xs, g=g)[0].sum().backward()
+    finally:
+        op.schedule = "auto"
+    grad = [args for kernel, args in stored if kernel == "grad_kernel"]
+    assert grad
+    if starts is not None:
+        assert {x for args in grad for k, x in args.items() if k.startswith("starts_")} == {starts}
+    assert {x for args in grad for k, x in args.items() if k.startswith("dends_")} == {d_states}
+
+
+def test_a_reverse_only_step_keeps_its_d_states_sharp(stored):
+    """Context parallelism's first backward step (``reverse_only``) wants the d initial state, so
+    its reverse scan stores fp32 d-states even with no initial state given; the full backward of
+    the same call, bf16 ones."""
+    from test_triton_backward import _inputs
+    from hladsl.runtime.triton_backward import backward_triton
+    alg = hladsl.compile_spec("linear")
+    program = chunk_program(alg, 16, (("d", 8), ("dv", 8)), True)
+    tiles, lam, _, grad_o, _ = _inputs(program, False, seed=3)
+    for reverse_only, want in ((True, torch.float32), (False, torch.bfloat16)):
+        stored.clear()
+        backward_triton(program, {k: x.float() for k, x in tiles.items()}, lam.float(), None, grad_o.float(),
+                        None, alg.eps, schedule="scan", reverse_only=reverse_only)
+        dends = {x for kernel, args in stored if kernel == "rscan_kernel" for k, x in args.items()
+                 if k.startswith("dends_")}
+        assert dends == {want}, reverse_only
+
+
+def test_narrow_launches_store_fp32():
+    """Where ``dot_override`` sends a chained launch's state dots to fp32 (a chunk or a feature
+    dim narrower than 64: a Hopper miscompile's workaround) bf16 stores would not be the bits
+    those dots read, so the backward stores fp32 there."""
+    import triton.language as tl
+    common = {"SDOT": tl.bfloat16}
+    for chunk, width, want in ((64, 64, tl.bfloat16), (32, 64, tl.float32), (64, 32, tl.float32)):
+        first = torch.zeros(1, 1, 1, chunk, 8, dtype=torch.bfloat16)
+        assert launch.stored_sdot(first, common, {"B_d": width, "B_dv": 64}) == want, (chunk, width)
+
+
+def test_bf16_parts_take_a_spare_fp32_buffer():
+    """The reverse scan's parts go into the forward deltas it does not read (no extra memory):
+    bf16 parts into the first half of an fp32 one of the same shape."""
+    from hladsl.runtime.triton_backward import _part_buffers
+    init = torch.zeros(2, 3, 4, 5)
+    spare = torch.empty(2, 3, 7, 4, 5)
+    written = [{"name": "S"}]
+    parts = _part_buffers(written, {"init_S": init}, (2, 3, 7), [spare], torch.bfloat16)["rdeltas_S"]
+    assert parts.dtype == torch.bfloat16 and parts.shape == spare.shape and parts.data_ptr() == spare.data_ptr()
+    parts.fill_(1.5)   # a view of the buffer's first half: writable, in bounds
+    assert _part_buffers(written, {"init_S": init}, (2, 3, 7), [spare], torch.float32)["rdeltas_S"].data_ptr() == \
+        spare.data_ptr()
+    other = _part_buffers(written, {"init_S": init}, (2, 3, 6), [spare], torch.bfloat16)["rdeltas_S"]
+    assert other.data_ptr() != spare.data_ptr() and other.shape == (2, 3, 6, 4, 5)

@@ -609,6 +609,8 @@ def read_only_as_sdot(code: str, var: str) -> bool:
         start, _, sdot, operands_end = max(around)    # the innermost call
         if not sdot or pos > operands_end:
             return False
+        if not any(a.strip() in (var, f"tl.trans({var})") for a in _call_args(text, start + 5)[0][:2]):
+            return False   # an operand computed from it (var * decay, a helper's result) is not it
     return True
 
 
@@ -621,21 +623,36 @@ def starts_read_as_sdot(sources, names) -> frozenset[str]:
     ok = set(names)
     for source in sources:
         for kernel in re.split(r"^@triton\.jit\n", source, flags=re.M)[1:]:
-            head = kernel.find("\n):")
-            if head < 0:
-                continue
-            body = "\n".join(line for line in kernel[head + 3:].splitlines()
+            signature = re.match(r"def \w+\(", kernel)
+            if signature is None:   # not a function as the templates write them: nothing is known
+                return frozenset()
+            _, head = _call_args(kernel, signature.end())
+            body = "\n".join(line for line in kernel[head:].splitlines()[1:]
                              if not line.lstrip().startswith("#"))
             for name in sorted(ok):
                 ptr = re.escape(f"starts_{name}")
                 uses = re.findall(rf"^.*\b{ptr}\b.*$", body, flags=re.M)
-                stores = [u for u in uses if re.search(rf"\btl\.store\({ptr}\b", u)]
-                loads = [u for u in uses if re.match(rf"\s*st_{re.escape(name)} = tl\.load\({ptr}\b", u)]
+                # a statement of its own: the store's pointer, the load's whole right-hand side
+                stores = [u for u in uses if re.match(rf"\s*tl\.store\({ptr}\b", u)
+                          and len(re.findall(rf"\b{ptr}\b", u)) == 1]
+                loads = [u for u in uses if _whole_load(u, f"st_{name}", f"starts_{name}")]
                 rest = "\n".join(line for line in body.splitlines() if line not in loads)
                 if len(stores) + len(loads) != len(uses) or (
                         loads and not read_only_as_sdot(rest, f"st_{name}")):
                     ok.discard(name)
     return frozenset(ok)
+
+
+def _whole_load(line: str, var: str, ptr: str) -> bool:
+    """Is ``line`` ``var = tl.load(ptr ...)`` and nothing more (but a trailing comment)?"""
+    m = re.match(rf"\s*{re.escape(var)} = tl\.load\({re.escape(ptr)}\b", line)
+    if not m:
+        return False
+    try:
+        _, end = _call_args(line, m.end() - len(ptr))
+    except ValueError:   # the call goes on past the line
+        return False
+    return line[end:].strip() == "" or line[end:].lstrip().startswith("#")
 
 
 def _call_args(text: str, pos: int) -> tuple[list[str], int]:

@@ -167,19 +167,33 @@ def starts_dtype(read_only_as_sdot: bool, sdot) -> torch.dtype:
 # 1e-2; fp32: 2.3e-6), dk 2.9e-3 -> 4.4e-3 (run 227, H100, T = 8192, d = 64, bf16). Nor where the
 # quotient rule's cotangents sum nearly cancelling parts (``ir.precision.quotient_cancelling``).
 # Elsewhere (a call with no state in: the token gradients only) each stored d-state is rounded once,
-# 2^-9 of itself: hla3 fwd + bwd 5.86 -> 5.29 ms at T = 16384 (B = 2, H = 16, d = 64, H200), its
-# dk, dv 3.88e-3 -> 4.21e-3 against fp32 (run 273). D_STATES_IN_SDOT: bf16 even there (an A/B switch).
+# 2^-9 of itself, and so is each chunk's part the scan sums them from: hla3 fwd + bwd 5.86 -> 5.29 ms
+# at T = 16384 (B = 2, H = 16, d = 64, H200), its dk, dv 3.88e-3 -> 4.21e-3 against fp32, 3.4e-3
+# from the fp32-stored gradients (run 273). STATELESS_D_STATES_IN_SDOT: that rule (an A/B switch);
+# D_STATES_IN_SDOT: bf16 even where they are needed sharp (an A/B switch, off).
+STATELESS_D_STATES_IN_SDOT = True
 D_STATES_IN_SDOT = False
 
 
 def d_states_dtype(sdot, sharp: bool = True) -> torch.dtype:
     """The dtype the reverse scan stores its per-chunk d-states in (its parts, the chunk-end
     d-states; its walks carry them in fp32 registers): bf16 where the backward's state products
-    run in bf16 (SDOT; fp32 where the precision plan makes its state reads exact, rule 5), unless
-    ``sharp`` (a d initial state formed from them, or quotient-cancelling d-states) and not
-    ``D_STATES_IN_SDOT``; else fp32."""
+    run in bf16 (``sdot``, ``stored_sdot``'s: fp32 where the precision plan makes its state reads
+    exact, rule 5) and either nothing needs them ``sharp`` (a d initial state formed from them,
+    quotient-cancelling d-states) under ``STATELESS_D_STATES_IN_SDOT``, or ``D_STATES_IN_SDOT``;
+    else fp32."""
     import triton.language as tl
-    return torch.bfloat16 if sdot == tl.bfloat16 and (D_STATES_IN_SDOT or not sharp) else torch.float32
+    wanted = D_STATES_IN_SDOT or (STATELESS_D_STATES_IN_SDOT and not sharp)
+    return torch.bfloat16 if sdot == tl.bfloat16 and wanted else torch.float32
+
+
+def stored_sdot(first, common: dict, features: dict):
+    """The state-dot dtype the backward stores starts and d-states in (``starts_dtype``,
+    ``d_states_dtype``): the plan's SDOT, or fp32 where ``dot_override`` sends a narrow chunk's or
+    feature dim's state dots to fp32 (a Hopper miscompile's workaround): bf16 stores there would
+    not be the bits those fp32 dots read. (A launch narrowed at run time past those widths,
+    ``launch_narrowing``, reads them as stored: the bf16 path's precision.)"""
+    return dot_override(first, True, {}, features).get("SDOT", common["SDOT"])
 
 
 MIN_CHUNK = 16

@@ -32,7 +32,9 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     missing or None grad_final entry is zero; the kernels make zeros themselves); grad_o: [N, H, nC, C, dv] (any float dtype and strides, unit
     feature stride). Returns (d_tiles {input: [N, H, nC, C, dim] in ``grad_dtype``, tile views
     of contiguous [N, nC*C, H, dim] tensors}, d_lam [N, H, nC, C] fp32 or None, d_init
-    {summary: [N, H, *shape] fp32}). d_lam is the gradient w.r.t. lam (dg: its reverse
+    {summary: [N, H, *shape] fp32}: with init_states None the reverse scan may store its d-states
+    in the state-dot dtype (``launch.d_states_dtype``: no d initial state wanted), which d_init
+    then sums too coarsely to use -- pass zeros for an accurate one). d_lam is the gradient w.r.t. lam (dg: its reverse
     cumulative sum within each chunk). precision / num_warps as for forward_triton;
     reverse_block: the value-dim block of one reverse-pass program (walking or scan) where
     the program splits it (default: small enough to fill the GPU). schedule: "two_pass" (reverse
@@ -207,7 +209,7 @@ def _state_pass(module, fwd, plan, program, tiles, lam, state_args: dict, scales
             init = state_args[f"init_{s['name']}"]
             as_sdot = s["name"] in plan.starts_sdot   # (in SDOT where every reader rounds them so)
             starts[s["name"]] = per_chunk_alloc(init, seq_chunks)(tuple(first.shape[:3]) + tuple(init.shape[2:]),
-                                                                dtype=launch.starts_dtype(as_sdot, plan.common["SDOT"]))
+                                                                dtype=launch.starts_dtype(as_sdot, plan.stored_sdot))
             state_args[f"starts_{s['name']}"] = starts[s["name"]]
     deltas = run_state_pass(module, fwd, plan, state_args,
                             {**_token_args(fwd["state_inputs"], tiles, lam, program.gated, scales), **plan.packed},
@@ -388,15 +390,16 @@ def _prefetch(rs: dict) -> dict:
 
 def _part_buffers(written: list, state_args: dict, rows: tuple, spare: list, dtype: torch.dtype) -> dict:
     """A delta kernel's per-chunk d-state parts (``rdeltas_``) in ``dtype``, in a ``spare`` buffer
-    of the same shape and dtype where one is left."""
+    of the same shape where one is left (an fp32 one holds bf16 parts in its first half)."""
     parts = {}
     for s in written:
         init = state_args[f"init_{s['name']}"]
         shape = rows + tuple(init.shape[2:])
-        reuse = next((x for x in spare if tuple(x.shape) == shape and x.dtype == dtype), None)
+        reuse = next((x for x in spare if tuple(x.shape) == shape and x.is_contiguous()
+                      and x.element_size() % dtype.itemsize == 0), None)
         spare = [x for x in spare if x is not reuse]
-        parts[f"rdeltas_{s['name']}"] = reuse if reuse is not None else \
-            binding.fresh(init.new_empty(shape, dtype=dtype))
+        parts[f"rdeltas_{s['name']}"] = (binding.fresh(init.new_empty(shape, dtype=dtype)) if reuse is None else
+                                         reuse.view(-1).view(dtype)[:reuse.numel()].view(shape))
     return parts
 
 
@@ -511,9 +514,10 @@ class _BackwardPlan:
             SDOT=launch.state_dot_dtype(first.dtype, device, ctx["exact_state_reads"]),
             PREC=precision or launch.exact_precision(device), num_warps=num_warps,
             **constexprs(program))
-        self.starts_sdot = ctx["starts_sdot"]
-        self.d_states_dtype = launch.d_states_dtype(common["SDOT"], forms_d_init or ctx["cancelling_d_states"])
         features = launch.feature_blocks(program, common)
+        self.starts_sdot = ctx["starts_sdot"]    # (stored in stored_sdot: triton_bwd._starts_sdot)
+        self.stored_sdot = launch.stored_sdot(first, common, features)
+        self.d_states_dtype = launch.d_states_dtype(self.stored_sdot, forms_d_init or ctx["cancelling_d_states"])
         self.packed = _packed_tables(program, device)
         plan_state_pass(self, program, fwd, common, first, schedule, "backward", precision=precision)
         self.cotangent_dot = launch.dot_override(first, fwd["output_chained_dots"], launch.packed_blocks(program, common), features)
