@@ -67,7 +67,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
     n_seq, heads, n_chunks = first.shape[:3]
     device = first.device
     plan = _plan(program, ctx, stage_complete, first, precision, num_warps, reverse_block, schedule,
-                 targets_per_program, seq_chunks, reverse_only, reverse_only or init_states is not None)
+                 targets_per_program, seq_chunks, reverse_only, init_states is not None)
     walk, common, packed = plan.walk, plan.common, plan.packed
     check_backward_args(program, tiles, lam, init_states, grad_o, grad_final, plan.walkers,
                         zero_init_ok=True)
@@ -188,13 +188,15 @@ def _module(program, schedule: str, first) -> tuple:
 
 
 def _plan(program, ctx, stage_complete, first, precision, num_warps, reverse_block, schedule,
-          targets_per_program, seq_chunks, reverse_only, forms_d_init: bool = True) -> "_BackwardPlan":
-    """``forms_d_init``: the call has an initial state, whose gradient the d-states sum to."""
+          targets_per_program, seq_chunks, reverse_only, has_init: bool) -> "_BackwardPlan":
+    """``has_init``: the call has an initial state. Its gradient, and context parallelism's
+    ``reverse_only`` step's, is summed from the d-states (``launch.d_states_dtype``'s sharp)."""
     key = (id(program), stage_complete, tuple(first.shape[:4]), first.dtype, first.device, precision,
-           num_warps, reverse_block, schedule, targets_per_program, reverse_only, forms_d_init)
+           num_warps, reverse_block, schedule, targets_per_program, reverse_only, has_init)
     return launch.remembered(_PLANS, key, lambda: _BackwardPlan(
         program, ctx, first, precision, num_warps, reverse_block, schedule, targets_per_program,
-        seq_chunks, fused_ok=not reverse_only, stage_complete=stage_complete, forms_d_init=forms_d_init),
+        seq_chunks, fused_ok=not reverse_only, stage_complete=stage_complete,
+        forms_d_init=reverse_only or has_init),
         cacheable=seq_chunks is None)
 
 
