@@ -2,7 +2,10 @@
 (torch.profiler, after a warm-up call), beside fla's chunk_simple_gla when installed.
 
     python benchmarks/profile_kernels.py linear hla2 power:p=2 [--T 4096] [--gated]
-        [--mode fwd+bwd] [--launch FORWARD_CHUNK=128] [--json out.json]
+        [--mode fwd+bwd] [--launch FORWARD_CHUNK=128] [--json out.json] [--launches]
+
+``--launches`` also prints each kernel's first launch: its grid, its block, chunk, warps
+and dot-dtype arguments, and the dtype of the chunk-start buffers it reads or writes.
 
 Totals are per call (the profiled calls' kernel time divided by their number); a
 kernel name's count is its launches per call. Use do_bench timings (``hladsl bench``)
@@ -40,6 +43,27 @@ def kernel_times(fn) -> list[tuple[str, int, float]]:
             counts[event.name] += 1
     return sorted(((name[:90], counts[name] // CALLS, totals[name] / CALLS) for name in totals),
                   key=lambda row: -row[2])
+
+
+def launch_lines() -> list[str]:
+    """Record the first launch of every (kernel, grid) through ``launch.launch``."""
+    lines, seen = [], set()
+    original = launch.launch
+
+    def recording(kernel, grid, args, *rest, **kw):
+        name = getattr(getattr(kernel, "fn", kernel), "__name__", str(kernel))
+        shown = {k: v for k, v in args.items()
+                 if k in ("C", "num_warps", "num_stages", "DOT", "SDOT", "PREC", "FLAT")
+                 or (k.startswith("B_") and isinstance(v, int))}
+        shown.update({k: str(v.dtype).replace("torch.", "") for k, v in args.items()
+                      if k.startswith(("starts_", "dstarts_")) and hasattr(v, "dtype")})
+        line = f"  {name} grid={tuple(grid)} " + " ".join(f"{k}={v}" for k, v in shown.items())
+        if (name, tuple(grid)) not in seen:
+            seen.add((name, tuple(grid)))
+            lines.append(line)
+        return original(kernel, grid, args, *rest, **kw)
+    launch.launch = recording
+    return lines
 
 
 def spec_call(name, params, B, T, H, d, gated, backward):
@@ -91,7 +115,9 @@ def main(argv=None) -> int:
     parser.add_argument("--launch", nargs="+", default=[], metavar="NAME=VALUE",
                         help="launch rule constants set for the hladsl calls (as hladsl bench's)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--launches", action="store_true", help="print each kernel's first launch")
     args = parser.parse_args(argv)
+    launches = launch_lines() if args.launches else None
     for name, value in parse_switches(args.launch).items():
         launch.switch(name, value)
     backward = args.mode == "fwd+bwd"
@@ -104,13 +130,20 @@ def main(argv=None) -> int:
     except ImportError:
         pass
     for label, make in calls:
-        rows = kernel_times(make())
+        try:
+            rows = kernel_times(make())
+        except Exception as error:   # fla's gated chunk path refuses triton 3.6 on Hopper (its issue 640)
+            print(f"\n== {label}: failed: {type(error).__name__}: {str(error)[:200]}")
+            continue
         total = sum(r[2] for r in rows)
         print(f"\n== {label} {args.mode} B={args.B} T={args.T} H={args.H} d={args.d}"
               f"{' gated' if args.gated else ''}: {total / 1e3:.3f} ms of kernels, "
               f"{sum(r[1] for r in rows)} launches")
         for name, count, us in rows[:25]:
             print(f"  {us:9.1f} us {100 * us / total:5.1f}%  x{count:<3d} {name}")
+        if launches:
+            print("\n".join(launches))
+            launches.clear()
         report[label] = dict(total_us=total, kernels=rows)
         torch.cuda.empty_cache()
     if args.json:

@@ -1,9 +1,20 @@
-# Prepared in round 42, not run (the session's device time was spent): the stored-dtype rules against
-# fp32 storage for the specs they also reach (hla2, ahla, linear) and gated hla3 / hla3_masked, same process.
+# Round 43, run 276: where power p = 2's gated forward goes at d = 64 and d = 128 (T = 16k), per kernel,
+# then its do_bench time at both widths beside retention (d = 64), same process.
 set -u
 export TRITON_CACHE_DIR=/tmp/hl/triton HLADSL_CACHE_DIR=/tmp/hl/hladsl
-timeout 250 python3 -m hladsl bench --specs hla2 ahla linear --baselines fla --modes fwd+bwd --T 16384 65536 \
-  --launch STARTS_IN_SDOT=false STATELESS_D_STATES_IN_SDOT=false --json $OUT/run276_a.json --plot '' 2>&1 | grep "fwd+bwd"
-timeout $((540 - SECONDS)) python3 -m hladsl bench --specs hla3_masked hla3 --gated --modes fwd fwd+bwd --T 16384 \
-  --json $OUT/run276_b.json --plot '' 2>&1 | grep -E "^(fwd|fwd\+bwd) "
+for d in 64 128; do
+  timeout 200 python3 benchmarks/profile_kernels.py power:p=2 --gated --mode fwd --T 16384 --d $d \
+    --launches --json $OUT/run276_prof_d$d.json 2>&1 | grep -v compiling | tee $OUT/run276_prof_d$d.txt | head -45
+  echo "profile d=$d done at $SECONDS s"
+done
+timeout $((560 - SECONDS)) python3 -m hladsl bench --specs power --gated --baselines retention --modes fwd --T 16384 \
+  --d 64 128 --launch FORWARD_CHUNK=128 --json $OUT/run276_bench.json --plot '' > $OUT/run276_bench.txt 2>&1
+python3 - <<'PY'
+import json, os
+try:
+    rows = json.load(open(os.environ["OUT"] + "/run276_bench.json"))
+    print(json.dumps(rows)[:3000])
+except Exception as e:
+    print("no json", e)
+PY
 echo "done at $SECONDS s"
