@@ -340,11 +340,12 @@ SHARED_DIM_POWER = """mechanism powshared {
 
 @pytest.mark.parametrize("p,dims,shared", [(2, (12, 8), False), (3, (8, 8), False), (2, (32,), True)],
                          ids=["p2-d12", "p3", "p2-value-dim-split"])
-def test_power_factors_picked_by_one_hot_dots_equal_gathered_loads(p, dims, shared, monkeypatch, tmp_path):
+def test_power_factors_picked_by_dots_gathers_and_loads_agree(p, dims, shared, monkeypatch, tmp_path):
     """The packed power factors x[T, α_r] are picked from the loaded token tile by one-hot
-    dots (``triton_gen.slot_columns``); the gathered loads they replaced read the same
-    values, so forward and backward agree bitwise in float32 (one value times 1 per output;
-    d = 12: a padded tile), and both match float64. Where x's dim is the output's value dim,
+    dots (``triton_gen.slot_columns``), by ``tl.gather`` of that tile (POWER_COLUMNS
+    "gather") or by gathered loads from memory ("load"); all read the same values, so forward
+    and backward agree bitwise in float32 (one value times 1 per output; d = 12: a padded
+    tile, whose padded α the gather must zero), and all match float64. Where x's dim is the output's value dim,
     split here over blocks of 16 in the state and reverse passes (the loaded tile then holds
     one block), the columns stay gathered loads."""
     from hladsl.codegen import triton_bwd, triton_gen
@@ -364,8 +365,8 @@ def test_power_factors_picked_by_one_hot_dots_equal_gathered_loads(p, dims, shar
     def f32(d):
         return {k: v.float() for k, v in d.items()}
     runs = {}
-    for gathered in (False, True):
-        monkeypatch.setattr(triton_gen, "POWER_GATHERED_LOADS", gathered)
+    for mode in ("dot", "gather", "load"):
+        monkeypatch.setattr(triton_gen, "POWER_COLUMNS", mode)
         monkeypatch.setattr(triton_gen, "_MODULES", {})    # the modules are rendered anew
         monkeypatch.setattr(triton_bwd, "_MODULES", {})
         launch.forget_plans()
@@ -375,14 +376,18 @@ def test_power_factors_picked_by_one_hot_dots_equal_gathered_loads(p, dims, shar
         src = "".join(open(hit[1].__file__).read()
                       for hit in list(triton_gen._MODULES.values()) + list(triton_bwd._MODULES.values()))
         token_gathers = src.count("offs_t[:, None] * str_k_t + t")   # a gathered load of k's columns
-        picked = "the tile's columns picked by a dot" in src
-        assert (token_gathers > 0) == (gathered or shared) and picked == (not gathered and not shared)
-        runs[gathered] = (o, final, *grads)
+        by_dot = "the tile's columns picked by a dot" in src
+        by_gather = "tl.gather(raw_k" in src
+        assert (token_gathers > 0) == (mode == "load" or shared)
+        assert by_dot == (mode == "dot" and not shared) and by_gather == (mode == "gather" and not shared)
+        runs[mode] = (o, final, *grads)
     launch.forget_plans()
-    (o, final, d_tiles, d_lam, d_init), old = runs[False], runs[True]
-    assert torch.equal(o, old[0]) and torch.equal(d_lam, old[3])
-    for got, ref in ((final, old[1]), (d_tiles, old[2]), (d_init, old[4])):
-        assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in got)
+    o, final, d_tiles, d_lam, d_init = runs["dot"]
+    for mode in ("gather", "load"):
+        other = runs[mode]
+        assert torch.equal(o, other[0]) and torch.equal(d_lam, other[3]), mode
+        for got, ref in ((final, other[1]), (d_tiles, other[2]), (d_init, other[4])):
+            assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in got), mode
     ref_tiles, ref_lam, ref_init = backward_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps)
     for x in tiles:
         assert _rel(d_tiles[x], ref_tiles[x]) <= 1e-4, x

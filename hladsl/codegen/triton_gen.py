@@ -50,8 +50,19 @@ def block_size(n: int) -> int:
     return max(16, 1 << (int(n) - 1).bit_length())
 
 
-# Packed power factors from gathered loads of the token columns (the code before round 23; A/B runs)
-POWER_GATHERED_LOADS = os.environ.get("HLADSL_POWER_GATHER", "0") == "1"
+# How a packed power's factor columns x[T, α_r] come out of the token tile (``slot_columns``):
+# "dot" (a one-hot dot on the tensor cores, round 23), "gather" (tl.gather of the tile in
+# registers), "load" (gathered loads from memory, the code before round 23), or "auto": gather
+# from tiles at most POWER_GATHER_MAX_WIDTH wide, dots from wider ones. Run 277 (H200, power
+# p = 2 gated, B = 2, H = 16, bf16, forward at T = 16k, the same bits): d = 64 dot 3.61 ms,
+# gather 3.16; d = 128 dot 38.65, gather 57.46. A/B runs set HLADSL_POWER_COLUMNS
+# (HLADSL_POWER_GATHER=1 is the old spelling of "load").
+POWER_COLUMN_MODES = ("auto", "dot", "gather", "load")
+POWER_GATHER_MAX_WIDTH = 64
+POWER_COLUMNS = os.environ.get("HLADSL_POWER_COLUMNS") or (
+    "load" if os.environ.get("HLADSL_POWER_GATHER", "0") == "1" else "auto")
+if POWER_COLUMNS not in POWER_COLUMN_MODES:
+    raise ValueError(f"HLADSL_POWER_COLUMNS={POWER_COLUMNS!r}: expected one of {', '.join(POWER_COLUMN_MODES)}")
 PACKED_TILE = 64   # entries of a packed symmetric dim per tile (state-pass block, output loop step)
 
 
@@ -242,9 +253,11 @@ class _Lowering:
         """(the packed indices' slot ``r`` [B_pd], x[T, α_r] [C, B_pd] in fp32) for this tile
         of packed dim ``pd``. The columns come out of the [C, dim] tile already loaded, as
         ``raw_x`` · onehot[dim, α] on the tensor cores, coalesced, where gathered loads of
-        x's columns from memory (POWER_GATHERED_LOADS, the A/B) read them one element at a
-        time. Exact for bf16 / fp16 tokens (one value times 1 per output); fp32 tokens on a
-        GPU go through tf32x3 like every other fp32 token product (~22 bits). Where x's dim
+        x's columns from memory (POWER_COLUMNS "load", the A/B) read them one element at a
+        time; "gather" picks them from the tile in registers (``tl.gather``: no tensor-core
+        work, the same values), under "auto" where the tile is at most POWER_GATHER_MAX_WIDTH
+        wide. The dots are exact for bf16 / fp16 tokens (one value times 1 per output); fp32
+        tokens on a GPU go through tf32x3 like every other fp32 token product (~22 bits). Where x's dim
         is the output's value dim, which a kernel may split over blocks (``raw_x`` then holds
         only this program's block of it), the columns are gathered from memory.
         A dot reading the product is a chain of dots (``Block.chained``): Triton 3.6
@@ -257,10 +270,18 @@ class _Lowering:
         valid = f"offs_{pd} < D_{pd}"
         col = block.define(f"tl.load(pk_{pd}_idx + {r} * D_{pd} + offs_{pd}, mask={valid}, other=0)",
                            f"slot {r + 1} of each packed index of {pd}")
-        if POWER_GATHERED_LOADS or dim == self.o_dim:
+        mode = POWER_COLUMNS
+        if mode == "auto":
+            mode = "gather" if block_size(dict(self.p.sizes)[dim]) <= POWER_GATHER_MAX_WIDTH else "dot"
+        if mode == "load" or dim == self.o_dim:
             return col, block.define(self.scaled_load(x, (
                 f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + {col}[None, :], "
                 f"mask=({valid})[None, :], other=0.0)")) + ".to(tl.float32)")
+        if mode == "gather":   # padded α pick column 0: zeroed, as the one-hot's empty columns
+            return col, block.define(
+                f"tl.where(({valid})[None, :], tl.gather(raw_{x}, tl.broadcast_to({col}[None, :], "
+                f"(C, B_{pd})), axis=1).to(tl.float32), 0.0)",
+                f"{x}[T, α_{r + 1}], the tile's columns picked in registers")
         onehot = block.define(f"tl.where((offs_{dim}[:, None] == {col}[None, :]) & ({valid})[None, :], 1.0, 0.0)",
                               f"one-hot [{dim}, α] of slot {r + 1}")
         return col, block.define(f"_dot(raw_{x}, {onehot}, DOT, PREC)",

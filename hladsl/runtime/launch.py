@@ -371,6 +371,7 @@ def state_blocks(sizes: dict[str, int], programs: int, device, narrow_ok: bool,
 
 
 STATE_BLOCK = None   # every split walk's non-packed blocks at this width, whatever the rule says (A/B)
+PACKED_BLOCK = None  # every forward's packed-dim tile (triton_gen.PACKED_TILE's 64 by default; A/B)
 TWO_SPLIT_MAX_BLOCK = 64
 
 

@@ -265,6 +265,7 @@ class _ForwardPlan:
                       num_warps=num_warps, **constexprs(program))
         if num_stages is not None:
             common["num_stages"] = num_stages
+        packed_block = packed_block or launch.PACKED_BLOCK
         if packed_block is not None:
             common.update({f"B_{pd.name}": packed_block for pd in program.packed})
         self.common = common
