@@ -71,7 +71,7 @@ def test_long_chunk_where_the_rule_says_so_and_only_past_one_long_chunk(monkeypa
     ("ahla", True, False, True),
     ("hla3_masked", True, False, False),   # at d = 128 its kernels pass 150 FLOP/byte at 128
     ("hla3", False, False, False),         # no chunk scan: its state pass walks the tokens
-    ("power", False, False, False),        # packed states
+    ("power", False, False, True),         # packed states: walks; at d = 128 its forward takes 128
 ])
 def test_which_programs_take_the_long_chunk(gpu_of_132_sms, spec, forward, backward, wide_forward):
     import hladsl
@@ -92,8 +92,8 @@ def test_which_programs_take_the_long_chunk(gpu_of_132_sms, spec, forward, backw
                                        direction, "auto", 32, gpu_of_132_sms, False, 2)
     assert takes_wide("forward") is wide_forward
     assert not takes_wide("backward") and not takes_wide("backward", gated=True)
-    # gated at wide dims: only where each output term multiplies one [C, C] decay tile (linear)
-    assert takes_wide("forward", gated=True) is (wide_forward and spec == "linear")
+    # gated at wide dims: only where each output term multiplies one [C, C] decay tile (linear, power)
+    assert takes_wide("forward", gated=True) is (wide_forward and spec in ("linear", "power"))
     wider = tuple((dim, 256) for dim, _ in sizes)     # past WIDE_LONG_CHUNK_TILE: unmeasured, keeps 64
     assert not launch.takes_long_chunk(lambda chunk: program_for(op.compilation, chunk, wider, False),
                                        "forward", "auto", 32, gpu_of_132_sms, False, 2)

@@ -53,10 +53,12 @@ def block_size(n: int) -> int:
 # How a packed power's factor columns x[T, α_r] come out of the token tile (``slot_columns``):
 # "dot" (a one-hot dot on the tensor cores, round 23), "gather" (tl.gather of the tile in
 # registers), "load" (gathered loads from memory, the code before round 23), or "auto": gather
-# from tiles at most POWER_GATHER_MAX_WIDTH wide, dots from wider ones. Run 277 (H200, power
-# p = 2 gated, B = 2, H = 16, bf16, forward at T = 16k, the same bits): d = 64 dot 3.61 ms,
-# gather 3.16; d = 128 dot 38.65, gather 57.46. A/B runs set HLADSL_POWER_COLUMNS
-# (HLADSL_POWER_GATHER=1 is the old spelling of "load").
+# in the forward's kernels (state and output passes, ``_Lowering.gathers_columns``) from tiles at
+# most POWER_GATHER_MAX_WIDTH wide, dots elsewhere. Runs 277, 278 (H200, power p = 2 gated,
+# B = 2, H = 16, bf16, forward at T = 16k, the same bits): d = 64 dot 3.61 ms, gather 3.16;
+# d = 128 dot 38.65, gather 57.46 (state pass 20.05 -> 34.03 ms, output 18.61 -> 23.62); p = 3
+# at d = 64, T = 4k: 23.58 -> 22.27. A/B runs set HLADSL_POWER_COLUMNS (HLADSL_POWER_GATHER=1
+# is the old spelling of "load").
 POWER_COLUMN_MODES = ("auto", "dot", "gather", "load")
 POWER_GATHER_MAX_WIDTH = 64
 POWER_COLUMNS = os.environ.get("HLADSL_POWER_COLUMNS") or (
@@ -91,6 +93,8 @@ STATE_PASS_READS_DELTAS = os.environ.get("HLADSL_STATE_PASS_READS_DELTAS") == "1
 
 class _Lowering:
     """Walks one chunk program and collects the pieces of the template context."""
+
+    gathers_columns = True   # POWER_COLUMNS "auto" may gather packed power columns (``slot_columns``)
 
     def __init__(self, program: ChunkProgram, stage_complete: bool = False):
         self.p = program
@@ -272,7 +276,8 @@ class _Lowering:
                            f"slot {r + 1} of each packed index of {pd}")
         mode = POWER_COLUMNS
         if mode == "auto":
-            mode = "gather" if block_size(dict(self.p.sizes)[dim]) <= POWER_GATHER_MAX_WIDTH else "dot"
+            narrow = block_size(dict(self.p.sizes)[dim]) <= POWER_GATHER_MAX_WIDTH
+            mode = "gather" if self.gathers_columns and narrow else "dot"
         if mode == "load" or dim == self.o_dim:
             return col, block.define(self.scaled_load(x, (
                 f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + {col}[None, :], "

@@ -246,7 +246,13 @@ def takes_long_chunk(program_at: Callable[[int], object], direction: str, schedu
 
     * without a chunk scan: the walk holds 128-token tiles in a sequential loop, or expands
       packed states into them, and spills (sm_90: AHLA's walking state pass 640 B of stack
-      at 128, power's output kernel 1824 B; power p = 2 15.3 -> 22.5 ms at T = 16k, run 82);
+      at 128, power's output kernel 1824 B; power p = 2 15.3 -> 22.5 ms at T = 16k, run 82;
+      d = 64 3.61 -> 4.54 on the H200, run 277) -- except a forward whose packed states walk
+      at tiles past LONG_CHUNK_TILE (the rules below then apply): there the output kernel,
+      one program a SM at 255 registers either way, reads half the chunk-start bytes a token.
+      Power p = 2 gated at d = 128, T = 16k: H200 runs 276-278 38.65 -> 33.12 ms (three runs
+      within 0.2 %); the H100 took 37.55 -> 39.4 in round 30 (run 211: state pass 19.73 ->
+      30.22, output 18.30 -> 9.06), on code since changed, a GPU no longer lent;
     * gated, except a forward at wide dims (below) whose output terms each multiply one [C, C]
       mask (``ChunkProgram.masks_per_output_term``: linear): the decay tiles exp(Λ_t − Λ_s)
       beside every intra-chunk product push the output kernel past its registers at 128
@@ -272,10 +278,10 @@ def takes_long_chunk(program_at: Callable[[int], object], direction: str, schedu
     if schedule != "auto" or varlen or programs >= FUSED_MIN_PROGRAMS_PER_SM * sms(device):
         return False
     program = program_at(LONG_CHUNK)
-    if not has_chunk_scan(program):
+    tile = LONG_CHUNK * max(n for _, n in program.sizes)
+    if not has_chunk_scan(program) and not (program.packed and tile > LONG_CHUNK_TILE):
         return False
     from hladsl.ir.cost import kernel_costs
-    tile = LONG_CHUNK * max(n for _, n in program.sizes)
     if program.gated and (tile <= LONG_CHUNK_TILE or program.masks_per_output_term() > 1):
         return False
     if tile > LONG_CHUNK_TILE:

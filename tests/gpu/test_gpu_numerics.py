@@ -84,7 +84,9 @@ D128 = {"linear": [Variant(BF16, False, False, d=128), Variant(BF16, True, True,
         "hla2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128), AUTO_D128,
                  Variant(BF16, True, False, with_state=False, d=128)],
         "ahla": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128), AUTO_D128],
-        "power2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128)],
+        # "auto" at d = 128: the forward at the long chunk (its packed states walk at 128-wide tiles)
+        "power2": [Variant(BF16, False, False, d=128), Variant(BF16, True, True, d=128), AUTO_D128,
+                   AUTO_D128_GATED],
         # the carried form's kernels at d = 128 (with its product summaries)
         "hla3": [Variant(BF16, True, False, with_state=False, d=128)]}
 
