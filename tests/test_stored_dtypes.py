@@ -73,6 +73,73 @@ def test_shipped_programs_store_the_starts_their_kernels_round():
     assert backward_kernels(program)[1]["starts_sdot"] == frozenset()
 
 
+_GATED_READER = '''
+@triton.jit
+def reader(
+    starts_A, starts_B, starts_C,
+):
+    st_A = tl.load(starts_A + offs)
+    t1 = _dot(raw_k, st_A, SDOT, PREC)
+    t2 = tl.sum(tl.sum(ct_end_A * st_A, axis=1), axis=0)
+    st_B = tl.load(starts_B + offs)
+    t3 = _dot(raw_k, st_B, SDOT, PREC)
+    t4 = tl.sum(tl.sum(ct_end_B * st_B * decay, axis=1), axis=0)
+    st_C = tl.load(starts_C + offs)
+    t5 = tl.sum(tl.sum(ct_end_A * st_C, axis=1), axis=0)
+'''
+
+
+def test_dlam_inner_products_of_the_starts_are_taken_only_when_asked():
+    """A whole-state inner product with the state's own chunk-end cotangent, a statement of its
+    own (A: gated programs' dΛ scalars), is a read the rounded rule accepts; one with another
+    factor (B) or with another state's cotangent (C) is not. The exact rule accepts none."""
+    assert starts_read_as_sdot([_GATED_READER], "ABC") == frozenset()
+    assert starts_read_as_sdot([_GATED_READER], "ABC", inner_products=True) == {"A"}
+
+
+def test_gated_programs_take_rounded_starts_only_under_the_switch():
+    """Every shipped gated program's backward reads its starts besides SDOT dots only in dΛ's inner
+    products: the rounded rule (``launch.GATED_STARTS_IN_SDOT``) takes the states the ungated
+    program takes; the exact rule, none."""
+    for name in ("linear", "ahla", "hla3_masked", "power"):
+        compilation = algebra_compilation(hladsl.compile_spec(name))
+        ungated, gated = (backward_kernels(program_for(compilation, 64, (("d", 64), ("dv", 64)), g))[1]
+                          for g in (False, True))
+        assert gated["starts_sdot"] == frozenset(), name
+        assert gated["starts_sdot_rounded"] == ungated["starts_sdot"] != frozenset(), name
+
+
+def test_a_gated_backward_under_the_switch_reads_rounded_starts(stored, monkeypatch):
+    """Carried hla2, gated, no state, GATED_STARTS_IN_SDOT on: its gradient kernels read bf16 starts
+    of S and W0, and the output and every gradient, dg included (the inner products), stay within
+    their rounding of the float64 oracle (1e-2)."""
+    monkeypatch.setattr(launch, "GATED_STARTS_IN_SDOT", True)
+    torch.manual_seed(7)
+    T, d = 150, 8
+    base = [torch.randn(T, d, dtype=torch.float64) for _ in range(3)]
+    g0 = -0.3 * torch.rand(T, dtype=torch.float64)
+    op = hladsl.load("hla2", backend="triton")
+    op.schedule = "scan"
+    try:
+        xs = [x.float().requires_grad_() for x in base]
+        g = g0.float().requires_grad_()
+        o, _ = op(*(x[None, :, None] for x in xs), g=g[None, :, None], scale=1.0)
+        cot = torch.randn(T, d, dtype=torch.float64)
+        o[0, :, 0].backward(cot.float())
+    finally:
+        op.schedule = "auto"
+    grad = [args for name, args in stored if name == "grad_kernel"]
+    assert grad and all(args[f"starts_{n}"] == torch.bfloat16 for args in grad for n in ("S", "W0"))
+    refs = [x.clone().requires_grad_() for x in base]
+    g_ref = g0.clone().requires_grad_()
+    ref = oracle("hla2", *refs, g_ref)
+    ref.backward(cot)
+    for what, got, want in [("o", o[0, :, 0].detach(), ref.detach()), ("dg", g.grad, g_ref.grad)] + [
+            (n, x.grad, r.grad) for n, x, r in zip(("dq", "dk", "dv"), xs, refs)]:
+        err = ((got.double() - want).norm() / want.norm()).item()
+        assert err < 1e-2, f"{what}: {err:.2e}"
+
+
 @pytest.mark.parametrize("gated", [False, True])
 def test_carried_hla3_reads_its_starts_only_as_state_dot_operands_ungated(gated):
     """Carried hla3's kernels (backward and forward modules) read SK, SQ, P and W0 at a chunk

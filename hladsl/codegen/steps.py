@@ -41,6 +41,12 @@ def comment(text: str) -> str:
                    for ch in text)
 
 
+# Loaded chunk-start states and chunk-end d-states (``st_X``, ``ct_end_X``), which the launch
+# layer may store in bf16 (``runtime.launch.starts_dtype``, ``d_states_dtype``): an elementwise
+# product reading one casts it to fp32 first, so two such operands never multiply in bf16.
+STORED_STATE_PREFIXES = ("st_", "ct_end_")
+
+
 @dataclass(frozen=True)
 class Tile:
     var: str
@@ -258,6 +264,8 @@ class Block:
         for t in (a, b):
             own = [i for i in union if i in t.indices]
             expr = self.arrange(t, own)
+            if t.var.startswith(STORED_STATE_PREFIXES):   # may be stored bf16: the product in fp32
+                expr += ".to(tl.float32)"
             if len(own) < len(union):
                 expr += "[" + ", ".join(":" if i in t.indices else "None" for i in union) + "]"
             parts.append(expr)

@@ -640,12 +640,15 @@ def read_only_as_sdot(code: str, var: str) -> bool:
     return True
 
 
-def starts_read_as_sdot(sources, names) -> frozenset[str]:
+def starts_read_as_sdot(sources, names, inner_products: bool = False) -> frozenset[str]:
     """The states of ``names`` whose chunk starts (``starts_<name>``) every kernel of the
     module texts ``sources`` only stores, or loads as ``st_<name>`` and reads only as SDOT dot
     operands (``read_only_as_sdot``): stored in SDOT they give those kernels the same bits in
     half the bytes (``runtime.launch.starts_dtype``). Any other use -- an exact product, an
-    elementwise read, a load under another name -- keeps them fp32."""
+    elementwise read, a load under another name -- keeps them fp32. ``inner_products``: also
+    where the only other reads are whole-state inner products with the chunk-end cotangent,
+    a statement of their own (gated programs' dΛ scalars <ct_end_X, st_X>), which then read
+    the starts rounded (not the same bits: ``launch.GATED_STARTS_IN_SDOT``)."""
     ok = set(names)
     for source in sources:
         for kernel in re.split(r"^@triton\.jit\n", source, flags=re.M)[1:]:
@@ -662,11 +665,20 @@ def starts_read_as_sdot(sources, names) -> frozenset[str]:
                 stores = [u for u in uses if re.match(rf"\s*tl\.store\({ptr}\b", u)
                           and len(re.findall(rf"\b{ptr}\b", u)) == 1]
                 loads = [u for u in uses if _whole_load(u, f"st_{name}", f"starts_{name}")]
-                rest = "\n".join(line for line in body.splitlines() if line not in loads)
+                rest = "\n".join(line for line in body.splitlines() if line not in loads
+                                 and not (inner_products and _end_inner_product(line, name)))
                 if len(stores) + len(loads) != len(uses) or (
                         loads and not read_only_as_sdot(rest, f"st_{name}")):
                     ok.discard(name)
     return frozenset(ok)
+
+
+def _end_inner_product(line: str, name: str) -> bool:
+    """Is ``line`` ``t = tl.sum(...tl.sum(ct_end_X * st_X, axis=..)..)`` and nothing more?"""
+    cast = r"(\.to\(tl\.float32\))?"
+    product = rf"(ct_end_{name}{cast} \* st_{name}{cast}|st_{name}{cast} \* ct_end_{name}{cast})"
+    return re.fullmatch(rf"\s*\w+ = (tl\.sum\()+{product}(, axis=\d+\))+\s*", line) is not None \
+        and line.count("tl.sum(") == line.count("axis=")
 
 
 def _whole_load(line: str, var: str, ptr: str) -> bool:

@@ -159,6 +159,13 @@ def starts_dtype(read_only_as_sdot: bool, sdot) -> torch.dtype:
     return torch.float32
 
 
+# The backward's chunk starts in SDOT also where, besides SDOT dot operands, the gradient kernels
+# read them only in whole-state inner products with the chunk-end cotangent -- gated programs' dΛ
+# scalars <dS_end, S_start> (``triton_gen.starts_read_as_sdot(inner_products=True)``), which then
+# sum bf16-rounded starts: not the same bits. Opt-in (an A/B switch) until measured.
+GATED_STARTS_IN_SDOT = False
+
+
 # The reverse scan's per-chunk d-states in HBM -- its chunk parts and the chunk-end d-states the
 # gradient kernels read -- in the backward's state-dot dtype where nothing needs them sharper
 # (``d_states_dtype``). Not where a d initial state is formed from them: ungated HLA2's d C_init is
