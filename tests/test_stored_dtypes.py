@@ -97,10 +97,10 @@ def test_dlam_inner_products_of_the_starts_are_taken_only_when_asked():
     assert starts_read_as_sdot([_GATED_READER], "ABC", inner_products=True) == {"A"}
 
 
-def test_gated_programs_take_rounded_starts_only_under_the_switch():
+def test_gated_programs_take_rounded_starts_only_by_the_rounded_rule():
     """Every shipped gated program's backward reads its starts besides SDOT dots only in dΛ's inner
-    products: the rounded rule (``launch.GATED_STARTS_IN_SDOT``) takes the states the ungated
-    program takes; the exact rule, none."""
+    products: the rounded rule (``starts_sdot_rounded``, ``launch.rounded_starts``) takes the states
+    the ungated program takes; the exact rule, none."""
     for name in ("linear", "ahla", "hla3_masked", "power"):
         compilation = algebra_compilation(hladsl.compile_spec(name))
         ungated, gated = (backward_kernels(program_for(compilation, 64, (("d", 64), ("dv", 64)), g))[1]
@@ -109,11 +109,10 @@ def test_gated_programs_take_rounded_starts_only_under_the_switch():
         assert gated["starts_sdot_rounded"] == ungated["starts_sdot"] != frozenset(), name
 
 
-def test_a_gated_backward_under_the_switch_reads_rounded_starts(stored, monkeypatch):
-    """Carried hla2, gated, no state, GATED_STARTS_IN_SDOT on: its gradient kernels read bf16 starts
-    of S and W0, and the output and every gradient, dg included (the inner products), stay within
-    their rounding of the float64 oracle (1e-2)."""
-    monkeypatch.setattr(launch, "GATED_STARTS_IN_SDOT", True)
+def test_a_stateless_gated_backward_reads_rounded_starts(stored, monkeypatch):
+    """Carried hla2, gated, no state (STATELESS_GATED_STARTS_IN_SDOT): its gradient kernels read bf16
+    starts of S and W0, and the output and every gradient, dg included (the inner products), stay
+    within their rounding of the float64 oracle (1e-2). With the rule off, fp32 starts."""
     torch.manual_seed(7)
     T, d = 150, 8
     base = [torch.randn(T, d, dtype=torch.float64) for _ in range(3)]
@@ -121,6 +120,13 @@ def test_a_gated_backward_under_the_switch_reads_rounded_starts(stored, monkeypa
     op = hladsl.load("hla2", backend="triton")
     op.schedule = "scan"
     try:
+        monkeypatch.setattr(launch, "STATELESS_GATED_STARTS_IN_SDOT", False)
+        launch.forget_plans()
+        op(*(x.float()[None, :, None].requires_grad_() for x in base), g=g0.float()[None, :, None])[0].sum().backward()
+        assert {args["starts_S"] for name, args in stored if name == "grad_kernel"} == {torch.float32}
+        monkeypatch.setattr(launch, "STATELESS_GATED_STARTS_IN_SDOT", True)
+        launch.forget_plans()
+        stored.clear()
         xs = [x.float().requires_grad_() for x in base]
         g = g0.float().requires_grad_()
         o, _ = op(*(x[None, :, None] for x in xs), g=g[None, :, None], scale=1.0)
@@ -219,21 +225,27 @@ def test_d_states_stay_sharp_where_a_d_initial_state_is_formed(stored):
         op.schedule = "auto"
 
 
-@pytest.mark.parametrize("name, normalize, gated, starts, d_states", [
-    ("hla2", False, True, torch.float32, torch.bfloat16),    # gated: its dΛ networks read the starts elementwise
-    ("hla2", True, False, None, torch.float32),              # normalised: quotient-cancelling d-states
+@pytest.mark.parametrize("name, normalize, gated, with_state, forced, starts, d_states", [
+    # gated with an initial state: dΛ reads the starts beside the dots (the stateless rule only)
+    ("linear", False, True, True, False, torch.float32, torch.float32),
+    ("linear", False, True, True, True, torch.bfloat16, torch.float32),    # ... unless forced everywhere
+    ("hla2", True, False, False, False, None, torch.float32),           # normalised: quotient-cancelling d-states
 ])
-def test_what_the_rules_refuse_stays_fp32(stored, name, normalize, gated, starts, d_states):
-    """A stateless call of carried hla2, the reverse pass a chunk scan: gated, the chunk starts
-    its gradient kernels read stay fp32 (its d-states, needed by nothing sharp, are bf16);
-    normalised, the d-states stay fp32 (ir.precision.quotient_cancelling)."""
+def test_what_the_rules_refuse_stays_fp32(stored, monkeypatch, name, normalize, gated, with_state, forced,
+                                          starts, d_states):
+    """The reverse pass a chunk scan: linear gated with an initial state, the chunk starts its gradient
+    kernels read stay fp32 (STATELESS_GATED_STARTS_IN_SDOT is for stateless calls; GATED_STARTS_IN_SDOT
+    forces bf16), and so do its d-states (a d initial state is formed); hla2 normalised and stateless,
+    the d-states stay fp32 (ir.precision.quotient_cancelling)."""
+    monkeypatch.setattr(launch, "GATED_STARTS_IN_SDOT", forced)
     op = hladsl.load(name, backend="triton", normalize=normalize)
     op.schedule = "scan"
     q, k, v = (torch.rand(1, 150, 1, 8) + 0.1 for _ in range(3))
     g = -0.2 * torch.rand(1, 150, 1) if gated else None
+    init = {n: torch.randn(1, 1, *s) for n, s in op.state_shapes(8, 8).items()} if with_state else None
     try:
         xs = [x.clone().requires_grad_() for x in (q, k, v)]
-        op(*xs, g=g)[0].sum().backward()
+        op(*xs, g=g, initial_state=init)[0].sum().backward()
     finally:
         op.schedule = "auto"
     grad = [args for kernel, args in stored if kernel == "grad_kernel"]

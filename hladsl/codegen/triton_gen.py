@@ -648,7 +648,7 @@ def starts_read_as_sdot(sources, names, inner_products: bool = False) -> frozens
     elementwise read, a load under another name -- keeps them fp32. ``inner_products``: also
     where the only other reads are whole-state inner products with the chunk-end cotangent,
     a statement of their own (gated programs' dΛ scalars <ct_end_X, st_X>), which then read
-    the starts rounded (not the same bits: ``launch.GATED_STARTS_IN_SDOT``)."""
+    the starts rounded (not the same bits: ``launch.rounded_starts``)."""
     ok = set(names)
     for source in sources:
         for kernel in re.split(r"^@triton\.jit\n", source, flags=re.M)[1:]:

@@ -9,7 +9,7 @@ Rules:
   ungated "auto" calls of programs with a chunk scan and dims of at most 64 (the forward; the backward where its
   gradient kernels stay memory-bound), and at dims of 128 for a forward the cost model keeps
   below WIDE_LONG_CHUNK_INTENSITY, gated too where each output term multiplies one [C, C]
-  mask (``chunk_for``, ``takes_long_chunk``); on CPU shrunk
+  mask, packed walking states included (power at d = 128) (``chunk_for``, ``takes_long_chunk``); on CPU shrunk
   to the sequence for short inputs (power of two, >= 16: tl.dot's minimum); halved while a
   kernel does not fit the GPU's shared memory (``fitting_chunk``); what fit is remembered
   per shape class.
@@ -28,7 +28,9 @@ Rules:
   passes and in the output and gradient kernels: tf32x3, bf16x3 (``exact_precision``).
 * what the kernels read and write: the query scale applied as query tiles are loaded
   (``SCALE_QUERIES_IN_KERNEL``); the forward's chunk-start states in the output kernel's
-  state-dot dtype where it only feeds them to such dots (``starts_dtype``).
+  state-dot dtype where it only feeds them to such dots (``starts_dtype``), the backward's
+  where every reader does, or dΛ's inner products besides in a stateless call
+  (``rounded_starts``); its d-states so where nothing needs them sharp (``d_states_dtype``).
 * warps and pipeline stages of a state-pass / reverse-pass program from the fp32 state
   elements it holds (``walker_options``); the forward output kernel's and the stage kernels'
   at wide dims (``output_warps``, ``stage_warps``).
@@ -162,8 +164,19 @@ def starts_dtype(read_only_as_sdot: bool, sdot) -> torch.dtype:
 # The backward's chunk starts in SDOT also where, besides SDOT dot operands, the gradient kernels
 # read them only in whole-state inner products with the chunk-end cotangent -- gated programs' dΛ
 # scalars <dS_end, S_start> (``triton_gen.starts_read_as_sdot(inner_products=True)``), which then
-# sum bf16-rounded starts: not the same bits. Opt-in (an A/B switch) until measured.
+# sum bf16-rounded starts (each product in fp32: ``codegen.steps.STORED_STATE_PREFIXES``): not the
+# same bits. Run 281 (H200, B = 2, H = 16, d = 64, bf16, stateless, same process): gated hla3_masked
+# fwd + bwd at T = 16k 5.864 -> 5.044 ms; the gated stateless bf16 GPU cases at d = 64 pass with it
+# (dg against fp32 at most 4.1e-3: hla3 4.07e-3, ahla 4.11e-3, hla2 3.34e-3, bar 1e-2).
+# STATELESS_GATED_STARTS_IN_SDOT: that rule for calls that form no d initial state (what was run on
+# a GPU); GATED_STARTS_IN_SDOT: for every call (an A/B switch, off).
+STATELESS_GATED_STARTS_IN_SDOT = True
 GATED_STARTS_IN_SDOT = False
+
+
+def rounded_starts(forms_d_init: bool) -> bool:
+    """Does a backward plan take the starts dΛ's inner products read rounded (above)?"""
+    return GATED_STARTS_IN_SDOT or (STATELESS_GATED_STARTS_IN_SDOT and not forms_d_init)
 
 
 # The reverse scan's per-chunk d-states in HBM -- its chunk parts and the chunk-end d-states the

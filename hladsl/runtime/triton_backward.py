@@ -518,7 +518,7 @@ class _BackwardPlan:
             **constexprs(program))
         features = launch.feature_blocks(program, common)
         # (stored in stored_sdot: triton_bwd._starts_sdot)
-        self.starts_sdot = ctx["starts_sdot_rounded" if launch.GATED_STARTS_IN_SDOT else "starts_sdot"]
+        self.starts_sdot = ctx["starts_sdot_rounded" if launch.rounded_starts(forms_d_init) else "starts_sdot"]
         self.stored_sdot = launch.stored_sdot(first, common, features)
         self.d_states_dtype = launch.d_states_dtype(self.stored_sdot, forms_d_init or ctx["cancelling_d_states"])
         self.packed = _packed_tables(program, device)
