@@ -76,7 +76,7 @@ def test_shipped_programs_store_the_starts_their_kernels_round():
 _GATED_READER = '''
 @triton.jit
 def reader(
-    starts_A, starts_B, starts_C,
+    starts_A, starts_B, starts_C, starts_D, starts_E,
 ):
     st_A = tl.load(starts_A + offs)
     t1 = _dot(raw_k, st_A, SDOT, PREC)
@@ -85,16 +85,24 @@ def reader(
     t3 = _dot(raw_k, st_B, SDOT, PREC)
     t4 = tl.sum(tl.sum(ct_end_B * st_B * decay, axis=1), axis=0)
     st_C = tl.load(starts_C + offs)
-    t5 = tl.sum(tl.sum(ct_end_A * st_C, axis=1), axis=0)
+    t5 = _dot(raw_k, st_C, SDOT, PREC)
+    t6 = tl.sum(tl.sum(ct_end_A * st_C, axis=1), axis=0)
+    st_D = tl.load(starts_D + offs)
+    t7 = _dot(raw_k, st_D, SDOT, PREC)
+    t8 = tl.sum(tl.sum(ct_end_D.to(tl.float32) * st_D.to(tl.float32), axis=1), axis=0)
+    st_E = tl.load(starts_E + offs)
+    t9 = _dot(raw_k, st_E, SDOT, PREC)
+    other = tl.sum(tl.sum(ct_end_E * st_E, axis=1), axis=0)
 '''
 
 
 def test_dlam_inner_products_of_the_starts_are_taken_only_when_asked():
-    """A whole-state inner product with the state's own chunk-end cotangent, a statement of its
-    own (A: gated programs' dΛ scalars), is a read the rounded rule accepts; one with another
-    factor (B) or with another state's cotangent (C) is not. The exact rule accepts none."""
-    assert starts_read_as_sdot([_GATED_READER], "ABC") == frozenset()
-    assert starts_read_as_sdot([_GATED_READER], "ABC", inner_products=True) == {"A"}
+    """A sum of the start times the state's own chunk-end cotangent into a temp, a statement of
+    its own (A; D with both cast to fp32: gated programs' dΛ scalars), is a read the rounded rule
+    accepts; one with another factor (B), with another state's cotangent (C) or into a name that
+    is not a temp (E) is not. Each is besides read by an SDOT dot. The exact rule accepts none."""
+    assert starts_read_as_sdot([_GATED_READER], "ABCDE") == frozenset()
+    assert starts_read_as_sdot([_GATED_READER], "ABCDE", inner_products=True) == {"A", "D"}
 
 
 def test_gated_programs_take_rounded_starts_only_by_the_rounded_rule():
@@ -229,6 +237,7 @@ def test_d_states_stay_sharp_where_a_d_initial_state_is_formed(stored):
     # gated with an initial state: dΛ reads the starts beside the dots (the stateless rule only)
     ("linear", False, True, True, False, torch.float32, torch.float32),
     ("linear", False, True, True, True, torch.bfloat16, torch.float32),    # ... unless forced everywhere
+    ("hla2", True, True, False, False, torch.float32, torch.float32),      # normalised: the quotient cancels
     ("hla2", True, False, False, False, None, torch.float32),           # normalised: quotient-cancelling d-states
 ])
 def test_what_the_rules_refuse_stays_fp32(stored, monkeypatch, name, normalize, gated, with_state, forced,
@@ -236,7 +245,8 @@ def test_what_the_rules_refuse_stays_fp32(stored, monkeypatch, name, normalize, 
     """The reverse pass a chunk scan: linear gated with an initial state, the chunk starts its gradient
     kernels read stay fp32 (STATELESS_GATED_STARTS_IN_SDOT is for stateless calls; GATED_STARTS_IN_SDOT
     forces bf16), and so do its d-states (a d initial state is formed); hla2 normalised and stateless,
-    the d-states stay fp32 (ir.precision.quotient_cancelling)."""
+    whose quotient's cotangents cancel (ir.precision.quotient_cancelling), keeps its d-states fp32,
+    and gated its starts too."""
     monkeypatch.setattr(launch, "GATED_STARTS_IN_SDOT", forced)
     op = hladsl.load(name, backend="triton", normalize=normalize)
     op.schedule = "scan"

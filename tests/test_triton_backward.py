@@ -345,7 +345,7 @@ def test_power_factors_picked_by_dots_gathers_and_loads_agree(p, dims, shared, m
     dots (``triton_gen.slot_columns``), by ``tl.gather`` of that tile (POWER_COLUMNS
     "gather") or by gathered loads from memory ("load"); all read the same values, so forward
     and backward agree bitwise in float32 (one value times 1 per output; d = 12: a padded
-    tile, whose padded α the gather must zero), and all match float64. Where x's dim is the output's value dim,
+    tile), and all match float64. Where x's dim is the output's value dim,
     split here over blocks of 16 in the state and reverse passes (the loaded tile then holds
     one block), the columns stay gathered loads."""
     from hladsl.codegen import triton_bwd, triton_gen
@@ -394,3 +394,73 @@ def test_power_factors_picked_by_dots_gathers_and_loads_agree(p, dims, shared, m
     assert _rel(d_lam, ref_lam) <= 1e-4
     for s in init:
         assert _rel(d_init[s], ref_init[s]) <= 1e-4, s
+
+
+# a power whose base dim the state pass splits (its value dim is not splittable: V holds two of it)
+SPLIT_BASE_POWER = """mechanism powsplit {
+  dims d, dv
+  input q[d], k[d], v[dv], u[dv]
+  param p = 2
+  state U[i^p, e] = k[i^p] v[e]  symmetric(i^p)
+  state V[e, f] = v[e] v[f]
+  output o[e] = q[i^p] U[i^p, e] + u[f] V[f, e]
+}
+"""
+
+
+@pytest.mark.parametrize("mode", ["auto", "dot", "gather", "load"])
+def test_power_columns_of_a_split_base_dim_are_loaded(mode, monkeypatch, tmp_path):
+    """Where the state pass splits the packed power's base dim (d, in blocks of 16 here) its token
+    tile holds one block of d, so the columns x[T, α_r] -- any α_r -- are loaded from memory in
+    every mode; forward and backward against the float64 torch program."""
+    from hladsl.codegen import triton_bwd, triton_gen
+    from hladsl.codegen.triton_gen import _Lowering, _state_splits
+    from hladsl.runtime import launch
+    from hladsl.runtime.chunk_torch import outputs, state_pass
+    from hladsl.runtime.triton_backward import backward_triton
+    from hladsl.runtime.triton_forward import forward_triton
+    (tmp_path / "powsplit.hla").write_text(SPLIT_BASE_POWER)
+    alg = hladsl.compile_spec(str(tmp_path / "powsplit.hla"))
+    program = chunk_program(alg, C, (("d", 32), ("dv", 8)), True)
+    low = _Lowering(program)
+    assert _state_splits(low, low.o_dim) == ["d_pow2", "d"]
+    monkeypatch.setattr(triton_gen, "POWER_COLUMNS", mode)
+    monkeypatch.setattr(triton_gen, "_MODULES", {})
+    monkeypatch.setattr(triton_bwd, "_MODULES", {})
+    launch.forget_plans()
+    tiles, lam, init, grad_o, grad_final = _inputs(program, False, seed=13)
+    starts, final = state_pass(program, tiles, lam, init, torch.float64)
+    want = outputs(program, "output", tiles, lam, starts, torch.float64)
+
+    def f32(d):
+        return {k: v.float() for k, v in d.items()}
+    o, got = forward_triton(program, f32(tiles), lam.float(), f32(init), alg.eps, state_block=16)
+    d_tiles, d_lam, d_init = backward_triton(program, f32(tiles), lam.float(), f32(init), grad_o.float(),
+                                             f32(grad_final), alg.eps, reverse_block=16)
+    launch.forget_plans()
+    assert _rel(o, want) <= 1e-5 and all(_rel(got[s], final[s]) <= 1e-5 for s in final)
+    ref_tiles, ref_lam, ref_init = backward_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps)
+    for x in tiles:
+        assert _rel(d_tiles[x], ref_tiles[x]) <= 1e-4, x
+    assert _rel(d_lam, ref_lam) <= 1e-4
+    for s in init:
+        assert _rel(d_init[s], ref_init[s]) <= 1e-4, s
+
+
+def test_auto_gathers_power_columns_only_in_the_forwards_narrow_kernels():
+    """POWER_COLUMNS "auto": the forward lowering's kernels (state and output passes, in either
+    module) gather the columns at d <= 64, the reverse and gradient kernels pick them by one-hot
+    dots, and at d = 128 every kernel does (run 278: gathering there, or in the backward, is slower)."""
+    import re
+    from hladsl.codegen import triton_bwd, triton_gen
+    assert triton_gen.POWER_COLUMNS == "auto"
+    for d, forward_gathers in ((64, True), (128, False)):
+        program = chunk_program(hladsl.compile_spec("power"), 64, (("d", d), ("dv", d)), True)
+        for module in (triton_gen.kernels(program)[0], triton_bwd.backward_kernels(program)[0]):
+            for kernel in re.split(r"@triton\.jit\ndef ", open(module.__file__).read())[1:]:
+                name = kernel.split("(")[0]
+                if name in ("state_pass_kernel", "output_kernel"):
+                    assert ("tl.gather(raw_" in kernel) is forward_gathers, (d, name)
+                    assert ("picked by a dot" in kernel) is not forward_gathers, (d, name)
+                elif name in ("reverse_kernel", "grad_kernel"):
+                    assert "tl.gather(" not in kernel and "picked by a dot" in kernel, (d, name)

@@ -804,14 +804,16 @@ def generation_error(program: ChunkProgram) -> str | None:
 _MODULES: dict[tuple, tuple] = {}   # (id(program), variant) -> (program, module, context)
 
 
-def _starts_sdot(program: ChunkProgram, module, context: dict, inner_products: bool = False) -> frozenset[str]:
+def _starts_sdot(program: ChunkProgram, module, context: dict) -> dict:
     """The states whose chunk starts the backward may store in its state-dot dtype
-    (``triton_gen.starts_read_as_sdot``): read so by every kernel of this module and of the
-    forward's module, whose output kernel reads the starts a training forward kept;
-    ``inner_products``: or read besides in dΛ's whole-state inner products."""
+    (``triton_gen.starts_read_as_sdot``), read so by every kernel of this module and of the
+    forward's module, whose output kernel reads the starts a training forward kept:
+    ``starts_sdot`` (the same bits) and ``starts_sdot_rounded`` (read besides in dΛ's inner
+    products, ``launch.rounded_starts``)."""
     sources = [Path(m.__file__).read_text(encoding="utf-8") for m in (module, kernels(program)[0])]
-    return starts_read_as_sdot(sources, [s["name"] for s in context["forward"]["states"] if s["read"]],
-                               inner_products)
+    names = [s["name"] for s in context["forward"]["states"] if s["read"]]
+    return {"starts_sdot": starts_read_as_sdot(sources, names),
+            "starts_sdot_rounded": starts_read_as_sdot(sources, names, inner_products=True)}
 
 
 def backward_kernels(program: ChunkProgram, stage_complete: bool = False):
@@ -823,8 +825,7 @@ def backward_kernels(program: ChunkProgram, stage_complete: bool = False):
         context = backward_context(program, stage_complete)
         key = cache_key(context, template_text())
         module = load_module(f"{context['name']}_bwd", key, lambda: render(context, __version__))
-        context = {**context, "starts_sdot": _starts_sdot(program, module, context),
-                   "starts_sdot_rounded": _starts_sdot(program, module, context, inner_products=True)}
+        context = {**context, **_starts_sdot(program, module, context)}
         hit = _MODULES[(id(program), stage_complete)] = (program, module, context)
     return hit[1], hit[2]
 

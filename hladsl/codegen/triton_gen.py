@@ -241,8 +241,8 @@ class _Lowering:
 
     def power(self, o: Operand) -> Tile:
         """spow(x)[T, α] for the α of this program's block of the packed dim: the product
-        of x's columns α_1 .. α_p in fp32, each selected from the tile as loaded by a dot
-        with a one-hot [dim, α] matrix (``slot_columns``)."""
+        of x's columns α_1 .. α_p in fp32, each picked from the tile as loaded (a one-hot dot
+        or a register gather) or loaded from memory (``slot_columns``)."""
         block, pd, x = self.block, _ident("packed dim", o.packed), o.name
         valid = f"offs_{pd} < D_{pd}"
         parts = [self.slot_columns(x, pd, r)[1] for r in range(int(o.power))]
@@ -259,15 +259,18 @@ class _Lowering:
         ``raw_x`` · onehot[dim, α] on the tensor cores, coalesced, where gathered loads of
         x's columns from memory (POWER_COLUMNS "load", the A/B) read them one element at a
         time; "gather" picks them from the tile in registers (``tl.gather``: no tensor-core
-        work, the same values), under "auto" where the tile is at most POWER_GATHER_MAX_WIDTH
-        wide. The dots are exact for bf16 / fp16 tokens (one value times 1 per output); fp32
+        work, the values the dots give bf16 / fp16 tokens; fp32 ones exact), under "auto" in
+        the forward's kernels where the tile is at most POWER_GATHER_MAX_WIDTH wide. The dots are exact for bf16 / fp16 tokens (one value times 1 per output); fp32
         tokens on a GPU go through tf32x3 like every other fp32 token product (~22 bits). Where x's dim
-        is the output's value dim, which a kernel may split over blocks (``raw_x`` then holds
-        only this program's block of it), the columns are gathered from memory.
-        A dot reading the product is a chain of dots (``Block.chained``): Triton 3.6
+        is a dim a kernel may split over blocks (``split_dims``: ``raw_x`` then holds only this
+        program's block of it), the columns are gathered from memory.
+        With the dots, a dot reading the product is a chain of dots (``Block.chained``): Triton 3.6
         miscompiles such chains on narrow bf16 tiles on the H100 (run 170: illegal addresses
         and wrong gradients with the selection exempted and 16-wide tiles), so the
-        narrow-tile rules (``launch.narrow_ok``, ``dot_override``) apply as to any chain.
+        narrow-tile rules (``launch.narrow_ok``, ``dot_override``) apply as to any chain. The
+        gather makes no chain: the forward's power kernels at d <= 64 then split their value
+        dim and keep bf16 tiles where those rules would not (power3's d = 32 GPU cases pass,
+        run 279; their time at few (sequence, head) pairs is not measured).
         Measured (H100, power p = 2 gated, B = 2, H = 16, d = 64, bf16, forward): 15.85 -> 3.50
         ms at T = 16k, 60.69 -> 13.81 at 64k (runs 170, 171; ``retention`` 10.58 / 44.25)."""
         block, dim = self.block, self.input_dim[x]
@@ -278,11 +281,12 @@ class _Lowering:
         if mode == "auto":
             narrow = block_size(dict(self.p.sizes)[dim]) <= POWER_GATHER_MAX_WIDTH
             mode = "gather" if self.gathers_columns and narrow else "dot"
-        if mode == "load" or dim == self.o_dim:
+        if mode == "load" or dim in self.split_dims():
             return col, block.define(self.scaled_load(x, (
                 f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + {col}[None, :], "
                 f"mask=({valid})[None, :], other=0.0)")) + ".to(tl.float32)")
         if mode == "gather":   # padded α pick column 0: zeroed, as the one-hot's empty columns
+            # (defensive: m(α), the masked start loads and state stores drop them downstream too)
             return col, block.define(
                 f"tl.where(({valid})[None, :], tl.gather(raw_{x}, tl.broadcast_to({col}[None, :], "
                 f"(C, B_{pd})), axis=1).to(tl.float32), 0.0)",
@@ -291,6 +295,11 @@ class _Lowering:
                               f"one-hot [{dim}, α] of slot {r + 1}")
         return col, block.define(f"_dot(raw_{x}, {onehot}, DOT, PREC)",
                                  f"{x}[T, α_{r + 1}], the tile's columns picked by a dot")
+
+    def split_dims(self) -> set[str]:
+        """The non-packed dims some kernel of this program splits over grid blocks: the
+        output's value dim (output and reverse passes) and the state pass's splits."""
+        return ({self.o_dim} | set(_state_splits(self, self.o_dim))) - set(self.packed)
 
     # -- code ---------------------------------------------------------------------------
     def region(self) -> None:
@@ -646,9 +655,9 @@ def starts_read_as_sdot(sources, names, inner_products: bool = False) -> frozens
     operands (``read_only_as_sdot``): stored in SDOT they give those kernels the same bits in
     half the bytes (``runtime.launch.starts_dtype``). Any other use -- an exact product, an
     elementwise read, a load under another name -- keeps them fp32. ``inner_products``: also
-    where the only other reads are whole-state inner products with the chunk-end cotangent,
-    a statement of their own (gated programs' dΛ scalars <ct_end_X, st_X>), which then read
-    the starts rounded (not the same bits: ``launch.rounded_starts``)."""
+    where the only other reads are sums of the start times its own chunk-end cotangent, a
+    statement of their own (``_end_inner_product``: gated programs' dΛ scalars <ct_end_X,
+    st_X>), which then read the starts rounded (not the same bits: ``launch.rounded_starts``)."""
     ok = set(names)
     for source in sources:
         for kernel in re.split(r"^@triton\.jit\n", source, flags=re.M)[1:]:
@@ -674,11 +683,11 @@ def starts_read_as_sdot(sources, names, inner_products: bool = False) -> frozens
 
 
 def _end_inner_product(line: str, name: str) -> bool:
-    """Is ``line`` ``t = tl.sum(...tl.sum(ct_end_X * st_X, axis=..)..)`` and nothing more?"""
+    """Is ``line`` ``tN = tl.sum(...tl.sum(ct_end_X * st_X, axis=..)..)`` and nothing more: a
+    temp summing the elementwise product of X's start with its own chunk-end cotangent?"""
     cast = r"(\.to\(tl\.float32\))?"
     product = rf"(ct_end_{name}{cast} \* st_{name}{cast}|st_{name}{cast} \* ct_end_{name}{cast})"
-    return re.fullmatch(rf"\s*\w+ = (tl\.sum\()+{product}(, axis=\d+\))+\s*", line) is not None \
-        and line.count("tl.sum(") == line.count("axis=")
+    return re.fullmatch(rf"\s*t\d+ = (tl\.sum\()+{product}(, axis=\d+\))+\s*", line) is not None
 
 
 def _whole_load(line: str, var: str, ptr: str) -> bool:

@@ -166,17 +166,20 @@ def starts_dtype(read_only_as_sdot: bool, sdot) -> torch.dtype:
 # scalars <dS_end, S_start> (``triton_gen.starts_read_as_sdot(inner_products=True)``), which then
 # sum bf16-rounded starts (each product in fp32: ``codegen.steps.STORED_STATE_PREFIXES``): not the
 # same bits. Run 281 (H200, B = 2, H = 16, d = 64, bf16, stateless, same process): gated hla3_masked
-# fwd + bwd at T = 16k 5.864 -> 5.044 ms; the gated stateless bf16 GPU cases at d = 64 pass with it
-# (dg against fp32 at most 4.1e-3: hla3 4.07e-3, ahla 4.11e-3, hla2 3.34e-3, bar 1e-2).
-# STATELESS_GATED_STARTS_IN_SDOT: that rule for calls that form no d initial state (what was run on
-# a GPU); GATED_STARTS_IN_SDOT: for every call (an A/B switch, off).
+# fwd + bwd at T = 16k 5.864 -> 5.044 ms; the gated stateless plain bf16 GPU cases at d = 64 (two-pass)
+# pass with it (dg against fp32 at most 4.11e-3: ahla 4.11e-3, hla3 4.07e-3, hla2 3.34e-3, bar 1e-2);
+# d = 128, the scan / staged / auto schedules and varlen have not run with it on a GPU.
+# STATELESS_GATED_STARTS_IN_SDOT: that rule for a call that forms no d initial state, of a program
+# whose quotient rule does not cancel (not normalised: ``ir.precision.quotient_cancelling``, as the
+# d-states' rule); GATED_STARTS_IN_SDOT: for every call (an A/B switch, off).
 STATELESS_GATED_STARTS_IN_SDOT = True
 GATED_STARTS_IN_SDOT = False
 
 
-def rounded_starts(forms_d_init: bool) -> bool:
-    """Does a backward plan take the starts dΛ's inner products read rounded (above)?"""
-    return GATED_STARTS_IN_SDOT or (STATELESS_GATED_STARTS_IN_SDOT and not forms_d_init)
+def rounded_starts(sharp: bool) -> bool:
+    """Does a backward plan take the starts dΛ's inner products read rounded (above)? ``sharp``:
+    the call forms a d initial state, or the program's quotient cancels."""
+    return GATED_STARTS_IN_SDOT or (STATELESS_GATED_STARTS_IN_SDOT and not sharp)
 
 
 # The reverse scan's per-chunk d-states in HBM -- its chunk parts and the chunk-end d-states the
@@ -270,8 +273,8 @@ def takes_long_chunk(program_at: Callable[[int], object], direction: str, schedu
       d = 64 3.61 -> 4.54 on the H200, run 277) -- except a forward whose packed states walk
       at tiles past LONG_CHUNK_TILE (the rules below then apply): there the output kernel,
       one program a SM at 255 registers either way, reads half the chunk-start bytes a token.
-      Power p = 2 gated at d = 128, T = 16k: H200 runs 276-278 38.65 -> 33.12 ms (three runs
-      within 0.2 %); the H100 took 37.55 -> 39.4 in round 30 (run 211: state pass 19.73 ->
+      Power p = 2 gated at d = 128, T = 16k, H200, same process: 38.68 -> 32.98, 38.65 ->
+      33.14, 38.64 -> 33.12 ms (runs 276-278), ungated 33.70 -> 25.11 (run 279); the H100 took 37.55 -> 39.4 in round 30 (run 211: state pass 19.73 ->
       30.22, output 18.30 -> 9.06), on code since changed, a GPU no longer lent;
     * gated, except a forward at wide dims (below) whose output terms each multiply one [C, C]
       mask (``ChunkProgram.masks_per_output_term``: linear): the decay tiles exp(Λ_t − Λ_s)

@@ -518,9 +518,11 @@ class _BackwardPlan:
             **constexprs(program))
         features = launch.feature_blocks(program, common)
         # (stored in stored_sdot: triton_bwd._starts_sdot)
-        self.starts_sdot = ctx["starts_sdot_rounded" if launch.rounded_starts(forms_d_init) else "starts_sdot"]
+        # a d initial state is formed, or the quotient's cotangents cancel: keep what they sum sharp
+        sharp = forms_d_init or ctx["cancelling_d_states"]
+        self.starts_sdot = ctx["starts_sdot_rounded" if launch.rounded_starts(sharp) else "starts_sdot"]
         self.stored_sdot = launch.stored_sdot(first, common, features)
-        self.d_states_dtype = launch.d_states_dtype(self.stored_sdot, forms_d_init or ctx["cancelling_d_states"])
+        self.d_states_dtype = launch.d_states_dtype(self.stored_sdot, sharp)
         self.packed = _packed_tables(program, device)
         plan_state_pass(self, program, fwd, common, first, schedule, "backward", precision=precision)
         self.cotangent_dot = launch.dot_override(first, fwd["output_chained_dots"], launch.packed_blocks(program, common), features)
