@@ -40,6 +40,17 @@ def _rel(a, b):
     return (a.double() - b).norm().item() / scale if scale > 0 else a.norm().item()
 
 
+def _assert_grads_match_torch(program, tiles, lam, init, grad_o, grad_final, eps, grads, tol=1e-4):
+    """(d tiles, d lam, d init) against ``backward_torch`` in float64, each to ``tol`` relative."""
+    d_tiles, d_lam, d_init = grads
+    ref_tiles, ref_lam, ref_init = backward_torch(program, tiles, lam, init, grad_o, grad_final, eps)
+    for x in tiles:
+        assert _rel(d_tiles[x], ref_tiles[x]) <= tol, x
+    assert _rel(d_lam, ref_lam) <= tol
+    for s in init:
+        assert _rel(d_init[s], ref_init[s]) <= tol, s
+
+
 def _inputs(program, normalize, seed):
     """Tiles as Op._forward makes them (strided views of [N, T, H, dim])."""
     gen = torch.Generator().manual_seed(seed)
@@ -388,12 +399,7 @@ def test_power_factors_picked_by_dots_gathers_and_loads_agree(p, dims, shared, m
         assert torch.equal(o, other[0]) and torch.equal(d_lam, other[3]), mode
         for got, ref in ((final, other[1]), (d_tiles, other[2]), (d_init, other[4])):
             assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in got), mode
-    ref_tiles, ref_lam, ref_init = backward_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps)
-    for x in tiles:
-        assert _rel(d_tiles[x], ref_tiles[x]) <= 1e-4, x
-    assert _rel(d_lam, ref_lam) <= 1e-4
-    for s in init:
-        assert _rel(d_init[s], ref_init[s]) <= 1e-4, s
+    _assert_grads_match_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps, (d_tiles, d_lam, d_init))
 
 
 # a power whose base dim the state pass splits (its value dim is not splittable: V holds two of it)
@@ -439,12 +445,7 @@ def test_power_columns_of_a_split_base_dim_are_loaded(mode, monkeypatch, tmp_pat
                                              f32(grad_final), alg.eps, reverse_block=16)
     launch.forget_plans()
     assert _rel(o, want) <= 1e-5 and all(_rel(got[s], final[s]) <= 1e-5 for s in final)
-    ref_tiles, ref_lam, ref_init = backward_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps)
-    for x in tiles:
-        assert _rel(d_tiles[x], ref_tiles[x]) <= 1e-4, x
-    assert _rel(d_lam, ref_lam) <= 1e-4
-    for s in init:
-        assert _rel(d_init[s], ref_init[s]) <= 1e-4, s
+    _assert_grads_match_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps, (d_tiles, d_lam, d_init))
 
 
 def test_auto_gathers_power_columns_only_in_the_forwards_narrow_kernels():
