@@ -260,12 +260,13 @@ class _Lowering:
         x's columns from memory (POWER_COLUMNS "load", the A/B) read them one element at a
         time; "gather" picks them from the tile in registers (``tl.gather``: no tensor-core
         work, the values the dots give bf16 / fp16 tokens; fp32 ones exact), under "auto" in
-        the forward's kernels where the tile is at most POWER_GATHER_MAX_WIDTH wide. The dots are exact for bf16 / fp16 tokens (one value times 1 per output); fp32
-        tokens on a GPU go through tf32x3 like every other fp32 token product (~22 bits). Where x's dim
+        the forward's kernels where the tile is at most POWER_GATHER_MAX_WIDTH wide. The dots
+        are exact for bf16 / fp16 tokens (one value times 1 per output); fp32 tokens on a GPU
+        go through tf32x3 like every other fp32 token product (~22 bits). Where x's dim
         is a dim a kernel may split over blocks (``split_dims``: ``raw_x`` then holds only this
         program's block of it), the columns are gathered from memory.
-        With the dots, a dot reading the product is a chain of dots (``Block.chained``): Triton 3.6
-        miscompiles such chains on narrow bf16 tiles on the H100 (run 170: illegal addresses
+        With the dots, a dot reading the product is a chain of dots (``Block.chained``): Triton
+        3.6 miscompiles such chains on narrow bf16 tiles on the H100 (run 170: illegal addresses
         and wrong gradients with the selection exempted and 16-wide tiles), so the
         narrow-tile rules (``launch.narrow_ok``, ``dot_override``) apply as to any chain. The
         gather makes no chain: the forward's power kernels at d <= 64 then split their value

@@ -274,8 +274,9 @@ def takes_long_chunk(program_at: Callable[[int], object], direction: str, schedu
       at tiles past LONG_CHUNK_TILE (the rules below then apply): there the output kernel,
       one program a SM at 255 registers either way, reads half the chunk-start bytes a token.
       Power p = 2 gated at d = 128, T = 16k, H200, same process: 38.68 -> 32.98, 38.65 ->
-      33.14, 38.64 -> 33.12 ms (runs 276-278), ungated 33.70 -> 25.11 (run 279); the H100 took 37.55 -> 39.4 in round 30 (run 211: state pass 19.73 ->
-      30.22, output 18.30 -> 9.06), on code since changed, a GPU no longer lent;
+      33.14, 38.64 -> 33.12 ms (runs 276-278), ungated 33.70 -> 25.11 (run 279); the H100
+      took 37.55 -> 39.4 in round 30 (run 211: state pass 19.73 -> 30.22, output 18.30 ->
+      9.06), on code since changed, a GPU no longer lent;
     * gated, except a forward at wide dims (below) whose output terms each multiply one [C, C]
       mask (``ChunkProgram.masks_per_output_term``: linear): the decay tiles exp(Λ_t − Λ_s)
       beside every intra-chunk product push the output kernel past its registers at 128

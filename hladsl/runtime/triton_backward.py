@@ -517,8 +517,8 @@ class _BackwardPlan:
             PREC=precision or launch.exact_precision(device), num_warps=num_warps,
             **constexprs(program))
         features = launch.feature_blocks(program, common)
-        # (stored in stored_sdot: triton_bwd._starts_sdot)
         # a d initial state is formed, or the quotient's cotangents cancel: keep what they sum sharp
+        # (the starts' sets: triton_bwd._starts_sdot; stored in stored_sdot)
         sharp = forms_d_init or ctx["cancelling_d_states"]
         self.starts_sdot = ctx["starts_sdot_rounded" if launch.rounded_starts(sharp) else "starts_sdot"]
         self.stored_sdot = launch.stored_sdot(first, common, features)
