@@ -33,18 +33,16 @@ from dataclasses import dataclass
 SPLIT_AGAINST_TOKENS = os.environ.get("HLADSL_SPLIT_AGAINST_TOKENS", "1") != "0"
 _TEMP = re.compile(r"\bt\d+\b")
 _STATE = re.compile(r"\b(st|dr|nx|ct_end|ct_dr)_\w+")   # states and their gradients stay fp32
+# ... of which the loaded chunk starts and chunk-end d-states (``st_X``, ``ct_end_X``) may be stored
+# in bf16 (``runtime.launch.starts_dtype``, ``d_states_dtype``): an elementwise product reading one
+# casts it to fp32 first, so two such operands never multiply in bf16
+_STORED_STATE = re.compile(r"(st|ct_end)_\w+")
 
 
 def comment(text: str) -> str:
     """``text`` made safe for a one-line comment: no line breaks or control characters."""
     return "".join(ch if ch == " " or unicodedata.category(ch)[0] not in "CZ" else " "
                    for ch in text)
-
-
-# Loaded chunk-start states and chunk-end d-states (``st_X``, ``ct_end_X``), which the launch
-# layer may store in bf16 (``runtime.launch.starts_dtype``, ``d_states_dtype``): an elementwise
-# product reading one casts it to fp32 first, so two such operands never multiply in bf16.
-STORED_STATE_PREFIXES = ("st_", "ct_end_")
 
 
 @dataclass(frozen=True)
@@ -264,7 +262,7 @@ class Block:
         for t in (a, b):
             own = [i for i in union if i in t.indices]
             expr = self.arrange(t, own)
-            if t.var.startswith(STORED_STATE_PREFIXES):   # may be stored bf16: the product in fp32
+            if _STORED_STATE.match(t.var):   # may be stored bf16: the product in fp32
                 expr += ".to(tl.float32)"
             if len(own) < len(union):
                 expr += "[" + ", ".join(":" if i in t.indices else "None" for i in union) + "]"

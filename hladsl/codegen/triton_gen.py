@@ -16,6 +16,7 @@ so they cannot collide with each other or with the kernels' own names.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -282,7 +283,7 @@ class _Lowering:
         if mode == "auto":
             narrow = block_size(dict(self.p.sizes)[dim]) <= POWER_GATHER_MAX_WIDTH
             mode = "gather" if self.gathers_columns and narrow else "dot"
-        if mode == "load" or dim in self.split_dims():
+        if mode == "load" or dim in self.split_dims:
             return col, block.define(self.scaled_load(x, (
                 f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + {col}[None, :], "
                 f"mask=({valid})[None, :], other=0.0)")) + ".to(tl.float32)")
@@ -297,10 +298,11 @@ class _Lowering:
         return col, block.define(f"_dot(raw_{x}, {onehot}, DOT, PREC)",
                                  f"{x}[T, α_{r + 1}], the tile's columns picked by a dot")
 
-    def split_dims(self) -> set[str]:
+    @functools.cached_property
+    def split_dims(self) -> frozenset[str]:
         """The non-packed dims some kernel of this program splits over grid blocks: the
         output's value dim (output and reverse passes) and the state pass's splits."""
-        return ({self.o_dim} | set(_state_splits(self, self.o_dim))) - set(self.packed)
+        return frozenset({self.o_dim} | set(_state_splits(self, self.o_dim))) - set(self.packed)
 
     # -- code ---------------------------------------------------------------------------
     def region(self) -> None:

@@ -164,7 +164,7 @@ def starts_dtype(read_only_as_sdot: bool, sdot) -> torch.dtype:
 # The backward's chunk starts in SDOT also where, besides SDOT dot operands, the gradient kernels
 # read them only in whole-state inner products with the chunk-end cotangent -- gated programs' dΛ
 # scalars <dS_end, S_start> (``triton_gen.starts_read_as_sdot(inner_products=True)``), which then
-# sum bf16-rounded starts (each product in fp32: ``codegen.steps.STORED_STATE_PREFIXES``): not the
+# sum bf16-rounded starts (each product in fp32: ``codegen.steps._STORED_STATE``): not the
 # same bits. Run 281 (H200, B = 2, H = 16, d = 64, bf16, stateless, same process): gated hla3_masked
 # fwd + bwd at T = 16k 5.864 -> 5.044 ms; the gated stateless plain bf16 GPU cases at d = 64 (two-pass)
 # pass with it (dg against fp32 at most 4.11e-3: ahla 4.11e-3, hla3 4.07e-3, hla2 3.34e-3, bar 1e-2);
