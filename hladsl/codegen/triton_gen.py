@@ -53,14 +53,17 @@ def block_size(n: int) -> int:
 
 # How a packed power's factor columns x[T, α_r] come out of the token tile (``slot_columns``):
 # "dot" (a one-hot dot on the tensor cores, round 23), "gather" (tl.gather of the tile in
-# registers), "load" (gathered loads from memory, the code before round 23), or "auto": gather
-# in the forward's kernels (state and output passes, ``_Lowering.gathers_columns``) from tiles at
-# most POWER_GATHER_MAX_WIDTH wide, dots elsewhere. Runs 277, 278 (H200, power p = 2 gated,
-# B = 2, H = 16, bf16, forward at T = 16k, the same bits): d = 64 dot 3.61 ms, gather 3.16;
-# d = 128 dot 38.65, gather 57.46 (state pass 20.05 -> 34.03 ms, output 18.61 -> 23.62); p = 3
-# at d = 64, T = 4k: 23.58 -> 22.27. A/B runs set HLADSL_POWER_COLUMNS (HLADSL_POWER_GATHER=1
-# is the old spelling of "load").
-POWER_COLUMN_MODES = ("auto", "dot", "gather", "load")
+# registers), "load" (gathered loads from memory, the code before round 23), "rows" (the
+# forward's state and output passes tile the packed dim by row tiles, ``packing.row_tiles``: a
+# tile's first p - 1 columns are one column each, its last an aligned slice of the token tile,
+# both loaded from memory; other kernels keep the dots), or "auto": in the forward's kernels
+# (``_Lowering.gathers_columns``) gather from tiles at most POWER_GATHER_MAX_WIDTH wide, row
+# tiles past that; dots elsewhere. Runs 277, 278 (H200, power p = 2 gated, B = 2, H = 16, bf16,
+# forward at T = 16k, the same bits): d = 64 dot 3.61 ms, gather 3.16; d = 128 dot 38.65,
+# gather 57.46 (state pass 20.05 -> 34.03 ms, output 18.61 -> 23.62); p = 3 at d = 64, T = 4k:
+# 23.58 -> 22.27. Row tiles: see ``row_tiled``. A/B runs set HLADSL_POWER_COLUMNS
+# (HLADSL_POWER_GATHER=1 is the old spelling of "load").
+POWER_COLUMN_MODES = ("auto", "dot", "gather", "load", "rows")
 POWER_GATHER_MAX_WIDTH = 64
 POWER_COLUMNS = os.environ.get("HLADSL_POWER_COLUMNS") or (
     "load" if os.environ.get("HLADSL_POWER_GATHER", "0") == "1" else "auto")
@@ -96,6 +99,7 @@ class _Lowering:
     """Walks one chunk program and collects the pieces of the template context."""
 
     gathers_columns = True   # POWER_COLUMNS "auto" may gather packed power columns (``slot_columns``)
+    # or tile the state and output passes' packed dims by row tiles (``row_tiled``)
 
     def __init__(self, program: ChunkProgram, stage_complete: bool = False):
         self.p = program
@@ -277,6 +281,8 @@ class _Lowering:
         ms at T = 16k, 60.69 -> 13.81 at 64k (runs 170, 171; ``retention`` 10.58 / 44.25)."""
         block, dim = self.block, self.input_dim[x]
         valid = f"offs_{pd} < D_{pd}"
+        if pd in self.rows_here:
+            return self.row_tile_columns(x, pd, r)
         col = block.define(f"tl.load(pk_{pd}_idx + {r} * D_{pd} + offs_{pd}, mask={valid}, other=0)",
                            f"slot {r + 1} of each packed index of {pd}")
         mode = POWER_COLUMNS
@@ -298,6 +304,43 @@ class _Lowering:
         return col, block.define(f"_dot(raw_{x}, {onehot}, DOT, PREC)",
                                  f"{x}[T, α_{r + 1}], the tile's columns picked by a dot")
 
+    def row_tile_columns(self, x: str, pd: str, r: int) -> tuple[str, str]:
+        """``slot_columns`` in a row tile of ``pd`` (the template's ``row_tile``: its slots'
+        indices ``rt_<pd>_<r>`` [one each] for the prefix, ``rt_<pd>_last`` [B_pd] for the last):
+        a prefix slot's column is one column of x broadcast over the tile, the last slot's
+        the aligned slice x[T, b0 .. b0 + B_pd), both loaded from memory (L1: the kernel has just
+        loaded the tile) as the query scale rounds them. Entries not the tile's own are zero."""
+        block, dim, last = self.block, self.input_dim[x], self.packed[pd].power - 1
+        if r < last:
+            load = self.scaled_load(x, f"tl.load(in_{x}_ptr + base_{x} + offs_t * str_{x}_t + rt_{pd}_{r})")
+            return f"rt_{pd}_{r}", block.define(
+                f"tl.broadcast_to({load}.to(tl.float32)[:, None], (C, B_{pd}))",
+                f"{x}[T, α_{r + 1}]: the row tile's one column")
+        load = self.scaled_load(x, f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + "
+                                   f"rt_{pd}_last[None, :], mask=(rt_{pd}_last < D_{dim})[None, :], other=0.0)")
+        return f"rt_{pd}_last", block.define(
+            f"tl.where((offs_{pd} < D_{pd})[None, :], {load}.to(tl.float32), 0.0)",
+            f"{x}[T, α_{r + 1}]: the row tile's aligned slice")
+
+    @functools.cached_property
+    def row_tiled(self) -> frozenset[str]:
+        """The packed dims the forward's state and output passes walk in row tiles
+        (``packing.row_tiles``) instead of runs of 64 packed positions: under POWER_COLUMNS
+        "rows", or "auto" where the base dim's tile is wider than POWER_GATHER_MAX_WIDTH (where
+        the columns would otherwise take two one-hot dots each beside the one product they
+        feed, and the gather is slower); never a base dim a kernel splits (its token tile holds
+        one block: ``slot_columns`` loads those) nor in the backward's lowering. A row tile
+        wastes the entries of its block that are not its own (d = 128, p = 2: 192 tiles for
+        129 runs). Run 284 (H200, power p = 2 gated, d = 128, T = 16k, a hand-written
+        prototype of these kernels, ``benchmarks/results/run284_rowtiles.py``) against run 286's
+        generated dots: see RESULTS.md, round 44."""
+        if not self.gathers_columns or POWER_COLUMNS not in ("auto", "rows"):
+            return frozenset()
+        sizes = dict(self.p.sizes)
+        return frozenset(name for name, pd in self.packed.items()
+                         if pd.base not in self.split_dims
+                         and (POWER_COLUMNS == "rows" or block_size(sizes[pd.base]) > POWER_GATHER_MAX_WIDTH))
+
     @functools.cached_property
     def split_dims(self) -> frozenset[str]:
         """The non-packed dims some kernel of this program splits over grid blocks: the
@@ -305,9 +348,11 @@ class _Lowering:
         return frozenset({self.o_dim} | set(_state_splits(self, self.o_dim))) - set(self.packed)
 
     # -- code ---------------------------------------------------------------------------
-    def region(self) -> None:
-        """Start a new kernel: temps are numbered afresh, nothing is reused across."""
+    def region(self, rows: frozenset = frozenset()) -> None:
+        """Start a new kernel: temps are numbered afresh, nothing is reused across.
+        ``rows``: the packed dims this kernel walks in row tiles (``row_tiled``)."""
         self.block = Block()
+        self.rows_here = rows
         self.loop_init: list[str] = []
         self.deltas: dict[str, str] = {}   # state -> the temp holding its chunk delta (ir.scan)
 
@@ -565,21 +610,22 @@ def kernel_context(program: ChunkProgram, stage_complete: bool = False, every_st
                        "tiled": any(d in tiled for d in dims)})
     state_defs, out_defs = {}, {}
     state_code = []
+    low.region(low.row_tiled)
     for name, terms in program.states:
         code = low.terms(terms, f"nx_{name}", state_defs, scale_end=True)
         state_code.append({"name": name, "code": code["pre"]})
     state_chained = low.block.chained
-    low.region()
+    low.region(low.row_tiled)
     derived_code = low.derived()
     num = low.terms(program.output, "num", out_defs, tiled=frozenset(tiled))
     den = (low.terms(program.normalizer, "den", out_defs, tiled=frozenset(tiled))
            if program.normalizer else {"pre": "", "loop": "", "post": ""})
     output_chained = low.block.chained
-    packed = [{"name": pd.name, "base": pd.base, "power": pd.power, "size": pd.size}
-              for pd in program.packed]
+    packed = [{"name": pd.name, "base": pd.base, "power": pd.power, "size": pd.size,
+               "rows": pd.name in low.row_tiled} for pd in program.packed]
     loop = None
     if tiled:
-        loop = {"dim": tiled[0], "init": low.loop_init,
+        loop = {"dim": tiled[0], "init": low.loop_init, "rows": tiled[0] in low.row_tiled,
                 "code": "\n\n".join(c for c in (num["loop"], den["loop"]) if c)}
     output_text = "\n".join([derived_code, num["pre"], num["loop"], num["post"],
                              den["pre"], den["loop"], den["post"]])

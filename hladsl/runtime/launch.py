@@ -977,7 +977,8 @@ class Tiling:
 def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict, first, chained: bool,
                  width: int | None = None, fixed_blocks: bool = False,
                  scan: bool = False, warps: int | None = None,
-                 states: tuple[str, ...] | None = None) -> tuple[tuple, dict, Tiling]:
+                 states: tuple[str, ...] | None = None,
+                 packed_tiles: dict | None = None) -> tuple[tuple, dict, Tiling]:
     """Grid (programs, blocks of each split dim), block arguments and the Tiling of a
     state-pass-like kernel (``programs`` a tuple: the leading grid axes, e.g. the delta
     kernel's (chunks, sequence·head)). A packed dim keeps its tile (common's B_); any other
@@ -987,7 +988,8 @@ def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict,
     ``fixed_blocks`` (the caller sizes buffers by the number of blocks). ``scan``: a scan
     kernel's walk, one program a SM where its value-free states are wide (``wide_value_free``).
     ``warps``: its warps, where not ``walker_options``' (the two-stage scan's ``stage_kernel``).
-    ``states``: the states it holds, where not every streaming one (a stage of that scan)."""
+    ``states``: the states it holds, where not every streaming one (a stage of that scan).
+    ``packed_tiles``: a packed dim's number of tiles where not D / B (row tiles)."""
     first = TileMeta(first.dtype, first.device, tuple(first.shape))   # retile must not pin the tensor
     sizes = dict(program.sizes)
     packed = {pd.name for pd in program.packed}
@@ -996,10 +998,14 @@ def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict,
     widths, n = {}, math.prod(lead)
     held_states = [s.name for s in program.algebra.streaming] if states is None else states
     one_per_sm = scan and wide_value_free(program, splits, held_states)
+    packed_tiles = packed_tiles or {}
+
+    def tiles_of(dim: str, width: int) -> int:
+        return packed_tiles.get(dim) or -(-common[f"D_{dim}"] // width)
     for dim in splits:
         if dim in packed:
             widths[dim] = common[f"B_{dim}"]
-            n *= -(-common[f"D_{dim}"] // widths[dim])
+            n *= tiles_of(dim, widths[dim])
     free = [dim for dim in splits if dim not in packed]
     width = width or STATE_BLOCK
     widths.update({dim: width for dim in free} if width else
@@ -1008,7 +1014,7 @@ def split_blocks(programs: int | tuple[int, ...], splits, program, common: dict,
 
     def retile(chosen: dict) -> tuple[tuple, dict]:
         block = {f"B_{d}": chosen.get(f"B_{d}", w) for d, w in widths.items()}
-        blocks = tuple(-(-common[f"D_{d}"] // block[f"B_{d}"]) for d in widths)
+        blocks = tuple(tiles_of(d, block[f"B_{d}"]) for d in widths)
         if len(lead) + len(blocks) > 3:   # a grid has three axes: the kernel unfolds the split dims' blocks
             blocks = (math.prod(blocks),)
         grid = lead + blocks

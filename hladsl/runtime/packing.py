@@ -38,6 +38,25 @@ def multiplicity(n: int, p: int) -> torch.Tensor:
 
 
 @lru_cache(maxsize=256)
+def row_tiles(n: int, p: int, width: int) -> torch.Tensor:
+    """The packed entries cut into *row tiles* (``triton_gen``'s POWER_COLUMNS "rows"): a tile
+    fixes the first p - 1 indices (a prefix) and takes a block of ``width`` last indices
+    aligned to ``width``. In the packed order a prefix's entries are contiguous, its last index
+    running from the prefix's last one to n - 1, so a tile is one run of positions; the
+    entries of its block below the prefix's last index (or past n) are not its own. int32
+    [tiles, p + 1]: the prefix, the block's first index b0, and the position the entry
+    (prefix, b0) would have (its valid entries' positions follow it)."""
+    position = {c: k for k, c in enumerate(itertools.combinations_with_replacement(range(n), p))}
+    rows = []
+    for prefix in itertools.combinations_with_replacement(range(n), p - 1):
+        low = prefix[-1] if prefix else 0
+        first = position[prefix + (low,)]
+        for b0 in range(low - low % width, n, width):
+            rows.append([*prefix, b0, first + b0 - low])
+    return torch.tensor(rows, dtype=torch.int32).reshape(len(rows), p + 1)
+
+
+@lru_cache(maxsize=256)
 def _positions(n: int, p: int) -> torch.Tensor:
     """For every full multi-index (row-major over p slots), its packed position."""
     lookup = {c: k for k, c in enumerate(itertools.combinations_with_replacement(range(n), p))}

@@ -9,7 +9,7 @@ import triton.runtime.errors
 from hladsl.codegen.triton_bwd import backward_kernels
 from hladsl.codegen.triton_gen import constexprs
 from hladsl.runtime import autotune, binding, launch
-from hladsl.runtime.triton_forward import (_packed_tables, _state_buffers, _token_args, tile_args,
+from hladsl.runtime.triton_forward import (_packed_tables, _state_buffers, _token_args, row_tile_tables, tile_args,
                                            kernel_gates, token_layout, walk_args, per_chunk_alloc, plan_state_pass,
                                            run_state_pass, group_lam, group_phases, ONE_LEVEL)
 from hladsl.ir.chunk import ChunkProgram
@@ -93,7 +93,7 @@ def backward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: 
                 **{f"starts_{n}": x for n, x in starts.items()},
                 **tile_args("do", grad_o), **tile_args("dnum", dnum), "dden_ptr": dden, "eps": float(eps)}
         launch.launch(module.cotangent_kernel, (n_chunks, n_seq * heads),
-                      {**args, **common, **plan.cotangent_dot}, True)
+                      {**args, **plan.row_tables, **common, **plan.cotangent_dot}, True)
         cot = {**tile_args("dnum", dnum), "dden_ptr": dden}
 
     if plan.fused:
@@ -524,6 +524,7 @@ class _BackwardPlan:
         self.stored_sdot = launch.stored_sdot(first, common, features)
         self.d_states_dtype = launch.d_states_dtype(self.stored_sdot, sharp)
         self.packed = _packed_tables(program, device)
+        self.row_tables = row_tile_tables(program, fwd, common, device)
         plan_state_pass(self, program, fwd, common, first, schedule, "backward", precision=precision)
         self.cotangent_dot = launch.dot_override(first, fwd["output_chained_dots"], launch.packed_blocks(program, common), features)
         # (not for the reverse pass alone: the fused kernel computes every gradient too)

@@ -10,7 +10,7 @@ import triton.runtime.errors
 from hladsl.codegen.triton_gen import constexprs, kernels
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime import autotune, binding, launch
-from hladsl.runtime.packing import combos, multiplicity
+from hladsl.runtime.packing import combos, multiplicity, row_tiles
 
 
 
@@ -30,6 +30,22 @@ def _packed_tables(program: ChunkProgram, device) -> dict:
 
 
 _TABLES: dict = {}
+
+
+def row_tile_tables(program: ChunkProgram, ctx: dict, common: dict, device) -> dict:
+    """rt_<dim> (``packing.row_tiles`` at the dim's tile B_<dim>, int32) and NT_<dim> (their
+    number) for each packed dim the forward context ``ctx`` walks in row tiles (its state,
+    output and cotangent kernels take them; ``triton_gen._Lowering.row_tiled``)."""
+    sizes = dict(program.sizes)
+    out = {}
+    for pd in ctx["packed"]:
+        if pd["rows"]:
+            name, width = pd["name"], common[f"B_{pd['name']}"]
+            key = ("rows", name, sizes[pd["base"]], pd["power"], width, str(device))
+            if key not in _TABLES:
+                _TABLES[key] = binding.kept(row_tiles(sizes[pd["base"]], pd["power"], width).to(device))
+            out[f"rt_{name}"], out[f"NT_{name}"] = _TABLES[key], _TABLES[key].shape[0]
+    return out
 
 
 def _token_args(inputs, tiles, lam, gated, scales: dict | None = None) -> dict:
@@ -198,7 +214,7 @@ def _output(module, ctx, plan, program, tiles, lam, starts_args: dict, eps, out_
     n_seq, heads, n_chunks = first.shape[:3]
     o, out = _output_buffer(program, ctx, first, eps, out_dtype)
     args = {**starts_args, **_token_args(ctx["output_inputs"], tiles, lam, program.gated, scales),
-            **plan.packed, **out}
+            **plan.packed, **plan.row_tables, **out}
     launch.launch(module.output_kernel, (n_chunks, n_seq * heads),
                   {**args, **plan.common, **plan.output_launch, **(options or {})}, may_fall_back)
     return o
@@ -288,6 +304,7 @@ class _ForwardPlan:
             if staged and launch.use_chunk_scan(staged_schedule, staged["chunk_scan"], first,
                                                 staged["state_chained_dots"]):   # (else it would walk)
                 ctx, schedule, self.stage_complete = staged, staged_schedule, True
+        self.row_tables = row_tile_tables(program, ctx, common, device)
         plan_state_pass(self, program, ctx, common, first, schedule, "forward", state_block, precision)
         features = launch.feature_blocks(program, common)
         self.output_launch = {**launch.dot_override(first, ctx["output_chained_dots"], launch.packed_blocks(program, common), features),
@@ -307,7 +324,9 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
     n_seq, heads, n_chunks = first.shape[:3]
     plan.state_common = {**common, "PREC": precision or launch.exact_precision(first.device, state_pass=True)}
     plan.state_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common, first,
-                                            ctx["state_chained_dots"], state_block)
+                                            ctx["state_chained_dots"], state_block,
+                                            packed_tiles={k[3:]: v for k, v in plan.row_tables.items()
+                                                          if k.startswith("NT_")})
     cs = ctx["chunk_scan"]
     plan.chunk_scan = launch.use_chunk_scan(schedule, cs, first, ctx["state_chained_dots"])
     plan.scan_groups = 1
@@ -384,7 +403,7 @@ def run_state_pass(module, ctx: dict, plan, state_args: dict, tokens: dict, lam,
     derived_args = derived_args or no_derived
     if not plan.chunk_scan:
         launch.launch_narrowing(module.state_pass_kernel, plan, "state_launch",
-                                {**state_args, **tokens, **walk, **common}, may_fall_back, overrides)
+                                {**state_args, **tokens, **plan.row_tables, **walk, **common}, may_fall_back, overrides)
         return {}
     first = next(iter(v for k, v in tokens.items() if k.startswith("in_")))
     rows = tuple(first.shape[:3])        # (N, H, nC): a delta per chunk, laid out as the starts
