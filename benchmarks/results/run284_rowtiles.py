@@ -4,8 +4,6 @@ one column of the token tile times an aligned [C, 64] slice -- no one-hot dots, 
 hladsl's generated forward in the same process, gated, bf16, B = 2, H = 16, T = 16384.
 The packed layout is the generated kernels' (combinations_with_replacement order), so the prototype's
 output is compared with the op's.  Not a runtime path: a probe of whether the rule is worth generating."""
-import itertools
-import math
 import sys
 
 import torch
