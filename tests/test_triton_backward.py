@@ -495,9 +495,9 @@ def test_power_row_tiles_match_float64(p, d, dv, gated, normalize, monkeypatch):
 
 def test_auto_gathers_power_columns_only_in_the_forwards_narrow_kernels():
     """POWER_COLUMNS "auto": the forward lowering's kernels (state and output passes, in either
-    module) gather the columns at d <= 64 and walk row tiles at d = 128 (run 278: gathering
-    there is slower; round 44: row tiles against the dots), the reverse and gradient kernels
-    pick them by one-hot dots at both (gathering in the backward is slower, run 278)."""
+    module) gather the columns at d <= 64, the reverse and gradient kernels pick them by one-hot
+    dots, and at d = 128 every kernel does (run 278: gathering there, or in the backward, is
+    slower; runs 287, 288: row tiles there are slower too)."""
     import re
     from hladsl.codegen import triton_bwd, triton_gen
     assert triton_gen.POWER_COLUMNS == "auto"
@@ -508,7 +508,7 @@ def test_auto_gathers_power_columns_only_in_the_forwards_narrow_kernels():
                 name = kernel.split("(")[0]
                 if name in ("state_pass_kernel", "output_kernel"):
                     assert ("tl.gather(raw_" in kernel) is forward_gathers, (d, name)
-                    assert ("the row tile's aligned slice" in kernel) is not forward_gathers, (d, name)
-                    assert "picked by a dot" not in kernel, (d, name)
+                    assert ("picked by a dot" in kernel) is not forward_gathers, (d, name)
+                    assert "row tile" not in kernel, (d, name)
                 elif name in ("reverse_kernel", "grad_kernel"):
                     assert "tl.gather(" not in kernel and "picked by a dot" in kernel, (d, name)

@@ -56,13 +56,13 @@ def block_size(n: int) -> int:
 # registers), "load" (gathered loads from memory, the code before round 23), "rows" (the
 # forward's state and output passes tile the packed dim by row tiles, ``packing.row_tiles``: a
 # tile's first p - 1 columns are one column each, its last an aligned slice of the token tile,
-# both loaded from memory; other kernels keep the dots), or "auto": in the forward's kernels
-# (``_Lowering.gathers_columns``) gather from tiles at most POWER_GATHER_MAX_WIDTH wide, row
-# tiles past that; dots elsewhere. Runs 277, 278 (H200, power p = 2 gated, B = 2, H = 16, bf16,
-# forward at T = 16k, the same bits): d = 64 dot 3.61 ms, gather 3.16; d = 128 dot 38.65,
-# gather 57.46 (state pass 20.05 -> 34.03 ms, output 18.61 -> 23.62); p = 3 at d = 64, T = 4k:
-# 23.58 -> 22.27. Row tiles: see ``row_tiled``. A/B runs set HLADSL_POWER_COLUMNS
-# (HLADSL_POWER_GATHER=1 is the old spelling of "load").
+# both loaded from memory; other kernels keep the dots; an A/B mode, slower: ``row_tiled``), or
+# "auto": in the forward's kernels (``_Lowering.gathers_columns``) gather from tiles at most
+# POWER_GATHER_MAX_WIDTH wide, dots elsewhere. Runs 277, 278 (H200, power p = 2 gated, B = 2,
+# H = 16, bf16, forward at T = 16k, the same bits): d = 64 dot 3.61 ms, gather 3.16; d = 128 dot
+# 38.65, gather 57.46 (state pass 20.05 -> 34.03 ms, output 18.61 -> 23.62); p = 3 at d = 64,
+# T = 4k: 23.58 -> 22.27. A/B runs set HLADSL_POWER_COLUMNS (HLADSL_POWER_GATHER=1 is the old
+# spelling of "load").
 POWER_COLUMN_MODES = ("auto", "dot", "gather", "load", "rows")
 POWER_GATHER_MAX_WIDTH = 64
 POWER_COLUMNS = os.environ.get("HLADSL_POWER_COLUMNS") or (
@@ -99,7 +99,7 @@ class _Lowering:
     """Walks one chunk program and collects the pieces of the template context."""
 
     gathers_columns = True   # POWER_COLUMNS "auto" may gather packed power columns (``slot_columns``)
-    # or tile the state and output passes' packed dims by row tiles (``row_tiled``)
+    # and "rows" tile the state and output passes' packed dims by row tiles (``row_tiled``)
 
     def __init__(self, program: ChunkProgram, stage_complete: bool = False):
         self.p = program
@@ -325,21 +325,19 @@ class _Lowering:
     @functools.cached_property
     def row_tiled(self) -> frozenset[str]:
         """The packed dims the forward's state and output passes walk in row tiles
-        (``packing.row_tiles``) instead of runs of 64 packed positions: under POWER_COLUMNS
-        "rows", or "auto" where the base dim's tile is wider than POWER_GATHER_MAX_WIDTH (where
-        the columns would otherwise take two one-hot dots each beside the one product they
-        feed, and the gather is slower); never a base dim a kernel splits (its token tile holds
-        one block: ``slot_columns`` loads those) nor in the backward's lowering. A row tile
-        wastes the entries of its block that are not its own (d = 128, p = 2: 192 tiles for
-        129 runs). Run 284 (H200, power p = 2 gated, d = 128, T = 16k, a hand-written
-        prototype of these kernels, ``benchmarks/results/run284_rowtiles.py``) against run 286's
-        generated dots: see RESULTS.md, round 44."""
-        if not self.gathers_columns or POWER_COLUMNS not in ("auto", "rows"):
+        (``packing.row_tiles``) instead of runs of 64 packed positions, under POWER_COLUMNS
+        "rows" (an A/B mode): no one-hot dots (two a tile beside the one product they feed at
+        d = 128), but a tile wastes the entries of its block that are not its own (d = 128,
+        p = 2: 192 tiles for 129 runs); never a base dim a kernel splits (its token tile holds
+        one block: ``slot_columns`` loads those) nor in the backward's lowering. Measured
+        slower than the dots at d = 128 (H200, power p = 2 gated, T = 16k, forward, runs 287,
+        288): 33.1 ms with dots, 85.8 with row tiles (state pass 74.0 ms), 44.7 at one pipeline
+        stage -- while a hand-written prototype of the same tiles
+        (``benchmarks/results/run284_rowtiles.py``, run 285) walks its state pass in 16.1 ms
+        at two stages: RESULTS.md, round 44."""
+        if not self.gathers_columns or POWER_COLUMNS != "rows":
             return frozenset()
-        sizes = dict(self.p.sizes)
-        return frozenset(name for name, pd in self.packed.items()
-                         if pd.base not in self.split_dims
-                         and (POWER_COLUMNS == "rows" or block_size(sizes[pd.base]) > POWER_GATHER_MAX_WIDTH))
+        return frozenset(name for name, pd in self.packed.items() if pd.base not in self.split_dims)
 
     @functools.cached_property
     def split_dims(self) -> frozenset[str]:
