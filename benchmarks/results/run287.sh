@@ -6,7 +6,7 @@ export TRITON_CACHE_DIR=/tmp/hl/triton HLADSL_CACHE_DIR=/tmp/hl/hladsl
 show() { python3 -c "
 import json, sys; r = json.load(open(sys.argv[1]))['rows']
 print('\n'.join(f\"{sys.argv[2]}: {x['what']} {x['mode']} d={x['d']} T={x['T']}: {x['ms']:.4g} ms\" for x in r))" $1 $2 2>&1 | tail -8; }
-for mode in auto dot; do
+for mode in auto dot; do   # (auto was row tiles at d = 128 then: now HLADSL_POWER_COLUMNS=rows)
   HLADSL_POWER_COLUMNS=$mode timeout 150 python3 benchmarks/profile_kernels.py power:p=2 --gated --mode fwd --d 128 --T 16384 \
     2>&1 | grep -v "compiling\|Warn\|warn" | head -5 | sed "s/^/[$mode] /"
   HLADSL_POWER_COLUMNS=$mode timeout 150 python3 -m hladsl bench --specs power:p=2 --gated --baselines --modes fwd \
