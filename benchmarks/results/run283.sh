@@ -1,4 +1,4 @@
-# Round 44, run 283: round 43's prepared run282 (the GPU suite on the final tree of round 43; the gated stateless
+# Round 44, run 283: the first two parts of the run round 43 prepared as run282.sh (removed: this replaces it; the GPU suite on the final tree of round 43; the gated stateless
 # d = 128 cases under the bf16-starts rule), then where hla3_masked's training goes now (profiles, ungated and gated).
 set -u
 export TRITON_CACHE_DIR=/tmp/hl/triton HLADSL_CACHE_DIR=/tmp/hl/hladsl
