@@ -163,7 +163,26 @@ def stages_probe():
                 print(f"C={C} stages={stages}: {type(exc).__name__}: {str(exc)[:150]}", flush=True)
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["stages"]:
+def interpreter_check():
+    """The prototype against the op in float64, fp32 tiles under TRITON_INTERPRET=1 (d = 32, tiles of
+    16 and 32, B = 1, H = 2, T = 64, C = 16): ``TRITON_INTERPRET=1 python run284_rowtiles.py check``."""
+    torch.manual_seed(0)
+    B, H, T, d = 1, 2, 64, 32
+    q = torch.randn(B, T, H, d) / d ** 0.5
+    k = torch.randn(B, T, H, d) / d ** 0.5
+    v = torch.randn(B, T, H, d)
+    g = torch.nn.functional.logsigmoid(4 + torch.randn(B, T, H))
+    ref = hladsl.load("power", p=2)(q.double(), k.double(), v.double(), g=g.double(), scale=1.0)
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    for bt in (16, 32):
+        out = prototype(q, k, v, g, 16, bt=bt, dt=tl.float32)()
+        err = ((out.double() - ref).pow(2).mean() / ref.pow(2).mean()).sqrt().item()
+        print(f"tiles of {bt}: rel RMS against the op in float64 {err:.2e}")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["check"]:
+    interpreter_check()
+elif __name__ == "__main__" and sys.argv[1:] == ["stages"]:
     stages_probe()
 elif __name__ == "__main__":
     main()

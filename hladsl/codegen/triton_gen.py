@@ -98,8 +98,9 @@ STATE_PASS_READS_DELTAS = os.environ.get("HLADSL_STATE_PASS_READS_DELTAS") == "1
 class _Lowering:
     """Walks one chunk program and collects the pieces of the template context."""
 
-    gathers_columns = True   # POWER_COLUMNS "auto" may gather packed power columns (``slot_columns``)
-    # and "rows" tile the state and output passes' packed dims by row tiles (``row_tiled``)
+    # POWER_COLUMNS "auto" may gather packed power columns here (``slot_columns``), and "rows"
+    # walk the state and output passes' packed dims in row tiles (``row_tiled``)
+    gathers_columns = True
 
     def __init__(self, program: ChunkProgram, stage_complete: bool = False):
         self.p = program
@@ -308,8 +309,10 @@ class _Lowering:
         """``slot_columns`` in a row tile of ``pd`` (the template's ``row_tile``: its slots'
         indices ``rt_<pd>_<r>`` [one each] for the prefix, ``rt_<pd>_last`` [B_pd] for the last):
         a prefix slot's column is one column of x broadcast over the tile, the last slot's
-        the aligned slice x[T, b0 .. b0 + B_pd), both loaded from memory (L1: the kernel has just
-        loaded the tile) as the query scale rounds them. Entries not the tile's own are zero."""
+        the aligned slice x[T, b0 .. b0 + B_pd), both loaded from memory as the query scale
+        rounds them (the row-tiled state pass loads no whole token tile of x). Entries not the
+        tile's own (offset D_pd) are not zeroed: they reach only masked stores and loads and
+        sums weighted by the masked m(α), as the run form's padded entries do."""
         block, dim, last = self.block, self.input_dim[x], self.packed[pd].power - 1
         if r < last:
             load = self.scaled_load(x, f"tl.load(in_{x}_ptr + base_{x} + offs_t * str_{x}_t + rt_{pd}_{r})")
@@ -318,9 +321,7 @@ class _Lowering:
                 f"{x}[T, α_{r + 1}]: the row tile's one column")
         load = self.scaled_load(x, f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + "
                                    f"rt_{pd}_last[None, :], mask=(rt_{pd}_last < D_{dim})[None, :], other=0.0)")
-        return f"rt_{pd}_last", block.define(
-            f"tl.where((offs_{pd} < D_{pd})[None, :], {load}.to(tl.float32), 0.0)",
-            f"{x}[T, α_{r + 1}]: the row tile's aligned slice")
+        return f"rt_{pd}_last", block.define(f"{load}.to(tl.float32)", f"{x}[T, α_{r + 1}]: the row tile's aligned slice")
 
     @functools.cached_property
     def row_tiled(self) -> frozenset[str]:

@@ -524,7 +524,7 @@ class _BackwardPlan:
         self.stored_sdot = launch.stored_sdot(first, common, features)
         self.d_states_dtype = launch.d_states_dtype(self.stored_sdot, sharp)
         self.packed = _packed_tables(program, device)
-        self.row_tables = row_tile_tables(program, fwd, common, device)
+        self.row_tables, self.row_tile_counts = row_tile_tables(program, fwd, common, device)
         plan_state_pass(self, program, fwd, common, first, schedule, "backward", precision=precision)
         self.cotangent_dot = launch.dot_override(first, fwd["output_chained_dots"], launch.packed_blocks(program, common), features)
         # (not for the reverse pass alone: the fused kernel computes every gradient too)

@@ -32,20 +32,22 @@ def _packed_tables(program: ChunkProgram, device) -> dict:
 _TABLES: dict = {}
 
 
-def row_tile_tables(program: ChunkProgram, ctx: dict, common: dict, device) -> dict:
-    """rt_<dim> (``packing.row_tiles`` at the dim's tile B_<dim>, int32) and NT_<dim> (their
-    number) for each packed dim the forward context ``ctx`` walks in row tiles (its state,
-    output and cotangent kernels take them; ``triton_gen._Lowering.row_tiled``)."""
+def row_tile_tables(program: ChunkProgram, ctx: dict, common: dict, device) -> tuple[dict, dict]:
+    """(kernel arguments, tile counts) for each packed dim the forward context ``ctx`` walks in
+    row tiles (``triton_gen._Lowering.row_tiled``): rt_<dim> (``packing.row_tiles`` at the
+    dim's tile B_<dim>, int32) and NT_<dim>, which its state, output and cotangent kernels
+    take, and {dim: tiles} for the state pass's grid (``launch.split_blocks``)."""
     sizes = dict(program.sizes)
-    out = {}
+    args, counts = {}, {}
     for pd in ctx["packed"]:
         if pd["rows"]:
             name, width = pd["name"], common[f"B_{pd['name']}"]
             key = ("rows", name, sizes[pd["base"]], pd["power"], width, str(device))
             if key not in _TABLES:
                 _TABLES[key] = binding.kept(row_tiles(sizes[pd["base"]], pd["power"], width).to(device))
-            out[f"rt_{name}"], out[f"NT_{name}"] = _TABLES[key], _TABLES[key].shape[0]
-    return out
+            counts[name] = _TABLES[key].shape[0]
+            args[f"rt_{name}"], args[f"NT_{name}"] = _TABLES[key], counts[name]
+    return args, counts
 
 
 def _token_args(inputs, tiles, lam, gated, scales: dict | None = None) -> dict:
@@ -304,7 +306,7 @@ class _ForwardPlan:
             if staged and launch.use_chunk_scan(staged_schedule, staged["chunk_scan"], first,
                                                 staged["state_chained_dots"]):   # (else it would walk)
                 ctx, schedule, self.stage_complete = staged, staged_schedule, True
-        self.row_tables = row_tile_tables(program, ctx, common, device)
+        self.row_tables, self.row_tile_counts = row_tile_tables(program, ctx, common, device)
         plan_state_pass(self, program, ctx, common, first, schedule, "forward", state_block, precision)
         features = launch.feature_blocks(program, common)
         self.output_launch = {**launch.dot_override(first, ctx["output_chained_dots"], launch.packed_blocks(program, common), features),
@@ -325,8 +327,7 @@ def plan_state_pass(plan, program: ChunkProgram, ctx: dict, common: dict, first,
     plan.state_common = {**common, "PREC": precision or launch.exact_precision(first.device, state_pass=True)}
     plan.state_launch = launch.split_blocks(plan.walkers * heads, ctx["splits"], program, common, first,
                                             ctx["state_chained_dots"], state_block,
-                                            packed_tiles={k[3:]: v for k, v in plan.row_tables.items()
-                                                          if k.startswith("NT_")})
+                                            packed_tiles=plan.row_tile_counts)
     cs = ctx["chunk_scan"]
     plan.chunk_scan = launch.use_chunk_scan(schedule, cs, first, ctx["state_chained_dots"])
     plan.scan_groups = 1
