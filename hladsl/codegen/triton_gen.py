@@ -624,7 +624,7 @@ def kernel_context(program: ChunkProgram, stage_complete: bool = False, every_st
                "rows": pd.name in low.row_tiled} for pd in program.packed]
     loop = None
     if tiled:
-        loop = {"dim": tiled[0], "init": low.loop_init, "rows": tiled[0] in low.row_tiled,
+        loop = {"dim": tiled[0], "init": low.loop_init,
                 "code": "\n\n".join(c for c in (num["loop"], den["loop"]) if c)}
     output_text = "\n".join([derived_code, num["pre"], num["loop"], num["post"],
                              den["pre"], den["loop"], den["post"]])

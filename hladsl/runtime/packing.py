@@ -70,16 +70,31 @@ def _flat_combos(n: int, p: int) -> torch.Tensor:
     return (combos(n, p) * torch.tensor([n ** (p - 1 - j) for j in range(p)])).sum(-1)
 
 
+@lru_cache(maxsize=256)
+def slots(n: int, p: int) -> torch.Tensor:
+    """[p, D] int32: slot r of every packed multi-index (the kernels' pk_<dim>_idx)."""
+    return combos(n, p).t().contiguous().to(torch.int32)
+
+
+@lru_cache(maxsize=256)
+def multiplicity_fp32(n: int, p: int) -> torch.Tensor:
+    """m(α) in fp32 (the kernels' pk_<dim>_mult)."""
+    return multiplicity(n, p).to(torch.float32)
+
+
 _DEVICE_TABLES: dict = {}
 
 
-def _on_device(table, n: int, p: int, device: torch.device) -> torch.Tensor:
-    """``table(n, p)`` on ``device``, copied there once: a host-to-device copy of
-    pageable memory per call would wait for the GPU."""
-    key = (table.__name__, n, p, str(device))
+def on_device(table, device, *args) -> torch.Tensor:
+    """``table(*args)`` (one of this module's cached host tables) on ``device``, made there once:
+    a copy per call would wait for the GPU. Copied to a GPU from pinned memory, asynchronously
+    (a first call does not sync either)."""
+    key = (table.__name__, args, str(device))
     got = _DEVICE_TABLES.get(key)
     if got is None:
-        got = _DEVICE_TABLES[key] = table(n, p).to(device)
+        host = table(*args)
+        got = _DEVICE_TABLES[key] = (host.pin_memory().to(device, non_blocking=True)
+                                     if torch.device(device).type == "cuda" else host.to(device))
     return got
 
 
@@ -106,7 +121,7 @@ def _pack_group(x, lead, group, n):
     slots = [lead + g for g in group]
     rest = [k for k in range(x.dim()) if k not in slots]
     moved = x.permute(rest + slots).reshape(*[x.shape[k] for k in rest], n ** p)
-    packed = moved.index_select(-1, _on_device(_flat_combos, n, p, x.device))
+    packed = moved.index_select(-1, on_device(_flat_combos, x.device, n, p))
     first = lead + group[0]
     order = list(range(packed.dim() - 1))
     order.insert(first, packed.dim() - 1)
@@ -117,7 +132,7 @@ def _unpack_group(x, lead, group, n, s):
     p = len(group)
     first = lead + group[0]
     moved = x.movedim(first, -1)
-    full = moved.index_select(-1, _on_device(_positions, n, p, x.device))
+    full = moved.index_select(-1, on_device(_positions, x.device, n, p))
     full = full.reshape(*moved.shape[:-1], *([n] * p))
     # put the p slots back at their positions
     base = list(range(moved.dim() - 1))

@@ -25,7 +25,7 @@ from hladsl.ir.contract import Plan
 from hladsl.ir.evaluate import letters_for
 from hladsl.ir.operands import Kind, exhaustive
 from hladsl.runtime import direct, launch
-from hladsl.runtime.packing import combos, multiplicity, pack, packed_shape, unpack
+from hladsl.runtime.packing import combos, multiplicity, multiplicity_fp32, on_device, pack, packed_shape, slots, unpack
 from hladsl.runtime.validate import check_step_state
 
 BACKENDS = ("torch", "triton")
@@ -325,7 +325,7 @@ class _Setup:
         self.inputs = [x["name"] for x in ctx["inputs"]]
         static, rows = {}, 0
         for pd in ctx["packed"]:   # the plan's, and those the value-free states update on
-            idx, mult = _tables(sizes[pd["base"]], pd["power"], device)
+            idx, mult = (on_device(t, device, sizes[pd["base"]], pd["power"]) for t in (slots, multiplicity_fp32))
             if pd["name"] in plan.packed_names():
                 block = rows = packed_rows or min(PACKED_ROWS, block_size(pd["size"]))
             else:
@@ -443,20 +443,3 @@ def _elements(plan: StepPlan, width: int, rows: int, names):
     return whole, blocks
 
 
-_TABLES: dict = {}
-
-
-def _tables(n: int, p: int, device):
-    """Slots [p, D] int32 and multiplicities [D] fp32 of a packed dim, made once per device
-    (copied to a GPU from pinned memory, asynchronously: a first step does not sync either)."""
-    key = (n, p, str(device))
-    if key not in _TABLES:
-        _TABLES[key] = (_to_device(combos(n, p).t().contiguous().to(torch.int32), device),
-                        _to_device(multiplicity(n, p).to(torch.float32), device))
-    return _TABLES[key]
-
-
-def _to_device(x: torch.Tensor, device) -> torch.Tensor:
-    if torch.device(device).type != "cuda":
-        return x.to(device)
-    return x.pin_memory().to(device, non_blocking=True)

@@ -10,7 +10,7 @@ import triton.runtime.errors
 from hladsl.codegen.triton_gen import constexprs, kernels
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime import autotune, binding, launch
-from hladsl.runtime.packing import combos, multiplicity, row_tiles
+from hladsl.runtime.packing import multiplicity_fp32, on_device, row_tiles, slots
 
 
 
@@ -20,16 +20,10 @@ def _packed_tables(program: ChunkProgram, device) -> dict:
     sizes = dict(program.sizes)
     out = {}
     for pd in program.packed:
-        key = (pd.name, sizes[pd.base], pd.power, str(device))
-        if key not in _TABLES:
-            idx = combos(sizes[pd.base], pd.power).t().contiguous().to(device=device, dtype=torch.int32)
-            mult = multiplicity(sizes[pd.base], pd.power).to(device=device, dtype=torch.float32)
-            _TABLES[key] = (binding.kept(idx), binding.kept(mult))
-        out[f"pk_{pd.name}_idx"], out[f"pk_{pd.name}_mult"] = _TABLES[key]
+        n, p = sizes[pd.base], pd.power
+        out[f"pk_{pd.name}_idx"] = binding.kept(on_device(slots, device, n, p))
+        out[f"pk_{pd.name}_mult"] = binding.kept(on_device(multiplicity_fp32, device, n, p))
     return out
-
-
-_TABLES: dict = {}
 
 
 def row_tile_tables(program: ChunkProgram, ctx: dict, common: dict, device) -> tuple[dict, dict]:
@@ -41,12 +35,10 @@ def row_tile_tables(program: ChunkProgram, ctx: dict, common: dict, device) -> t
     args, counts = {}, {}
     for pd in ctx["packed"]:
         if pd["rows"]:
-            name, width = pd["name"], common[f"B_{pd['name']}"]
-            key = ("rows", name, sizes[pd["base"]], pd["power"], width, str(device))
-            if key not in _TABLES:
-                _TABLES[key] = binding.kept(row_tiles(sizes[pd["base"]], pd["power"], width).to(device))
-            counts[name] = _TABLES[key].shape[0]
-            args[f"rt_{name}"], args[f"NT_{name}"] = _TABLES[key], counts[name]
+            name = pd["name"]
+            table = binding.kept(on_device(row_tiles, device, sizes[pd["base"]], pd["power"], common[f"B_{name}"]))
+            counts[name] = table.shape[0]
+            args[f"rt_{name}"], args[f"NT_{name}"] = table, counts[name]
     return args, counts
 
 
