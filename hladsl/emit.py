@@ -325,6 +325,22 @@ def _triton_bwd(spec, params, out_dir):
     return triton_bwd_source(compile_spec(spec, target=_target(), **params).program)
 
 
+def _attention(spec, params, out_dir):
+    """The attention form (``ir.attention``): its pairwise terms and its kernel, or why there is none."""
+    from hladsl.ir.attention import attention_form, why_not
+    program = compile_spec(spec, target=_target(), **params).program
+    form = attention_form(program)
+    if form is None:
+        return f"# {program.algebra.name}: no attention form ({why_not(program)}): calls run the chunk form\n"
+    from hladsl.codegen.attention_gen import attention_source
+    terms = "".join(f"#   {t.coef:+g} · {t.source}\n" for t in form.output + form.normalizer)
+    source = attention_source(program)
+    kernel = source[source.index("@triton.jit\ndef attention_kernel"):]
+    return (f"# {program.algebra.name}: attention form (stateless calls, launch.use_attention_form), "
+            f"C = {program.chunk}; its pairwise terms:\n{terms}"
+            f"# (the module also holds the forward's kernels and helpers: --emit triton)\n\n{kernel}")
+
+
 def _carried(spec, params, out_dir):
     from hladsl.ir.carried import carried_text
     from hladsl.runtime.op import carried_compilation, carried_kernels_error
@@ -361,7 +377,7 @@ PASS_TEXT = {"lower": _ir_text, "check": _check_text, "serial": _serial_text,
              "backward": lambda c: backward_text(c.backward)}
 
 EMITTERS = {"ast": _ast, "ir": _ir, "combine": _combine, "serial": _serial, "vjp": _vjp,
-            "chains": _chains, "chunk": _chunk, "carried": _carried, "triton": _triton, "cp": _cp,
+            "chains": _chains, "chunk": _chunk, "carried": _carried, "attention": _attention, "triton": _triton, "cp": _cp,
             "chunk_bwd": _chunk_bwd, "triton_bwd": _triton_bwd, "cost": _cost,
             "triton_step": _triton_step,
             "torch": _source("torch", "torch chunk program"),

@@ -50,6 +50,8 @@ Rules:
   (``grad_target_sets``), so that one target's tiles are live at a time; the packed
   dim they loop over in tiles of at most 4096 [C, tile] elements (``grad_loop_tile``); a target with many
   networks over several programs (``grad_parts``, ``grad_fitting_parts``); 8 warps at feature dims of 128 (``grad_warps``).
+* the attention form (``ir.attention``) for stateless no-grad calls of programs that have one,
+  where its multiply-adds are at most ATTENTION_MAC_RATIO x the chunk form's (``use_attention_form``).
 * the carried form (``ir.carried``) for calls with no state in or out where ``CARRY_DERIVED``
   (on), one adding product summaries where ``CARRY_PRODUCTS`` too (on; ``op.Op._carried_op``).
 * A/B runs in separate processes: ``HLADSL_LAUNCH="NAME=VALUE ..."`` sets rule constants
@@ -841,6 +843,67 @@ CARRY_DERIVED = True
 # run 203), fwd + bwd 8.26 at 16k (24.7 in run 220); bf16 gradients <= 7.1e-3 RMS of fp32 (run 242).
 CARRY_PRODUCTS = True
 
+# A call with no state in or out and nothing to differentiate, of a program with an attention
+# form (``ir.attention``: every surviving output term pairwise -- linear, power), may run that form:
+# one kernel over (query chunk, key chunk) pairs, no chunk-start states (``use_attention_form``).
+# "auto": on CUDA where its multiply-adds are at most ATTENTION_MAC_RATIO x the chunk form's
+# (``ir.attention.attention_macs`` / ``chunk_macs``): its dense [C, C] token products run nearer
+# the tensor cores' peak than the chunk form's state products. H200, bf16, B = 2, H = 16, gated
+# forward, attention form vs the chunk form (MAC ratio in brackets; runs 292 at 3 stages, 291 at
+# 2): power p = 2 at d = 64, T = 4k (1.45) 0.264 vs 0.815 ms, 16k (5.72) 3.47 vs 3.14, 64k (22.8)
+# 55.3 vs 12.3; at d = 128, T = 4k (0.38) 0.371 vs 8.15, 16k (1.48) 5.19 vs 32.8, 64k (5.92)
+# 82.5 vs 131.1; p = 3 at d = 64, T = 16k (0.36) 3.82 vs 87.4 (2 stages); linear (ratio >= 10.8,
+# 2 stages) 2.3-63x slower. MAC ratio over time ratio (how much more efficiently the attention
+# form runs a MAC): linear 3.8 at d = 64 and 4.7 at d = 128 (T = 4k), power p = 2 5.2 at d = 64
+# (16k) and 9.4 at d = 128 (64k: the chunk form's packed d = 128 states run least efficiently).
+# 3.5 stays below all of them, so the form is taken only where it should win: gated power p = 2
+# up to T = 10k at d = 64 and 38k at d = 128, p = 3 up to 158k at d = 64, linear up to 832 and
+# 1280 tokens at d = 64 and 128. It leaves power at d = 128, T = 64k to the chunk form, whose
+# 131 ms the attention form would cut to 82.5.
+# "always": wherever the form exists (tests, A/B runs); "never".
+ATTENTION_FORM = "auto"
+ATTENTION_FORM_MODES = ("auto", "always", "never")
+ATTENTION_MAC_RATIO = 3.5
+ATTENTION_CHUNK = 64        # its query and key chunks
+ATTENTION_WARPS = 4
+# 3 pipeline stages: 5-12 % faster than 2 at every shape of run 292 (d = 128, T = 16k: 5.19 vs 5.78 ms)
+ATTENTION_STAGES = 3
+
+
+def use_attention_form(program_at: Callable[[int], object], lengths, device) -> bool:
+    """Does a stateless call over sequences of ``lengths`` tokens run the attention form
+    (``ATTENTION_FORM``)? ``program_at(chunk)``: the call's chunk program at a chunk size."""
+    from hladsl.ir.attention import attention_form, attention_macs, chunk_macs
+    if ATTENTION_FORM == "never" or (ATTENTION_FORM == "auto" and device.type != "cuda"):
+        return False
+    program = program_at(ATTENTION_CHUNK)
+    form = attention_form(program)
+    if form is None:
+        return False
+    if ATTENTION_FORM == "always":
+        return True
+    pairs = sum(attention_macs(form, program, n) for n in lengths)
+    return pairs <= ATTENTION_MAC_RATIO * sum(chunk_macs(program, n) for n in lengths)
+
+
+def attention_chunk(T: int, chunk_size: int | None, device) -> int:
+    """The attention form's chunk: the op's, else ATTENTION_CHUNK (on CPU shrunk to the
+    sequence, ``chunk_for``)."""
+    return chunk_for(T, chunk_size or ATTENTION_CHUNK, device)
+
+
+def attention_launch(program, first, chained_dots: bool) -> dict:
+    """The attention kernel's constexprs and launch options (base dims only: it holds no
+    packed state); fp32 tiles for its chain of dots where ``dot_override`` says (narrow
+    chunks or feature dims, as for the output kernel's in-chunk terms)."""
+    from hladsl.codegen.triton_gen import constexprs
+    sizes = {d for d, _ in program.sizes}
+    consts = {k: v for k, v in constexprs(program).items() if k == "C" or k[2:] in sizes}
+    return dict(DOT=dot_dtype(first.dtype, first.device), SDOT=state_dot_dtype(first.dtype, first.device),
+                PREC=exact_precision(first.device), num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES,
+                **consts, **dot_override(first, chained_dots, {}, feature_blocks(program, consts)))
+
+
 PLANS_KEPT = 256   # launch plans kept per cache before it starts over (shape classes in use)
 _PLAN_CACHES: list[dict] = []   # every runner's plan cache (``switch`` forgets them all)
 
@@ -904,6 +967,8 @@ def check_switch(name: str, value):
         raise ValueError(f"launch.{name} takes a positive whole number or none, got {value!r}")
     if name in ("EXACT_DOTS", "EXACT_STATE_DOTS") and value not in EXACT_DOT_MODES:
         raise ValueError(f"launch.{name} is one of {', '.join(EXACT_DOT_MODES)}, got {value!r}")
+    if name == "ATTENTION_FORM" and value not in ATTENTION_FORM_MODES:
+        raise ValueError(f"launch.{name} is one of {', '.join(ATTENTION_FORM_MODES)}, got {value!r}")
     if name == "STAGE_PARTS" and value not in STAGE_PARTS_MODES:
         raise ValueError(f"launch.{name} is one of {', '.join(STAGE_PARTS_MODES)}, got {value!r}")
     return old

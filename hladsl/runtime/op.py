@@ -21,6 +21,7 @@ import warnings
 import torch
 
 from hladsl.errors import SpecError
+from hladsl.ir.attention import attention_form
 from hladsl.ir.pipeline import Compilation, program_for
 from hladsl.runtime import autotune, binding, chunk_torch, direct, launch
 from hladsl.runtime.custom_op import EagerCall, TransformableCall, fresh_outputs, op_name, register
@@ -75,7 +76,8 @@ class Op:
         self.algebra = alg
         self.backend = backend
         self.chunk_size = chunk_size      # None: the launch rules choose (launch.chunk_for)
-        self._long_chunks = launch.plan_cache()   # shape class -> launch.takes_long_chunk
+        # shape class -> launch.takes_long_chunk, and -> launch.use_attention_form (Op._attention)
+        self._long_chunks = launch.plan_cache()
         self._bound_steps = launch.plan_cache()   # decode call signature -> runtime.step.BoundStep
         self._bound_calls = launch.plan_cache()   # forward call signature -> _BoundForward or _UNBOUND
         self._record_tries = launch.plan_cache()  # signature -> recordings a raised launch spoiled
@@ -152,7 +154,8 @@ class Op:
             with binding.recording(_call_tensors(self, args, kwargs)) if record else \
                     contextlib.nullcontext() as rec:
                 o, finals = fresh_outputs(*self.forward_impl(token_list, g, scale, init, cu_seqlens,
-                                                              self.schedule), token_list + init)
+                                                              self.schedule, bool(output_final_state)),
+                                          token_list + init)
             if record:
                 self._remember(signature, rec, lambda: _BoundForward.make(self, rec, o, kwargs))
         else:   # the same forward_impl / backward_impl, without the custom op's dispatch
@@ -286,9 +289,53 @@ class Op:
             return True
         return backend == "auto" and x.device.type == "cuda" and x.dtype != torch.float64
 
-    def forward_impl(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str):
-        """(o, [final state per summary]) without autograd."""
+    def forward_impl(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str,
+                     final_states: bool = True):
+        """(o, [final state per summary]) without autograd; ``final_states`` False: the caller
+        will not read them (a call with no initial state then may run the attention form,
+        ``launch.use_attention_form``, and return none; under the "auto" schedule only: a named
+        schedule is the chunk form's)."""
+        if not init and not final_states and schedule == "auto" and self._attention(tokens, g, cu_seqlens):
+            return self._attention_forward(tokens, g, scale, cu_seqlens), []
         return self._forward(tokens, g, scale, init, cu_seqlens, schedule, keep=False)[:2]
+
+    def _attention(self, tokens: list, g, cu_seqlens) -> bool:
+        """Does a stateless call run the attention form (``launch.use_attention_form``; on the
+        generated kernels only)?"""
+        first = tokens[0]
+        if launch.ATTENTION_FORM == "never" or not self.use_triton(first):
+            return False
+        dims = tuple(sorted(self._dims(dict(zip(self.inputs, tokens))).items()))
+        gated = g is not None
+
+        def program_at(chunk):
+            return program_for(self.compilation, chunk, dims, gated)
+        if not launch.remembered(self._long_chunks, ("attention form", dims, gated),
+                                 lambda: attention_form(program_at(launch.ATTENTION_CHUNK)) is not None):
+            return False
+        if cu_seqlens is not None:   # (the layout reads the bounds too: a sync either way)
+            bounds = cu_seqlens.tolist()
+            return launch.use_attention_form(program_at, [b - a for a, b in zip(bounds, bounds[1:])], first.device)
+        key = ("attention", dims, gated, first.shape[1], str(first.device))
+        return launch.remembered(self._long_chunks, key,
+                                 lambda: launch.use_attention_form(program_at, [first.shape[1]], first.device))
+
+    def _attention_forward(self, tokens: list, g, scale: float, cu_seqlens):
+        """o of a stateless call by the attention form (``runtime.attention_forward``)."""
+        tokens = dict(zip(self.inputs, tokens))
+
+        def run(chunk):
+            from hladsl.runtime.attention_forward import forward_attention
+            prep = _Prepared(self, tokens, g, scale, [], cu_seqlens, chunk, keep_dtype=True)
+            o_tiles = forward_attention(prep.program, prep.tiles, prep.lam, self.algebra.eps, out_dtype=prep.dtype,
+                                        seq_chunks=prep.seq_chunks, scales=prep.load_scales)
+            binding.returned(o_tiles, {}, prep)
+            return prep.finish(o_tiles, None)[0]
+        # (no attention kernel fitting the GPU at any chunk: the chunk form's kernels)
+        return self._on_kernels("forward", tokens, g, run,
+                                lambda: self._run_torch(tokens, g, scale, [], cu_seqlens)[0], chunk_of="attention",
+                                no_fit=lambda: self._forward(list(tokens.values()), g, scale, [], cu_seqlens, "auto",
+                                                             keep=False)[0])
 
     def forward_keeping(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str):
         """``forward_impl`` before a backward: (o, finals, what ``backward_impl`` may reuse
@@ -427,12 +474,13 @@ class Op:
         return self._on_kernels("backward", toks, g, run, torch_path)
 
     def _on_kernels(self, direction: str, tokens: dict, g, run, torch_path, schedule: str | None = None,
-                    cu_seqlens=None, chunk_of: str | None = None):
+                    cu_seqlens=None, chunk_of: str | None = None, no_fit=None):
         """``run(chunk)`` on the generated kernels at the launch layer's chunk for
         ``direction`` (``chunk_of``: another direction's; halved while a kernel does not
         fit), or ``torch_path()`` off them -- the torch backend, or no kernel fitting
         (``_no_kernel_fits``; every rank of a context-parallel call has the same shapes, so
-        each falls back alike). ``schedule`` None: the op's."""
+        each falls back alike; ``no_fit()`` runs there instead, where given). ``schedule`` None:
+        the op's."""
         first = tokens[self.inputs[0]]
         if not self.use_triton(first):
             return torch_path()
@@ -450,6 +498,8 @@ class Op:
             with autotune.session(self.autotune, first, dims, g is not None, cu_seqlens):
                 return launch.fitting_chunk(key, chunk, run)
         except OutOfResources as exc:
+            if no_fit is not None:
+                return no_fit()
             self._no_kernel_fits(exc, direction, dims, first)
         return torch_path()
 
@@ -513,6 +563,8 @@ class Op:
     def _chunk(self, first, direction: str = "forward", dims: dict | None = None, gated: bool = False,
                schedule: str = "", varlen: bool = False) -> int:
         """The chunk size of a kernel call (``launch.chunk_for``; ``dims`` None: the default's)."""
+        if direction == "attention":
+            return launch.attention_chunk(first.shape[1], self.chunk_size, first.device)
         if dims is None:
             return launch.chunk_for(first.shape[1], self.chunk_size, first.device, direction)
         sizes = tuple(sorted(dims.items()))
@@ -963,14 +1015,15 @@ class _Prepared:
         return storage_states(self.op.algebra, self.program, self.dims, self.compute, finals)
 
     def finish(self, o_tiles, finals):
-        """o [B, T, H, dv] in the inputs' dtype and the final states in storage layout."""
+        """o [B, T, H, dv] in the inputs' dtype and the final states in storage layout (none
+        where ``finals`` is None: the attention form has no state)."""
         B, T, H = self.shape
         o = o_tiles.permute(0, 2, 3, 1, 4).reshape(B, -1, H, o_tiles.shape[-1])[:, :T]
         if self.index is not None:
             o = o.reshape(-1, *o.shape[2:])[self.index].unsqueeze(0)
         if o.dtype != self.dtype or not o.is_contiguous():   # one copy: cast and lay out together
             o = o.to(self.dtype, memory_format=torch.contiguous_format)
-        return o, self.finish_states(finals)
+        return o, ([] if finals is None else self.finish_states(finals))
 
 
 def _checked_bounds(cu_seqlens, T: int) -> list[int]:

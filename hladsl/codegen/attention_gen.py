@@ -1,0 +1,131 @@
+"""Triton source of a chunk program's attention form (``ir.attention``): one kernel,
+grid (query chunk, sequence·head), each program summing the pairwise terms over the key
+chunks at or before its own, newest first -- the forward of a stateless call with no
+chunk-start state at all.
+
+The terms are lowered as the output kernel's in-chunk terms are (``triton_gen._Lowering``),
+with two changes: a token tile on the key side is loaded from the key chunk (``ink_<x>``,
+``rawk_<x>``, ``basek_<x>``), and the mask M[t, n] = [n rel t] exp(W (Λ_t − Λ_n)) is
+formed from the two chunks' in-chunk gates and the gap between their starts,
+lam_gap = Σ of the totals of the chunks from the key's up to the query's (the kernel sums
+it as it walks back), so no Λ over the whole sequence is ever formed: its fp32 rounding at
+large |Λ| would reach every decay. The module holds the forward module's kernels too (the
+template includes theirs for its macros); only ``attention_kernel`` is launched from it.
+"""
+from __future__ import annotations
+
+from hladsl.codegen import templates
+from hladsl.codegen.prune import prune_dead
+from hladsl.codegen.steps import Tile, comment
+from hladsl.codegen.templates import render_template
+from hladsl.codegen.triton_gen import _defs, _Lowering, kernel_context
+from hladsl.ir.attention import attention_form, time_indices, why_not
+from hladsl.ir.chunk import ChunkProgram
+from hladsl.version import __version__
+
+TEMPLATE = "attention_kernels.py.jinja"
+
+
+class _AttentionLowering(_Lowering):
+    """The in-chunk lowering with the key side's tokens and gates taken from the key chunk."""
+
+    def __init__(self, program: ChunkProgram, query: str):
+        super().__init__(program)
+        self.query = query                  # the output's time index: the query chunk's tokens
+        self.query_inputs: dict[str, dict] = {}
+        self.key_inputs: dict[str, dict] = {}
+
+    def _token_tile(self, o, defs):
+        x = o.name
+        if o.indices[0] == self.query:
+            self.query_inputs.setdefault(x, self.input_info(x))
+            return super()._token_tile(o, defs)
+        self.key_inputs.setdefault(x, {**self.input_info(x), "scaled": self.scaled_load(x, f"rawk_{x}")
+                                       if x in self.scaled else ""})
+        dim, var = self.input_dim[x], f"ink_{x}"
+        self.block.raw[var] = f"rawk_{x}"     # the template loads both in the key loop
+        self.block.tokens_as_loaded.add(f"rawk_{x}")
+        self.block.transposed[var] = self.scaled_load(x, (
+            f"tl.load(in_{x}_ptr + basek_{x} + offs_{dim}[:, None] + offs_t[None, :] * str_{x}_t, "
+            f"mask=offs_{dim}[:, None] < D_{dim}, other=0.0)"))
+        return Tile(var, o.indices)
+
+    def _mask_tile(self, o, defs):
+        rel = {"<=": "le", "<": "lt"}[o.rel]
+        var = f"mask_{rel}_w{int(o.weight)}"
+
+        def mask(query, key):   # off the diagonal (i_k < i_c) every pair is causal
+            keep = f"((offs_t{query} {'>=' if o.rel == '<=' else '>'} offs_t{key}) | (i_k < i_c))"
+            if o.weight:
+                return (f"tl.exp(tl.where({keep}, {int(o.weight)} * (lam{query} + lam_gap - lamk{key}), "
+                        f"float(\"-inf\")))")
+            return f"tl.where({keep}, 1.0, 0.0)"
+        if var not in defs:
+            defs[var] = (comment(o.text()), mask("[:, None]", "[None, :]"))
+        self.block.transposed[var] = mask("[None, :]", "[:, None]")
+        return Tile(var, o.indices)
+
+
+def attention_context(program: ChunkProgram) -> dict:
+    """The forward's template context plus ``attention``: the kernel's inputs (query and key
+    side), its mask definitions, and the code of the output's and normaliser's terms: those
+    of the query chunk alone (``self_num``, ``self_den``) and the pairwise ones over one
+    (query chunk, key chunk) pair (``pair_num``, ``pair_den``)."""
+    form = attention_form(program)
+    if form is None:
+        raise ValueError(f"{program.algebra.name} has no attention form: {why_not(program)}")
+    queries = {time_indices(t)[0] for t in form.output + form.normalizer}
+    if len(queries) != 1:
+        raise ValueError(f"{program.algebra.name}: the attention form's terms index the query "
+                         f"by {sorted(queries)}, not one token")
+    low = _AttentionLowering(program, queries.pop())
+    defs: dict = {}
+    code = {}
+    # terms of token t alone (no key: a strict mask's diagonal, a skip term) once, before the
+    # key loop; the pairwise ones once a key chunk, in it. Every term before the loop is lowered
+    # first: CSE hands a later term only temps computed above it, so no code before the loop
+    # reads one the loop defines
+    for where, keyed in (("self", False), ("pair", True)):
+        for part, terms in (("num", form.output), ("den", form.normalizer)):
+            chosen = tuple(t for t in terms if (time_indices(t)[1] is not None) == keyed)
+            code[f"{where}_{part}"] = (low.terms(chosen, f"{where}_{part}", defs, precision_of=part)["pre"]
+                                       if chosen else "")
+    context = kernel_context(program)
+    context["attention"] = {
+        "query_inputs": list(low.query_inputs.values()),
+        "key_inputs": list(low.key_inputs.values()),
+        "inputs": list({**low.query_inputs, **low.key_inputs}.values()),
+        "dims": list(low.dims), "defs": _defs(defs), **code,
+        "chained_dots": low.block.chained,   # (launch.dot_override)
+        "terms": [comment(t.source) for t in form.output + form.normalizer],
+    }
+    return context
+
+
+def template_text() -> str:
+    return templates.template_text(TEMPLATE, "chunk_kernels.py.jinja")
+
+
+def render(context: dict, version: str) -> str:
+    return prune_dead(render_template(TEMPLATE, version=version, **context))
+
+
+def attention_source(program: ChunkProgram) -> str:
+    """The module of ``program``'s attention form (uncached)."""
+    return render(attention_context(program), __version__)
+
+
+_MODULES: dict[int, tuple] = {}   # id(program) -> (program, module, context)
+
+
+def attention_kernels(program: ChunkProgram):
+    """(module, context): the imported module with ``attention_kernel`` for ``program``,
+    rendered once, then served from the disk cache (``codegen.cache``)."""
+    hit = _MODULES.get(id(program))
+    if hit is None or hit[0] is not program:
+        from hladsl.codegen.cache import cache_key, load_module
+        context = attention_context(program)
+        key = cache_key(context, template_text())
+        module = load_module(context["name"] + "_attention", key, lambda: render(context, __version__))
+        hit = _MODULES[id(program)] = (program, module, context)
+    return hit[1], hit[2]

@@ -1,0 +1,52 @@
+"""Running a program's attention form (``ir.attention``, ``codegen.attention_gen``): the
+forward of a call with no state in or out, one kernel, no chunk-start states. Same tiles
+and gates as ``triton_forward.forward_triton``; launch choices from ``runtime.launch``."""
+from __future__ import annotations
+
+import torch
+
+from hladsl.codegen.attention_gen import attention_kernels
+from hladsl.ir.chunk import ChunkProgram
+from hladsl.runtime import launch
+from hladsl.runtime.triton_forward import _output_buffer, _token_args, kernel_gates
+
+_PLANS = launch.plan_cache()
+
+
+def chunk_firsts(seq_chunks: torch.Tensor, n_chunks: int) -> torch.Tensor:
+    """int32 [n_chunks]: for each chunk of a varlen row, the first chunk of its sequence (the
+    sequence whose bounds hold it, empty ones skipped; no host sync)."""
+    chunks = torch.arange(n_chunks, dtype=seq_chunks.dtype, device=seq_chunks.device)
+    owner = torch.searchsorted(seq_chunks[1:].contiguous(), chunks, right=True)
+    return seq_chunks[owner.clamp_max(seq_chunks.numel() - 1)].to(torch.int32)
+
+
+def forward_attention(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
+                      eps: float, out_dtype: torch.dtype = torch.float32,
+                      seq_chunks: torch.Tensor | None = None, scales: dict[str, float] | None = None,
+                      options: dict | None = None) -> torch.Tensor:
+    """o [N, H, nC, C, dv] (a tile view of a contiguous [N, nC*C, H, dv] tensor in
+    ``out_dtype``) of a call with no initial state: tiles, lam, seq_chunks and scales as
+    ``forward_triton`` takes them; ``options``: launch arguments overriding the rule's."""
+    module, ctx = attention_kernels(program)
+    if program.gated != (lam is not None):
+        raise ValueError("lam must be given exactly when the chunk program is gated")
+    first = next(iter(tiles.values()))
+    n_seq, heads, n_chunks, chunk = first.shape[:4]
+    if chunk != program.chunk:
+        raise ValueError(f"tiles have chunk size {chunk}, the program {program.chunk}")
+    device = first.device
+    if lam is not None:
+        lam = kernel_gates(lam, device)
+    key = (id(program), tuple(first.shape[:4]), first.dtype, device)
+    common = launch.remembered(_PLANS, key, lambda: launch.attention_launch(
+        program, first, ctx["attention"]["chained_dots"]), cacheable=seq_chunks is None)
+    o, out = _output_buffer(program, ctx, first, eps, out_dtype)
+    varlen = seq_chunks is not None
+    # (a varlen call is never bound; without one the kernel never reads chunk_first: any pointer)
+    firsts = chunk_firsts(seq_chunks, n_chunks) if varlen else o
+    args = {**_token_args(ctx["attention"]["inputs"], tiles, lam, program.gated, scales), **out,
+            "chunk_first": firsts, "VARLEN": varlen, "H": heads, "n_chunks": n_chunks, **common,
+            **(options or {})}
+    launch.launch(module.attention_kernel, (n_chunks, n_seq * heads), args, options is None)
+    return o
