@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from hladsl.codegen import templates
 from hladsl.codegen.prune import prune_dead
-from hladsl.codegen.steps import Tile, comment
+from hladsl.codegen.steps import comment
 from hladsl.codegen.templates import render_template
 from hladsl.codegen.triton_gen import _defs, _Lowering, kernel_context
 from hladsl.ir.attention import attention_form, time_indices, why_not
@@ -42,28 +42,15 @@ class _AttentionLowering(_Lowering):
             return super()._token_tile(o, defs)
         self.key_inputs.setdefault(x, {**self.input_info(x), "scaled": self.scaled_load(x, f"rawk_{x}")
                                        if x in self.scaled else ""})
-        dim, var = self.input_dim[x], f"ink_{x}"
-        self.block.raw[var] = f"rawk_{x}"     # the template loads both in the key loop
-        self.block.tokens_as_loaded.add(f"rawk_{x}")
-        self.block.transposed[var] = self.scaled_load(x, (
-            f"tl.load(in_{x}_ptr + basek_{x} + offs_{dim}[:, None] + offs_t[None, :] * str_{x}_t, "
-            f"mask=offs_{dim}[:, None] < D_{dim}, other=0.0)"))
-        return Tile(var, o.indices)
+        return self.token_tile(o, f"ink_{x}", f"rawk_{x}", f"basek_{x}")   # (loaded in the key loop)
 
-    def _mask_tile(self, o, defs):
-        rel = {"<=": "le", "<": "lt"}[o.rel]
-        var = f"mask_{rel}_w{int(o.weight)}"
+    @staticmethod
+    def mask_keep(rel: str, query: str, key: str) -> str:   # off the diagonal every pair is causal
+        return f"(({_Lowering.mask_keep(rel, query, key)}) | (i_k < i_c))"
 
-        def mask(query, key):   # off the diagonal (i_k < i_c) every pair is causal
-            keep = f"((offs_t{query} {'>=' if o.rel == '<=' else '>'} offs_t{key}) | (i_k < i_c))"
-            if o.weight:
-                return (f"tl.exp(tl.where({keep}, {int(o.weight)} * (lam{query} + lam_gap - lamk{key}), "
-                        f"float(\"-inf\")))")
-            return f"tl.where({keep}, 1.0, 0.0)"
-        if var not in defs:
-            defs[var] = (comment(o.text()), mask("[:, None]", "[None, :]"))
-        self.block.transposed[var] = mask("[None, :]", "[:, None]")
-        return Tile(var, o.indices)
+    @staticmethod
+    def mask_gap(query: str, key: str) -> str:   # the query chunk's start minus the key chunk's: lam_gap
+        return f"lam{query} + lam_gap - lamk{key}"
 
 
 def attention_context(program: ChunkProgram) -> dict:

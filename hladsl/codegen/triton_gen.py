@@ -198,12 +198,17 @@ class _Lowering:
         return _OPERAND_TILE[o.kind](self, o, defs)
 
     def _token_tile(self, o, defs):
+        return self.token_tile(o, f"in_{o.name}", f"raw_{o.name}", f"base_{o.name}")
+
+    def token_tile(self, o, var: str, raw: str, base: str) -> Tile:
+        """Token tile ``var`` (fp32) of input ``o.name``: the template loads it and its
+        input-dtype twin ``raw`` from the chunk at offset ``base`` (load_chunk); transposed, it
+        is loaded so where a product wants it."""
         x, dim = o.name, self.input_dim[o.name]
-        var = f"in_{x}"
-        self.block.raw[var] = f"raw_{x}"      # the template loads both (load_chunk)
-        self.block.tokens_as_loaded.add(f"raw_{x}")
+        self.block.raw[var] = raw
+        self.block.tokens_as_loaded.add(raw)
         self.block.transposed[var] = self.scaled_load(x, (
-            f"tl.load(in_{x}_ptr + base_{x} + offs_{dim}[:, None] + offs_t[None, :] * str_{x}_t, "
+            f"tl.load(in_{x}_ptr + {base} + offs_{dim}[:, None] + offs_t[None, :] * str_{x}_t, "
             f"mask=offs_{dim}[:, None] < D_{dim}, other=0.0)"))
         return Tile(var, o.indices)
 
@@ -222,15 +227,25 @@ class _Lowering:
         rel = {"<=": "le", "<": "lt"}[o.rel]
         var = f"mask_{rel}_w{int(o.weight)}"
         def mask(row, col):   # M[row, col] = [col (<=|<) row] · exp(w (Λ_row − Λ_col))
-            keep = f"offs_t{row} {'>=' if o.rel == '<=' else '>'} offs_t{col}"
+            keep = self.mask_keep(o.rel, row, col)
             if o.weight:
-                return (f"tl.exp(tl.where({keep}, {int(o.weight)} * (lam{row} - lam{col}), "
+                return (f"tl.exp(tl.where({keep}, {int(o.weight)} * ({self.mask_gap(row, col)}), "
                         f"float(\"-inf\")))")
             return f"tl.where({keep}, 1.0, 0.0)"
         if var not in defs:
             defs[var] = (comment(o.text()), mask("[:, None]", "[None, :]"))
         self.block.transposed[var] = mask("[None, :]", "[:, None]")   # computed so, not transposed
         return Tile(var, o.indices)
+
+    @staticmethod
+    def mask_keep(rel: str, row: str, col: str) -> str:
+        """Which [row, col] pairs a mask keeps (``row`` / ``col``: the axes' slots): both in the chunk."""
+        return f"offs_t{row} {'>=' if rel == '<=' else '>'} offs_t{col}"
+
+    @staticmethod
+    def mask_gap(row: str, col: str) -> str:
+        """Λ_row − Λ_col, both in the chunk."""
+        return f"lam{row} - lam{col}"
 
     @staticmethod
     def _decay_tile(o, defs):

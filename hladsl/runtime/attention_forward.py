@@ -8,7 +8,7 @@ import torch
 from hladsl.codegen.attention_gen import attention_kernels
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime import launch
-from hladsl.runtime.triton_forward import _output_buffer, _token_args, kernel_gates
+from hladsl.runtime.triton_forward import _output_buffer, _token_args, checked_tiles
 
 _PLANS = launch.plan_cache()
 
@@ -29,16 +29,9 @@ def forward_attention(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam
     ``out_dtype``) of a call with no initial state: tiles, lam, seq_chunks and scales as
     ``forward_triton`` takes them; ``options``: launch arguments overriding the rule's."""
     module, ctx = attention_kernels(program)
-    if program.gated != (lam is not None):
-        raise ValueError("lam must be given exactly when the chunk program is gated")
-    first = next(iter(tiles.values()))
-    n_seq, heads, n_chunks, chunk = first.shape[:4]
-    if chunk != program.chunk:
-        raise ValueError(f"tiles have chunk size {chunk}, the program {program.chunk}")
-    device = first.device
-    if lam is not None:
-        lam = kernel_gates(lam, device)
-    key = (id(program), tuple(first.shape[:4]), first.dtype, device)
+    first, lam = checked_tiles(program, tiles, lam)
+    n_seq, heads, n_chunks = first.shape[:3]
+    key = (id(program), tuple(first.shape[:4]), first.dtype, first.device)
     common = launch.remembered(_PLANS, key, lambda: launch.attention_launch(
         program, first, ctx["attention"]["chained_dots"]), cacheable=seq_chunks is None)
     o, out = _output_buffer(program, ctx, first, eps, out_dtype)

@@ -69,6 +69,17 @@ def kernel_gates(lam: torch.Tensor, device) -> torch.Tensor:
     return binding.derived(GATES, lam.to(device=device, dtype=torch.float32).contiguous())
 
 
+def checked_tiles(program: ChunkProgram, tiles: dict, lam: torch.Tensor | None):
+    """(the first token tile, Λ as the kernels read it or None) once ``tiles`` and ``lam`` are
+    checked against ``program`` (its chunk; lam exactly where it is gated)."""
+    if program.gated != (lam is not None):
+        raise ValueError("lam must be given exactly when the chunk program is gated")
+    first = next(iter(tiles.values()))
+    if first.shape[3] != program.chunk:
+        raise ValueError(f"tiles have chunk size {first.shape[3]}, the program {program.chunk}")
+    return first, (None if lam is None else kernel_gates(lam, first.device))
+
+
 def tile_args(name: str, t: torch.Tensor) -> dict:
     """``<name>_ptr`` and its strides over (N, H, nC, C): a tile argument the kernels
     read or write in place (feature stride 1)."""
@@ -123,15 +134,9 @@ def forward_triton(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: t
     the output kernel runs. Without ``given``, the plan may take the module whose complete chunk
     scan runs in two stages (schedule "staged", or "auto" by ``launch.forward_module``)."""
     module, ctx = kernels(program)
-    if program.gated != (lam is not None):
-        raise ValueError("lam must be given exactly when the chunk program is gated")
-    first = next(iter(tiles.values()))
+    first, lam = checked_tiles(program, tiles, lam)
     n_seq, heads, n_chunks, chunk = first.shape[:4]
-    if chunk != program.chunk:
-        raise ValueError(f"tiles have chunk size {chunk}, the program {program.chunk}")
     device = first.device
-    if lam is not None:
-        lam = kernel_gates(lam, device)
     if schedule == "fused" and not ctx["fused"]:
         raise autotune.Unavailable(f"{program.algebra.name} has no fused schedule (packed states)")
     key = (id(program), tuple(first.shape[:4]), first.dtype, device, precision, state_block, num_warps,
