@@ -377,7 +377,8 @@ PASS_TEXT = {"lower": _ir_text, "check": _check_text, "serial": _serial_text,
              "backward": lambda c: backward_text(c.backward)}
 
 EMITTERS = {"ast": _ast, "ir": _ir, "combine": _combine, "serial": _serial, "vjp": _vjp,
-            "chains": _chains, "chunk": _chunk, "carried": _carried, "attention": _attention, "triton": _triton, "cp": _cp,
+            "chains": _chains, "chunk": _chunk, "carried": _carried, "attention": _attention,
+            "triton": _triton, "cp": _cp,
             "chunk_bwd": _chunk_bwd, "triton_bwd": _triton_bwd, "cost": _cost,
             "triton_step": _triton_step,
             "torch": _source("torch", "torch chunk program"),

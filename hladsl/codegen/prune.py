@@ -6,17 +6,19 @@ another axis order), and CSE hands earlier forms out. What no statement reads is
 dropped here, so the emitted source holds only what runs (Triton would drop the dead
 values too; the interpreter and a reader would not).
 
-Only generated names are removed (``t<n>`` temps, ``in_<x>`` / ``raw_<x>`` token
-tiles and the attention form's key-chunk ``ink_`` / ``rawk_`` / ``basek_`` ones, ``base_<x>`` offsets, ``mask_`` / ``decay_`` definitions, ``ct_`` cotangent
-tiles, ``offs_`` ranges, the ``zero64`` of 64-bit chunk offsets), with the one comment line that describes a temp, and never
-the last statement of a block.
+Only generated names are removed (``t<n>`` temps, ``in_<x>`` / ``raw_<x>`` token tiles
+and the attention form's key-chunk ``ink_`` / ``rawk_`` / ``basek_`` ones, ``base_<x>``
+offsets, ``mask_`` / ``decay_`` definitions, ``ct_`` cotangent tiles, ``offs_`` ranges,
+the ``zero64`` of 64-bit chunk offsets), with the one comment line that describes a
+temp, and never the last statement of a block.
 """
 from __future__ import annotations
 
 import ast
 import re
 
-_GENERATED = re.compile(r"(t\d+|in_\w+|ink_\w+|raw_\w+|rawk_\w+|base_\w+|basek_\w+|mask_\w+|decay_\w+|ct_\w+|offs_\w+|zero64)$")
+_GENERATED = re.compile(r"(t\d+|in_\w+|ink_\w+|raw_\w+|rawk_\w+|base_\w+|basek_\w+|mask_\w+|decay_\w+|ct_\w+"
+                        r"|offs_\w+|zero64)$")
 _DESCRIBES = re.compile(r"^\s*# (?!----)")     # a step's comment (not a section header)
 
 
