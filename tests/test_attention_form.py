@@ -5,6 +5,7 @@ written here (chunk 16, T not a multiple of it: several key chunks walked, stron
 varlen; specs that are not shipped; which calls ``Op`` routes to it; the launch rule
 ``launch.use_attention_form`` on a CUDA device object; ``--emit attention``."""
 import os
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"   # before any kernel module is generated
 
@@ -203,19 +204,7 @@ def test_varlen_matches_each_sequence_alone(bounds, attention_calls):
 
 # -- 4. specs that are not shipped ---------------------------------------------------------
 
-TWO_KV_SOURCE = """
-mechanism two_kv {
-  dims d, dv
-  input q[d], k[d], u[d], v[dv]
-  param normalize = false, eps = 1e-6
-  state S[i, e] = k[i] v[e]
-  state U[i, e] = u[i] v[e]
-  state z[i] = k[i]
-  state y[i] = u[i]
-  output o[e] = q[i] (S[i, e] + U[i, e])
-  normalizer = q[i] (z[i] + y[i])
-}
-"""
+TWO_KV_SOURCE = (Path(__file__).resolve().parent / "specs" / "two_kv.hla").read_text()   # (the GPU suite's too)
 
 # two summaries decaying at different rates (exp(2 (Λ_t − Λ_j)) and none): strict masks
 # n < t beside the diagonal term of token t alone, which the compiler splits out

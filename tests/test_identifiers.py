@@ -43,12 +43,17 @@ def _cache_dir(tmp_path_factory, monkeypatch):
 
 
 def _sources(text: str, path, sizes: dict[str, int]) -> dict[str, str]:
-    """Generated torch and Triton sources of a spec text (gated, chunk 16)."""
-    from hladsl.codegen import torch_gen, triton_gen
+    """Generated torch and Triton sources of a spec text (gated, chunk 16), and its attention
+    form's module where it has one (power)."""
+    from hladsl.codegen import attention_gen, torch_gen, triton_gen
+    from hladsl.ir.attention import attention_form
     path.write_text(text)
     alg = hladsl.compile_spec(str(path))
     program = chunk_program(alg, 16, tuple(sorted(sizes.items())), True)
-    return {"torch": torch_gen.generate(program), "triton": triton_gen.generate(program)}
+    out = {"torch": torch_gen.generate(program), "triton": triton_gen.generate(program)}
+    if attention_form(program) is not None:
+        out["attention"] = attention_gen.attention_source(program)
+    return out
 
 
 def _identifiers(source: str) -> set[str]:

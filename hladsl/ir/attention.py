@@ -55,15 +55,27 @@ def _vanishes(t: TermProgram) -> bool:
     return any(o.kind in _STATEFUL for o in t.operands)
 
 
+def _times(t: TermProgram) -> set[str]:
+    """The term's chunk-time indices, read off its operands: a token tile's first index, a
+    mask's or a decay's indices."""
+    out = set()
+    for o in t.operands:
+        if o.kind in (Kind.TOKEN, Kind.POWER):
+            out.add(o.indices[0])
+        elif o.kind in (Kind.MASK, Kind.DECAY):
+            out.update(o.indices)
+    return out
+
+
 def time_indices(t: TermProgram) -> tuple[str, str | None]:
     """(the query's time index, the key's or None) of a pairwise term."""
-    (query,) = [i for i in t.output if i.startswith("T")]
+    (query,) = [i for i in t.output if i in _times(t)]
     keys = sorted({o.indices[0] for o in t.operands if o.kind is Kind.TOKEN} - {query})
     return query, (keys[0] if keys else None)
 
 
 def _not_pairwise(t: TermProgram) -> str:
-    times = [i for i in t.output if i.startswith("T")]
+    times = [i for i in t.output if i in _times(t)]
     if len(times) != 1:
         return "its result is not indexed by one token"
     for o in t.operands:

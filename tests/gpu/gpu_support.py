@@ -16,6 +16,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,22 +40,7 @@ QKV = (("q", "d"), ("k", "d"), ("v", "dv"))
 
 # A spec that is not shipped: four token inputs, two key-value summaries (keyed by
 # k and by u) read by one output, and their normalisers. Called op(q, k, u, v).
-TWO_KV_SOURCE = """\
-# test spec (tests/gpu): two key-value summaries over keys k and u
-mechanism two_kv {
-  dims d, dv
-  input q[d], k[d], u[d], v[dv]
-  param normalize = false, eps = 1e-6
-
-  state S[i, e] = k[i] v[e]
-  state U[i, e] = u[i] v[e]
-  state z[i] = k[i]
-  state y[i] = u[i]
-
-  output o[e] = q[i] (S[i, e] + U[i, e])
-  normalizer = q[i] (z[i] + y[i])
-}
-"""
+TWO_KV_SOURCE = (Path(__file__).resolve().parents[1] / "specs" / "two_kv.hla").read_text()
 
 
 @dataclass(frozen=True)
