@@ -332,12 +332,17 @@ def _attention(spec, params, out_dir):
     form = attention_form(program)
     if form is None:
         return f"# {program.algebra.name}: no attention form ({why_not(program)}): calls run the chunk form\n"
-    from hladsl.codegen.attention_gen import attention_source
+    from hladsl.codegen.attention_gen import attention_bwd_source
+    from hladsl.ir.attention import attention_backward
     terms = "".join(f"#   {t.coef:+g} · {t.source}\n" for t in form.output + form.normalizer)
-    source = attention_source(program)
+    bwd = attention_backward(program)
+    networks = "".join(f"#   {side}: {g.text()}\n" for side in ("query", "key") for g in getattr(bwd, side))
+    source = attention_bwd_source(program)
     kernel = source[source.index("@triton.jit\ndef attention_kernel"):]
     return (f"# {program.algebra.name}: attention form (stateless calls, launch.use_attention_form), "
             f"C = {program.chunk}; its pairwise terms:\n{terms}"
+            f"# its backward's networks, by the kernel summing them (query: over key chunks; key: over "
+            f"query chunks):\n{networks}"
             f"# (the module also holds the forward's kernels and helpers: --emit triton)\n\n{kernel}")
 
 

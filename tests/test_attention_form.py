@@ -355,12 +355,13 @@ def test_a_call_with_an_initial_state_runs_the_chunk_form(attention_calls):
     assert _rel(want, _brute(q, k, v, g, p=2)) > 1e-3       # the initial state was read
 
 
-def test_a_call_to_differentiate_runs_the_chunk_form_and_gradients_flow(attention_calls):
+def test_a_call_to_differentiate_runs_it_and_gradients_flow(attention_calls):
+    """(Its backward: tests/test_attention_backward.py.)"""
     q, k, v, g = _routing_inputs()
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
     with launch.switched(ATTENTION_FORM="always"):
         o, _ = _op()(*leaves[:3], g=leaves[3])
-        assert attention_calls == []
+        assert attention_calls == [C]
         w = torch.randn(o.shape, generator=torch.Generator().manual_seed(17))
         grads = torch.autograd.grad((o * w).sum(), leaves)
     ref = [x.double().requires_grad_() for x in (q, k, v, g)]
@@ -528,6 +529,8 @@ def test_emit_attention(capsys):
     text = emit("power", "attention", {}, None)
     assert "def attention_kernel(" in text and "no attention form" not in text
     assert "q_t[_0] q_t[_1] k_n0[_0] k_n0[_1] v_n0[e]" in text   # its pairwise term
+    assert "def attention_query_grad_kernel(" in text and "def attention_key_grad_kernel(" in text
+    assert "#   key: dv[Tn0,e] +=" in text and "#   query: dq[Tt,_0] +=" in text   # its backward's networks
     none = emit("hla2", "attention", {}, None)
     assert "no attention form" in none and "sums over 2 earlier tokens" in none
     assert "attention_kernel" not in none

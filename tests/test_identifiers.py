@@ -44,7 +44,7 @@ def _cache_dir(tmp_path_factory, monkeypatch):
 
 def _sources(text: str, path, sizes: dict[str, int]) -> dict[str, str]:
     """Generated torch and Triton sources of a spec text (gated, chunk 16), and its attention
-    form's module where it has one (power)."""
+    form's modules where it has one (power): the forward's and the one with its backward."""
     from hladsl.codegen import attention_gen, torch_gen, triton_gen
     from hladsl.ir.attention import attention_form
     path.write_text(text)
@@ -53,6 +53,7 @@ def _sources(text: str, path, sizes: dict[str, int]) -> dict[str, str]:
     out = {"torch": torch_gen.generate(program), "triton": triton_gen.generate(program)}
     if attention_form(program) is not None:
         out["attention"] = attention_gen.attention_source(program)
+        out["attention_bwd"] = attention_gen.attention_bwd_source(program)
     return out
 
 

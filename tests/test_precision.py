@@ -128,7 +128,7 @@ def test_quotient_rule_on_the_shipped_specs(name, normalize, expect):
 def _dots_reading_output_cotangents(kernel_source: str) -> list[str]:
     """The dtype argument of every ``_dot`` whose operands read d num / d den, directly or
     through temps computed from them (a small dataflow over the generated lines)."""
-    tracked = re.compile(r"\b(ct_num|ct_den|raw_num|dnum_ptr|dden_ptr)\b")
+    tracked = re.compile(r"\b(ct_num|ct_den|rawct_num|dnum_ptr|dden_ptr)\b")
     derived, dtypes = set(), []
     for line in kernel_source.splitlines():
         code = line.split("#")[0]
@@ -159,10 +159,10 @@ def test_marked_networks_read_the_output_cotangents_in_fp32():
     (tl.float32), and only there; linear normalised keeps every one in the input dtype."""
     hla2 = triton_bwd_source(compile_spec("hla2", normalize=True).program)
     linear = triton_bwd_source(compile_spec("linear", normalize=True).program)
-    assert re.search(r"_dot\(raw_num, \w+, tl\.float32, PREC(, DOT)?\)", hla2)   # (, DOT: against a token tile)
-    assert not re.search(r"_dot\(raw_num, [^)]*tl\.float32", linear)
+    assert re.search(r"_dot\(rawct_num, \w+, tl\.float32, PREC(, DOT)?\)", hla2)   # (, DOT: against a token tile)
+    assert not re.search(r"_dot\(rawct_num, [^)]*tl\.float32", linear)
     unnormalised = triton_bwd_source(compile_spec("hla2").program)
-    assert not re.search(r"_dot\(raw_num, [^)]*tl\.float32", unnormalised)
+    assert not re.search(r"_dot\(rawct_num, [^)]*tl\.float32", unnormalised)
 
 
 def test_emit_chunk_bwd_says_which_d_states_keep_fp32_cotangent_products():

@@ -69,7 +69,7 @@ class _TransposingBlock(Block):
     products as transposes: dnum vᵀ for dq, v dnumᵀ for dk)."""
 
     # d num and d den: their tiles, d num as loaded (raw, and transposed from dnum_ptr), dden's load
-    OUTPUT_COTANGENT = re.compile(r"\b(ct_num|ct_den|raw_num|dnum_ptr|dden_ptr)\b")
+    OUTPUT_COTANGENT = re.compile(r"\b(ct_num|ct_den|rawct_num|dnum_ptr|dden_ptr)\b")
 
     def __init__(self, sizes=None):
         super().__init__(sizes)
@@ -142,7 +142,7 @@ class _BwdLowering(_Lowering):
         tile = Tile(f"ct_{o.name}", o.indices)
         if o.name == "num":   # token-shaped [C, o]: read as the token tiles are (load_cotangents)
             d = self.o_dim
-            self.block.raw[tile.var] = "raw_num"
+            self.block.raw[tile.var] = "rawct_num"
             self.block.transposed[tile.var] = (
                 f"tl.load(dnum_ptr + n * sio_dnum_n + h * sio_dnum_h + (zero64 + i_c) * sio_dnum_c"
                 f" + offs_{d}[:, None] + offs_t[None, :] * sio_dnum_t, mask=offs_{d}[:, None] < D_{d},"

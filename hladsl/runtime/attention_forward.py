@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hladsl.codegen.attention_gen import attention_kernels
+from hladsl.codegen.attention_gen import attention_bwd_kernels, attention_kernels
 from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime import launch
 from hladsl.runtime.triton_forward import _output_buffer, _token_args, checked_tiles
@@ -13,22 +13,26 @@ from hladsl.runtime.triton_forward import _output_buffer, _token_args, checked_t
 _PLANS = launch.plan_cache()
 
 
-def chunk_firsts(seq_chunks: torch.Tensor, n_chunks: int) -> torch.Tensor:
+def chunk_firsts(seq_chunks: torch.Tensor, n_chunks: int, last: bool = False) -> torch.Tensor:
     """int32 [n_chunks]: for each chunk of a varlen row, the first chunk of its sequence (the
-    sequence whose bounds hold it, empty ones skipped; no host sync)."""
+    sequence whose bounds hold it, empty ones skipped; no host sync); ``last``: its last."""
     chunks = torch.arange(n_chunks, dtype=seq_chunks.dtype, device=seq_chunks.device)
     owner = torch.searchsorted(seq_chunks[1:].contiguous(), chunks, right=True)
+    if last:   # (a chunk past every sequence, padding, is its own last)
+        return torch.maximum(seq_chunks[(owner + 1).clamp_max(seq_chunks.numel() - 1)] - 1, chunks).to(torch.int32)
     return seq_chunks[owner.clamp_max(seq_chunks.numel() - 1)].to(torch.int32)
 
 
 def forward_attention(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                       eps: float, out_dtype: torch.dtype = torch.float32,
                       seq_chunks: torch.Tensor | None = None, scales: dict[str, float] | None = None,
-                      options: dict | None = None) -> torch.Tensor:
+                      options: dict | None = None, den: torch.Tensor | None = None) -> torch.Tensor:
     """o [N, H, nC, C, dv] (a tile view of a contiguous [N, nC*C, H, dv] tensor in
     ``out_dtype``) of a call with no initial state: tiles, lam, seq_chunks and scales as
-    ``forward_triton`` takes them; ``options``: launch arguments overriding the rule's."""
-    module, ctx = attention_kernels(program)
+    ``forward_triton`` takes them; ``options``: launch arguments overriding the rule's.
+    ``den``: an fp32 [N, H, nC, C] buffer (normalised programs) the kernel stores the
+    normaliser in, for the backward (``runtime.attention_backward``; the kernel of its module)."""
+    module, ctx = (attention_kernels if den is None else attention_bwd_kernels)(program)
     first, lam = checked_tiles(program, tiles, lam)
     n_seq, heads, n_chunks = first.shape[:3]
     key = (id(program), tuple(first.shape[:4]), first.dtype, first.device)
@@ -38,6 +42,8 @@ def forward_attention(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam
     varlen = seq_chunks is not None
     # (a varlen call is never bound; without one the kernel never reads chunk_first: any pointer)
     firsts = chunk_firsts(seq_chunks, n_chunks) if varlen else o
+    if ctx["normalize"]:
+        out.update(den_ptr=o if den is None else den, STORE_DEN=den is not None)
     args = {**_token_args(ctx["attention"]["inputs"], tiles, lam, program.gated, scales), **out,
             "chunk_first": firsts, "VARLEN": varlen, "H": heads, "n_chunks": n_chunks, **common,
             **(options or {})}

@@ -136,9 +136,10 @@ class EagerCall(torch.autograd.Function):
     transforms, which need ``setup_context``, ``Op.__call__`` uses ``TransformableCall``."""
 
     @staticmethod
-    def forward(ctx, op, n_tokens: int, scale: float, cu_seqlens, schedule: str, g, *tensors):
+    def forward(ctx, op, n_tokens: int, scale: float, cu_seqlens, schedule: str, final_states: bool, g,
+                *tensors):
         tokens, init = list(tensors[:n_tokens]), list(tensors[n_tokens:])
-        o, states, kept = op.forward_keeping(tokens, g, scale, init, cu_seqlens, schedule)
+        o, states, kept = op.forward_keeping(tokens, g, scale, init, cu_seqlens, schedule, final_states)
         o, states = fresh_outputs(o, states, tokens + init)
         _eager_save(ctx, op, n_tokens, scale, cu_seqlens, schedule, g, tensors, o, kept)
         return (o, *states)
@@ -155,7 +156,7 @@ class EagerCall(torch.autograd.Function):
         grads = ctx.op.backward_impl(tokens, g, ctx.scale, init, cu_seqlens, ctx.schedule, grad_o,
                                      list(grad_states), kept=None if ctx.kept is None else ctx.kept.joined(held))
         d_tokens, d_g, d_init = _split_grads(grads, n, g is not None)
-        return (None, None, None, None, None, d_g, *d_tokens, *d_init)
+        return (None, None, None, None, None, None, d_g, *d_tokens, *d_init)
 
 
 class TransformableCall(torch.autograd.Function):
@@ -163,12 +164,14 @@ class TransformableCall(torch.autograd.Function):
     require of an autograd.Function (the custom op's own autograd lacks it too)."""
 
     @staticmethod
-    def forward(op, n_tokens: int, scale: float, cu_seqlens, schedule: str, g, *tensors):
+    def forward(op, n_tokens: int, scale: float, cu_seqlens, schedule: str, final_states: bool, g, *tensors):
+        # (the final states always: with nothing kept, its backward runs the chunk form's or
+        # recomputes the attention form's forward)
         return _eager_forward(op, n_tokens, scale, cu_seqlens, schedule, g, tensors)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        op, n_tokens, scale, cu_seqlens, schedule, g, *tensors = inputs
+        op, n_tokens, scale, cu_seqlens, schedule, _, g, *tensors = inputs
         _eager_save(ctx, op, n_tokens, scale, cu_seqlens, schedule, g, tensors, output[0])
 
     backward = EagerCall.backward

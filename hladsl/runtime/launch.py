@@ -50,8 +50,9 @@ Rules:
   (``grad_target_sets``), so that one target's tiles are live at a time; the packed
   dim they loop over in tiles of at most 4096 [C, tile] elements (``grad_loop_tile``); a target with many
   networks over several programs (``grad_parts``, ``grad_fitting_parts``); 8 warps at feature dims of 128 (``grad_warps``).
-* the attention form (``ir.attention``) for stateless no-grad calls of programs that have one,
-  where its multiply-adds are at most ATTENTION_MAC_RATIO x the chunk form's (``use_attention_form``).
+* the attention form (``ir.attention``) for calls with no state in or out of programs that have one,
+  forward and backward, where its multiply-adds are at most ATTENTION_MAC_RATIO x the chunk form's
+  (``use_attention_form``); its backward's stages by feature width (``attention_launch``).
 * the carried form (``ir.carried``) for calls with no state in or out where ``CARRY_DERIVED``
   (on), one adding product summaries where ``CARRY_PRODUCTS`` too (on; ``op.Op._carried_op``).
 * A/B runs in separate processes: ``HLADSL_LAUNCH="NAME=VALUE ..."`` sets rule constants
@@ -843,9 +844,10 @@ CARRY_DERIVED = True
 # run 203), fwd + bwd 8.26 at 16k (24.7 in run 220); bf16 gradients <= 7.1e-3 RMS of fp32 (run 242).
 CARRY_PRODUCTS = True
 
-# A call with no state in or out and nothing to differentiate, of a program with an attention
-# form (``ir.attention``: every surviving output term pairwise -- linear, power), may run that form:
-# one kernel over (query chunk, key chunk) pairs, no chunk-start states (``use_attention_form``).
+# A call with no state in or out, of a program with an attention form (``ir.attention``: every
+# surviving output term pairwise -- linear, power), may run that form: one kernel over (query
+# chunk, key chunk) pairs, no chunk-start states (``use_attention_form``); differentiated, its
+# backward too (two kernels, ``runtime.attention_backward``; the rule is the forward's).
 # "auto": on CUDA where its multiply-adds are at most ATTENTION_MAC_RATIO x the chunk form's
 # (``ir.attention.attention_macs`` / ``chunk_macs``): its dense [C, C] token products run nearer
 # the tensor cores' peak than the chunk form's state products. H200, bf16, B = 2, H = 16, gated
@@ -868,6 +870,13 @@ ATTENTION_CHUNK = 64        # its query and key chunks
 ATTENTION_WARPS = 4
 # 3 pipeline stages: 5-12 % faster than 2 at every shape of run 292 (d = 128, T = 16k: 5.19 vs 5.78 ms)
 ATTENTION_STAGES = 3
+# its backward's two kernels (runtime.attention_backward). H200, power p = 2 gated, fwd + bwd, T = 16k
+# (runs 296, 297): d = 64 at 2 stages 18.9 ms, 1 stage 20.5, 3 stages 18.2 (within noise), 8 warps 38.7;
+# d = 128 at 2 stages 52.2 ms, 1 stage 33.4 (4k: 3.42 -> 2.44), 8 warps 46.7: its [C, 128] fp32
+# accumulators (dk and dv) leave no registers for a second stage's buffers
+ATTENTION_BWD_WARPS = 4
+ATTENTION_BWD_STAGES = 2
+ATTENTION_BWD_WIDE_STAGES = 1   # where a feature block is over 64 wide
 
 
 def use_attention_form(program_at: Callable[[int], object], lengths, device) -> bool:
@@ -892,16 +901,22 @@ def attention_chunk(T: int, chunk_size: int | None, device) -> int:
     return chunk_for(T, chunk_size or ATTENTION_CHUNK, device)
 
 
-def attention_launch(program, first, chained_dots: bool) -> dict:
+def attention_launch(program, first, chained_dots: bool, backward: bool = False) -> dict:
     """The attention kernel's constexprs and launch options (base dims only: it holds no
     packed state); fp32 tiles for its chain of dots where ``dot_override`` says (narrow
-    chunks or feature dims, as for the output kernel's in-chunk terms)."""
+    chunks or feature dims, as for the output kernel's in-chunk terms). ``backward``: its
+    backward's two gradient kernels'."""
     from hladsl.codegen.triton_gen import constexprs
     sizes = {d for d, _ in program.sizes}
     consts = {k: v for k, v in constexprs(program).items() if k == "C" or k[2:] in sizes}
-    return dict(DOT=dot_dtype(first.dtype, first.device), SDOT=state_dot_dtype(first.dtype, first.device),
-                PREC=exact_precision(first.device), num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES,
-                **consts, **dot_override(first, chained_dots, {}, feature_blocks(program, consts)))
+    stages = ATTENTION_STAGES
+    if backward:
+        wide = max(v for k, v in consts.items() if k.startswith("B_")) > 64
+        stages = ATTENTION_BWD_WIDE_STAGES if wide else ATTENTION_BWD_STAGES
+    base = dict(DOT=dot_dtype(first.dtype, first.device), SDOT=state_dot_dtype(first.dtype, first.device),
+                PREC=exact_precision(first.device), num_warps=ATTENTION_BWD_WARPS if backward else ATTENTION_WARPS,
+                num_stages=stages, **consts)
+    return {**base, **dot_override(first, chained_dots, {}, feature_blocks(program, consts))}   # (it may set DOT)
 
 
 PLANS_KEPT = 256   # launch plans kept per cache before it starts over (shape classes in use)

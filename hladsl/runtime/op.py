@@ -145,7 +145,7 @@ class Op:
             o, finals = self.custom_op(token_list, g, scale, init, cu_seqlens, self.schedule)
         elif torch._C._are_functorch_transforms_active():   # torch.func: needs setup_context
             o, *finals = TransformableCall.apply(self, len(token_list), scale, cu_seqlens,
-                                                 self.schedule, g, *token_list, *init)
+                                                 self.schedule, True, g, *token_list, *init)
         elif not (torch.is_grad_enabled() and any(
                 x is not None and x.requires_grad for x in (*token_list, g, *init))):
             # nothing to differentiate: no autograd node (its apply costs ~10 µs a call); the
@@ -159,8 +159,8 @@ class Op:
             if record:
                 self._remember(signature, rec, lambda: _BoundForward.make(self, rec, o, kwargs))
         else:   # the same forward_impl / backward_impl, without the custom op's dispatch
-            o, *finals = EagerCall.apply(self, len(token_list), scale, cu_seqlens, self.schedule, g,
-                                         *token_list, *init)
+            o, *finals = EagerCall.apply(self, len(token_list), scale, cu_seqlens, self.schedule,
+                                         bool(output_final_state), g, *token_list, *init)
         return o, (dict(zip(self.state_names, finals)) if output_final_state else None)
 
     def _carried_op(self, first, initial_state, output_final_state) -> "Op | None":
@@ -320,29 +320,83 @@ class Op:
         return launch.remembered(self._long_chunks, key,
                                  lambda: launch.use_attention_form(program_at, [first.shape[1]], first.device))
 
-    def _attention_forward(self, tokens: list, g, scale: float, cu_seqlens):
-        """o of a stateless call by the attention form (``runtime.attention_forward``)."""
+    def _attention_forward(self, tokens: list, g, scale: float, cu_seqlens, keep: bool = False):
+        """o of a stateless call by the attention form (``runtime.attention_forward``);
+        ``keep``: (o, [], what its backward reads: ``AttentionKept``), as ``forward_keeping``."""
         tokens = dict(zip(self.inputs, tokens))
 
         def run(chunk):
+            from hladsl.runtime.attention_backward import AttentionKept
             from hladsl.runtime.attention_forward import forward_attention
             prep = _Prepared(self, tokens, g, scale, [], cu_seqlens, chunk, keep_dtype=True)
+            den = self._den_buffer(prep) if keep else None
             o_tiles = forward_attention(prep.program, prep.tiles, prep.lam, self.algebra.eps, out_dtype=prep.dtype,
-                                        seq_chunks=prep.seq_chunks, scales=prep.load_scales)
+                                        seq_chunks=prep.seq_chunks, scales=prep.load_scales, den=den)
             binding.returned(o_tiles, {}, prep)
-            return prep.finish(o_tiles, None)[0]
-        # (no attention kernel fitting the GPU at any chunk: the chunk form's kernels)
+            o = prep.finish(o_tiles, None)[0]
+            return (o, [], AttentionKept(o_tiles, den)) if keep else o
+
+        def chunk_form():   # (no attention kernel fitting the GPU at any chunk: the chunk form's kernels)
+            got = self._forward(list(tokens.values()), g, scale, [], cu_seqlens, "auto", keep=keep)
+            return got if keep else got[0]
         return self._on_kernels("forward", tokens, g, run,
                                 lambda: self._run_torch(tokens, g, scale, [], cu_seqlens)[0], chunk_of="attention",
-                                no_fit=lambda: self._forward(list(tokens.values()), g, scale, [], cu_seqlens, "auto",
-                                                             keep=False)[0])
+                                no_fit=chunk_form)
 
-    def forward_keeping(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str):
+    def _den_buffer(self, prep):
+        """The fp32 [N, H, nC, C] buffer a training forward on the attention form stores its
+        normaliser in (None without one)."""
+        if self.algebra.normalizer is None:
+            return None
+        first = prep.tiles[self.inputs[0]]
+        return binding.fresh(torch.empty(first.shape[:4], dtype=torch.float32, device=first.device))
+
+    def _attention_backward(self, tokens: list, g, scale: float, cu_seqlens, grad_o, kept, chunk_form):
+        """The gradients of a stateless call by the attention form's backward
+        (``runtime.attention_backward``), from what its forward kept (``kept``; None: o and
+        den again, by its forward kernel, where the program is normalised: a call through
+        the custom op keeps nothing); ``chunk_form()``: the chunk form's, where no attention
+        kernel fits."""
+        toks = dict(zip(self.inputs, tokens))
+
+        def run(chunk):
+            from hladsl.runtime.attention_backward import AttentionKept, backward_attention
+            from hladsl.runtime.attention_forward import forward_attention
+            prep = _Prepared(self, toks, g, scale, [], cu_seqlens, chunk, keep_dtype=True)
+            got = kept
+            first = prep.tiles[self.inputs[0]]
+            if got is None or (got.o_tiles is not None and got.o_tiles.shape[:4] != first.shape[:4]):
+                got = AttentionKept(None, None)
+                if self.algebra.normalizer is not None:
+                    den = self._den_buffer(prep)
+                    got = AttentionKept(forward_attention(prep.program, prep.tiles, prep.lam, self.algebra.eps,
+                                                          out_dtype=prep.dtype, seq_chunks=prep.seq_chunks,
+                                                          scales=prep.load_scales, den=den), den)
+            d_tiles, d_lam = backward_attention(
+                prep.program, prep.tiles, prep.lam, prep.output_vjp(grad_o), got, self.algebra.eps,
+                grad_dtype=tokens[0].dtype, seq_chunks=prep.seq_chunks, grad_scales=prep.scales,
+                scales=prep.load_scales)
+            prep.whole_sequence_lam = True   # (gate_vjp: a bound replay's too, on its copy of prep)
+            binding.returned(d_tiles, d_lam, prep)
+            grads = [prep.token_vjp(d_tiles[n], x) for n, x in zip(self.inputs, tokens)]
+            if g is not None:
+                grads.append(prep.gate_vjp(d_lam, g))
+            return grads
+        return self._on_kernels("backward", toks, g, run, chunk_form, chunk_of="attention", no_fit=chunk_form)
+
+    def forward_keeping(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str,
+                        final_states: bool = True):
         """``forward_impl`` before a backward: (o, finals, what ``backward_impl`` may reuse
         (``kept``) or None). On the kernels (``launch.KEEP_STATE_PASS``, no autotuning) the
         forward runs at the backward's chunk and runs the backward's state pass, which keeps
         its chunk starts and the deltas its reverse scan reads. Not while tuning: the tuner
-        times the forward's own schedules."""
+        times the forward's own schedules. ``final_states`` False, no initial state: the
+        attention form where ``_attention`` says (no finals; it keeps its o and den)."""
+        if not init and not final_states and schedule == "auto" and self._attention(tokens, g, cu_seqlens):
+            key = _training_key(self, "attention forward", scale, [*tokens, g], init, cu_seqlens, schedule)
+            return self._replayed(key, [*tokens, *([] if g is None else [g])],
+                                  lambda: self._attention_forward(tokens, g, scale, cu_seqlens, keep=True),
+                                  _BoundAttentionForward.make, lambda bound: bound(tokens, g))
         keep = launch.KEEP_STATE_PASS and not autotune.requested(self.autotune) and autotune.current() is None
         if not keep:
             return self._forward(tokens, g, scale, init, cu_seqlens, schedule, keep=False)
@@ -385,6 +439,7 @@ class Op:
         preparation and finish, written out (``_Prepared``'s ``*_vjp``: every product runs
         inside a kernel, no tracing on the host), or torch's VJP of the torch program.
         ``kept``: ``forward_keeping``'s, used where it fits the backward's plan and tiles."""
+        from hladsl.runtime.attention_backward import AttentionKept
         keep = [n for n, x in enumerate(grad_states) if x is not None]
         leaves = list(tokens) + ([g] if g is not None else []) + list(init)
         n_tok = len(tokens)
@@ -421,6 +476,17 @@ class Op:
         def on_kernels():
             return self._on_kernels("backward", dict(zip(self.inputs, tokens)), g, run, torch_path, schedule,
                                     cu_seqlens)
+        if isinstance(kept, AttentionKept) or (
+                kept is None and not init and not keep and schedule == "auto" and self._attention(tokens, g, cu_seqlens)):
+            kept_attention, kept = kept, None   # (the chunk form, where no attention kernel fits, keeps nothing)
+            held = [] if kept_attention is None else [x for x in (kept_attention.o_tiles, kept_attention.den)
+                                                      if x is not None]
+            key = _training_key(self, "attention backward", scale, [*tokens, g, grad_o, *held], init, cu_seqlens,
+                                schedule)
+            return self._replayed(
+                key, [*tokens, *([] if g is None else [g]), grad_o, *held],
+                lambda: self._attention_backward(tokens, g, scale, cu_seqlens, grad_o, kept_attention, on_kernels),
+                _BoundTrainingBackward.make, lambda bound: bound(tokens, g, grad_o, held))
         if keep:   # final-state gradients: validated every time
             return on_kernels()
         held = [] if kept is None else [*kept.starts.values(), *kept.deltas.values()]
@@ -851,6 +917,36 @@ class _BoundTrainingForward:
         return buffers[self.o_buffer], finals, kept
 
 
+class _BoundAttentionForward:
+    """The forward of an autograd call on the attention form replayed (``Op.forward_keeping``):
+    its recorded launch on fresh buffers, returning o, no finals and what its backward reads
+    (``AttentionKept``: o's tiles and, normalised, den) as the validated call does."""
+
+    def __init__(self, call, o_buffer: int, den: int | None, prep):
+        self.call, self.o_buffer, self.den = call, o_buffer, den
+        self.outputs = {o_buffer, *([] if den is None else [den])}
+        self.compute = prep.compute
+        self.tiling = (prep.shape[0], prep.n_chunks, prep.chunk, prep.shape[2])
+
+    @classmethod
+    def make(cls, op: Op, rec, result):
+        from hladsl.runtime.attention_backward import AttentionKept
+        o, _, kept = result
+        bound = _bound_forward(rec, o) if isinstance(kept, AttentionKept) else None   # (not the chunk form's)
+        if bound is None:
+            return None
+        call, o_buffer, _, prep = bound
+        den = _place({} if kept.den is None else {"den": kept.den}, call)
+        return None if den is None else cls(call, o_buffer, den.get("den"), prep)
+
+    def __call__(self, tokens: list, g):
+        from hladsl.runtime.attention_backward import AttentionKept
+        buffers = self.call.run([*tokens, *([] if g is None else [g])],
+                                _gates_deriver(g, self.compute, self.tiling, self.call.derived), self.outputs)
+        o = buffers[self.o_buffer]
+        return o, [], AttentionKept(tile(o, *self.tiling), None if self.den is None else buffers[self.den])
+
+
 class _BoundTrainingBackward:
     """The backward of an autograd call replayed (``Op.backward_impl`` without final-state
     gradients): the recorded launches on fresh buffers, then the same torch transposes of
@@ -920,6 +1016,7 @@ class _Prepared:
         alg = op.algebra
         first = tokens[op.inputs[0]]
         self.op, self.dtype = op, first.dtype
+        self.whole_sequence_lam = False   # the attention form's backward sets it (gate_vjp)
         self.compute = compute = _compute_dtype(first)
         self.dims = dims = op._dims(tokens)
         self.scales = {n: op.query_scale(tokens[n], scale) for n in op.queries}
@@ -999,7 +1096,12 @@ class _Prepared:
         return self._untiled(d_tiles).to(x.dtype, memory_format=torch.contiguous_format)
 
     def gate_vjp(self, d_lam, g):
-        """dΛ (in-chunk cumulative sums) -> dg: a reverse cumulative sum within each chunk."""
+        """dΛ (in-chunk cumulative sums) -> dg: a reverse cumulative sum within each chunk. The
+        attention form's dΛ is at whole-sequence Λ (``whole_sequence_lam``): each chunk's share
+        of the gaps between chunk starts is moved to its last in-chunk Λ first (in place)."""
+        if self.whole_sequence_lam:
+            from hladsl.runtime.attention_backward import gap_share
+            gap_share(d_lam, self.seq_chunks)
         d = d_lam.flip(-1).cumsum(-1).flip(-1)
         return self._untiled(d.unsqueeze(-1))[..., 0].to(g.dtype).contiguous()
 

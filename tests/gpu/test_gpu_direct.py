@@ -104,12 +104,20 @@ def test_bound_forward_calls_equal_validated_calls_bitwise(spec):
                     assert torch.equal(finals[name], finals_want[name]), name
 
 
-@pytest.mark.parametrize("spec", [pytest.param(s, marks=group("direct", s)) for s in ("linear", "hla2", "ahla")])
-def test_bound_training_calls_equal_validated_calls_bitwise(spec):
+@pytest.mark.parametrize("spec,form", [pytest.param(s, f, marks=group("direct", s), id=f"{s}-{f}") for s, f in (
+    ("linear", "never"), ("hla2", "never"), ("ahla", "never"), ("linear", "always"))])
+def test_bound_training_calls_equal_validated_calls_bitwise(spec, form):
     """An autograd call like an earlier one in all but its data replays that call's launches:
-    its forward with the kept state pass (op._BoundTrainingForward) and its backward from a
-    cotangent (op._BoundTrainingBackward), gated and not, aligned and misaligned inputs;
-    o and every gradient bitwise equal to the validated calls', in new buffers."""
+    its forward with the kept state pass (op._BoundTrainingForward; on the attention form,
+    ``form`` "always", op._BoundAttentionForward keeping o) and its backward from a cotangent
+    (op._BoundTrainingBackward), gated and not, aligned and misaligned inputs; o and every
+    gradient bitwise equal to the validated calls', in new buffers."""
+    from hladsl.runtime import launch
+    with launch.switched(ATTENTION_FORM=form):
+        _bound_training_calls(spec, form)
+
+
+def _bound_training_calls(spec, form):
     from hladsl.runtime import launch
     op = hladsl.load(spec)
     gen = torch.Generator(device=DEVICE).manual_seed(2)
@@ -131,7 +139,8 @@ def test_bound_training_calls_equal_validated_calls_bitwise(spec):
                 want = [train(*step) for step in steps]
             got = [train(*step) for step in steps]
             kinds = bound_kinds(op)
-            assert {"_BoundTrainingForward", "_BoundTrainingBackward"} <= kinds, kinds
+            forward = "_BoundAttentionForward" if form == "always" else "_BoundTrainingForward"
+            assert {forward, "_BoundTrainingBackward"} <= kinds, kinds
             assert got[1][1].data_ptr() != got[2][1].data_ptr()
             for a, b in zip(got, want):
                 assert len(a) == len(b) == 4 + gated

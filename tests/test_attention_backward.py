@@ -1,0 +1,314 @@
+"""Training on the attention form (``ir.attention.attention_backward``,
+``codegen.attention_gen``, ``runtime.attention_backward``) on CPU under the Triton
+interpreter: which networks each of its two kernels sums; every gradient (q, k, v, g) of
+its kernels (fp32) against float64 autograd of the brute-force quadratic forms of
+``test_attention_form`` (issue 10's interpreter bar, 1e-4), over several key chunks with
+strong gates; varlen; unshipped specs (against the brute force and the torch backend in
+float64); the share of the gaps between chunk starts in dΛ; which calls train on it."""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"   # before any kernel module is generated
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import hladsl  # noqa: E402
+from hladsl.ir.attention import attention_backward, pairwise_network  # noqa: E402
+from hladsl.ir.backward import Target  # noqa: E402
+from hladsl.ir.pipeline import chunk_program  # noqa: E402
+from hladsl.runtime import attention_backward as attention_bwd_runtime, launch  # noqa: E402
+from hladsl.runtime.attention_backward import gap_share  # noqa: E402
+
+from test_attention_form import (C, UNSHIPPED, _brute, _routing_inputs, _tokens, _unshipped_reference,  # noqa: E402
+                                 _rel, attention_calls)  # noqa: F401 (a fixture)
+
+GRAD_BAR = 1e-4   # issue 10: the kernels under the interpreter (fp32) against float64
+
+
+@pytest.fixture
+def backward_calls(monkeypatch):
+    """The chunk of every ``backward_attention`` run (op.py imports it inside the call)."""
+    calls = []
+    real = attention_bwd_runtime.backward_attention
+
+    def spy(program, *args, **kwargs):
+        calls.append(program.chunk)
+        return real(program, *args, **kwargs)
+    monkeypatch.setattr(attention_bwd_runtime, "backward_attention", spy)
+    return calls
+
+
+def _grads(out, leaves, w):
+    return torch.autograd.grad((out.double() * w.double()).sum(), leaves)
+
+
+# -- 1. the IR: which networks each kernel sums ---------------------------------------------
+
+@pytest.mark.parametrize("name,params", [("linear", {}), ("linear", {"normalize": True}), ("power", {"p": 2}),
+                                         ("power", {"p": 3, "normalize": True})])
+def test_networks_split_into_query_and_key_sides(name, params):
+    """dq and dΛ_t sum over key chunks, dk, dv and dΛ_n over query chunks; no network targets a
+    state; every one is pairwise (no term of token t alone in these specs); a dΛ network is
+    planned to its pair products [t, n], the same on both sides."""
+    program = chunk_program(hladsl.compile_spec(name, **params), C, (("d", 8), ("dv", 8)), True)
+    ab = attention_backward(program)
+    assert {(g.target, g.name) for g in ab.query} == {(Target.TOKEN, "q"), (Target.LAM, "")}
+    assert {(g.target, g.name) for g in ab.key} == {(Target.TOKEN, "k"), (Target.TOKEN, "v"), (Target.LAM, "")}
+    assert all(pairwise_network(g) for g in ab.query + ab.key)
+    lams = {side: [g for g in getattr(ab, side) if g.target is Target.LAM] for side in ("query", "key")}
+    assert len(lams["query"]) == len(lams["key"]) == (2 if params.get("normalize") else 1)
+    for a, b in zip(lams["query"], lams["key"]):
+        assert a.term.operands == b.term.operands and a.term.coef == -b.term.coef
+        t, n = a.indices[0], b.indices[0]
+        assert a.term.plan.steps[-1].indices == (t, n) and b.term.plan.steps[-1].indices == (n, t)   # then summed
+    p = params.get("p", 1)
+    parts = 2 if params.get("normalize") else 1                # num's networks, and den's
+    assert len([g for g in ab.query if g.target is Target.TOKEN]) == p * parts
+
+
+@pytest.mark.parametrize("name", ["hla2", "hla3"])
+def test_programs_without_an_attention_form_have_no_attention_backward(name):
+    program = chunk_program(hladsl.compile_spec(name), C, (("d", 8), ("dv", 8)), True)
+    assert attention_backward(program) is None
+
+
+# -- 2. the kernels against float64 autograd of the brute force ----------------------------
+
+GRAD_CASES = [   # name, params, gated, positive features, d, dv, scale
+    ("linear", {}, True, False, 8, 8, None),
+    ("linear", {"normalize": True}, False, True, 6, 5, None),      # dims padded to 16-wide blocks
+    ("power", {"p": 2, "normalize": True}, True, True, 6, 8, None),
+    ("power", {"p": 3}, False, False, 4, 8, None),
+    ("power", {"p": 2}, True, False, 8, 8, 0.7),                   # a scale of the call's
+    ("linear", {"normalize": True}, True, True, 8, 8, 0.25),
+    ("power", {"p": 3, "normalize": True}, True, True, 4, 8, None),
+]
+
+
+@pytest.mark.parametrize("name,params,gated,positive,d,dv,scale", GRAD_CASES,
+                         ids=[f"{c[0]}{c[1].get('p', '')}-{'gated' if c[2] else 'ungated'}"
+                              f"{'-norm' if c[1].get('normalize') else ''}{'-scale' if c[6] else ''}"
+                              for c in GRAD_CASES])
+def test_gradients_match_brute_force(name, params, gated, positive, d, dv, scale, backward_calls):
+    """T = 45 (three chunks of 16, the last padded), strong gates (a chunk decays by up to
+    e^-16): dΛ's share of the gaps between chunks matters."""
+    gen = torch.Generator().manual_seed(21)
+    q, k, v, g = _tokens(gen, 2, 45, 2, d, dv, gated=gated, positive=positive)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v) + ((g,) if gated else ())]
+    op = hladsl.load(name, backend="triton", chunk_size=C, **params)
+    with launch.switched(ATTENTION_FORM="always"):
+        o, state = op(*leaves[:3], g=leaves[3] if gated else None, scale=scale)
+        w = torch.randn(o.shape, generator=gen)
+        got = _grads(o, leaves, w)
+    assert backward_calls == [C] and state is None
+    ref = [x.detach().double().requires_grad_() for x in leaves]
+    want_o = _brute(*ref[:3], ref[3] if gated else None, p=params.get("p", 1), scale=scale,
+                    normalize=params.get("normalize", False))
+    want = _grads(want_o, ref, w)
+    assert _rel(o.detach(), want_o.detach()) <= GRAD_BAR
+    for x, a, b in zip("qkvg", got, want):
+        assert a.dtype == torch.float32 and a.shape == b.shape, x
+        assert _rel(a, b) <= GRAD_BAR, f"d{x}: relative error {_rel(a, b):.2e}"
+
+
+def test_gate_gradient_reaches_across_chunks(backward_calls):
+    """Gates only in chunk 1, strong: dg there comes from the pairs that straddle it (queries in
+    chunks 2, 3, keys in 0, 1) -- what the kernels' dΛ at whole-sequence Λ misses before
+    ``_gap_share`` moves it to the chunk's last in-chunk Λ."""
+    gen = torch.Generator().manual_seed(22)
+    q, k, v, _ = _tokens(gen, 1, 64, 2, 8, 8, gated=False, positive=False)
+    g = torch.full((1, 64, 2), -0.01)
+    g[:, C:2 * C] = -0.5
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    with launch.switched(ATTENTION_FORM="always"):
+        o, _ = hladsl.load("linear", backend="triton", chunk_size=C)(*leaves[:3], g=leaves[3])
+        w = torch.randn(o.shape, generator=gen)
+        got = _grads(o, leaves, w)[3]
+    ref = [x.detach().double().requires_grad_() for x in leaves]
+    want = _grads(_brute(*ref[:3], ref[3]), ref, w)[3]
+    assert backward_calls == [C]
+    assert _rel(got, want) <= GRAD_BAR
+    assert want[:, :2 * C].abs().max() > 1e-2   # (the straddling pairs' gradient is not small)
+
+
+@pytest.mark.parametrize("bounds", [[0, 21, 21, 22, 57], [0, 0, 1, 33, 33]],
+                         ids=["empty-and-one-token-inside", "empty-first-and-last"])
+def test_varlen_gradients_match_each_sequence_alone(bounds, backward_calls):
+    """cu_seqlens with an empty sequence and one of 1 token: a query walk stops at its
+    sequence's last chunk, a key walk at its first, dΛ's gap shares stay in their sequence."""
+    gen = torch.Generator().manual_seed(23)
+    T = bounds[-1]
+    q, k, v, g = _tokens(gen, 1, T, 2, 8, 8, gated=True, positive=True)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    op = hladsl.load("power", backend="triton", chunk_size=C, p=2, normalize=True)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    with launch.switched(ATTENTION_FORM="always"):
+        o, _ = op(*leaves[:3], g=leaves[3], cu_seqlens=cu)
+        w = torch.randn(o.shape, generator=gen)
+        got = _grads(o, leaves, w)
+    assert backward_calls == [C]
+    ref = [x.detach().double().requires_grad_() for x in leaves]
+    pieces = [_brute(*(y[:, a:b] for y in ref[:3]), ref[3][:, a:b], p=2, normalize=True)
+              for a, b in zip(bounds, bounds[1:]) if b > a]
+    want = _grads(torch.cat(pieces, 1), ref, w)
+    for x, a, b in zip("qkvg", got, want):
+        assert _rel(a, b) <= GRAD_BAR, f"d{x}: relative error {_rel(a, b):.2e}"
+
+
+def test_gap_share_moves_later_chunks_sums_to_each_chunks_last_position():
+    """By hand: chunks' dΛ sums s_c; chunk c's last position gains Σ_{c' > c} s_c' within its
+    sequence (varlen: the sequences' chunk bounds)."""
+    d = torch.arange(1.0, 1.0 + 2 * 4 * 3).reshape(1, 2, 4, 3)
+    s = d.sum(-1)
+    whole = d.clone()
+    gap_share(whole, None)
+    want = d.clone()
+    for c in range(4):
+        want[..., c, -1] += s[..., c + 1:].sum(-1)
+    assert torch.equal(whole, want)
+    parts = d.clone()
+    gap_share(parts, torch.tensor([0, 2, 2, 4]))   # sequences of chunks {0, 1}, {} and {2, 3}
+    want = d.clone()
+    want[..., 0, -1] += s[..., 1]
+    want[..., 2, -1] += s[..., 3]
+    assert torch.equal(parts, want)
+
+
+# -- 3. specs that are not shipped -----------------------------------------------------------
+
+# (not qk normalised: its o = (q_t·k_t) s_t / (q_t·k_t + eps) is s_t but for eps, so dq and dk are
+# eps-sized differences that fp32 cannot resolve, the chunk form's kernels no better)
+@pytest.mark.parametrize("which,normalize,gated", [
+    ("two_kv", True, True), ("two_rates", True, True), ("skip", False, True), ("qk", False, True),
+    ("qk", False, False)])
+def test_unshipped_spec_trains_on_its_attention_form(which, normalize, gated, tmp_path, backward_calls):
+    """A spec written here gets its attention form's backward with no new Python: two key
+    summaries (two key-side inputs), strict masks beside a diagonal term of token t alone and
+    two decay rates, a skip term (dv from both kernels), a query-side normaliser of token t
+    alone. Gradients against float64 autograd of the brute force and of the torch backend."""
+    path = tmp_path / f"{which}.hla"
+    path.write_text(UNSHIPPED[which])
+    params = {"normalize": True} if normalize else {}
+    n_in = 4 if which == "two_kv" else 3
+    gen = torch.Generator().manual_seed(24)
+    B, T, H, d = 1, 45, 2, 8
+    x = [torch.rand(B, T, H, d, generator=gen) + 0.1 for _ in range(n_in - 1)] + \
+        [torch.randn(B, T, H, d, generator=gen)]
+    g = -torch.rand(B, T, H, generator=gen) if gated else None
+    leaves = [t.clone().requires_grad_() for t in x + ([g] if gated else [])]
+    op = hladsl.load(str(path), backend="triton", chunk_size=C, **params)
+    with launch.switched(ATTENTION_FORM="always"):
+        o, _ = op(*leaves[:n_in], g=leaves[n_in] if gated else None, scale=1.0)
+        w = torch.randn(o.shape, generator=gen)
+        got = _grads(o, leaves, w)
+    assert backward_calls == [C]
+    ref = [t.detach().double().requires_grad_() for t in leaves]
+    want = _grads(_unshipped_reference(which, ref[:n_in], ref[n_in] if gated else None, normalize), ref, w)
+    torch_op = hladsl.load(str(path), backend="torch", **params)
+    by_torch = _grads(torch_op(*ref[:n_in], g=ref[n_in] if gated else None, scale=1.0)[0], ref, w)
+    for n, (a, b, c) in enumerate(zip(got, want, by_torch)):
+        assert _rel(c, b) <= 1e-9, f"input {n}: the torch backend against the brute force"
+        assert _rel(a, b) <= GRAD_BAR, f"input {n}: relative error {_rel(a, b):.2e}"
+
+
+# -- 4. which calls train on it --------------------------------------------------------------
+
+def _power():
+    return hladsl.load("power", backend="triton", chunk_size=C, p=2, normalize=True)
+
+
+def _check_grads(got, leaves, w, normalize=True):
+    ref = [x.detach().double().requires_grad_() for x in leaves]
+    want = _grads(_brute(*ref[:3], ref[3], p=2, normalize=normalize), ref, w)
+    for x, a, b in zip("qkvg", got, want):
+        assert _rel(a, b) <= GRAD_BAR, x
+
+
+def test_a_stateless_call_to_differentiate_trains_on_it(backward_calls):
+    q, k, v, g = _routing_inputs()
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    with launch.switched(ATTENTION_FORM="always"):
+        o, state = _power()(*leaves[:3], g=leaves[3])
+        w = torch.randn(o.shape, generator=torch.Generator().manual_seed(25))
+        got = _grads(o, leaves, w)
+    assert backward_calls == [C] and state is None
+    _check_grads(got, leaves, w)
+
+
+@pytest.mark.parametrize("kwargs,mode", [({"output_final_state": True}, "always"), ({}, "never"),
+                                         ({"initial_state": True}, "always")],
+                         ids=["final-state", "never", "initial-state"])
+def test_calls_with_a_state_or_never_train_on_the_chunk_form(kwargs, mode, backward_calls):
+    q, k, v, g = _routing_inputs()
+    op = _power()
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+    if kwargs.get("initial_state"):
+        kwargs = {"initial_state": {n: torch.zeros(2, 2, *s) for n, s in op.state_shapes(8, 8).items()}}
+    with launch.switched(ATTENTION_FORM=mode):
+        o, _ = op(*leaves[:3], g=leaves[3], **kwargs)
+        w = torch.randn(o.shape, generator=torch.Generator().manual_seed(26))
+        got = _grads(o, leaves, w)
+    assert backward_calls == []
+    _check_grads(got, leaves, w)
+
+
+def test_a_backward_given_no_kept_forward_recomputes_it(backward_calls, attention_calls):  # noqa: F811
+    """With nothing kept (the custom op under torch.compile, torch.func: their forward returns
+    outputs only) the backward runs the forward's kernel again for o and den, then trains on
+    the form."""
+    q, k, v, g = _routing_inputs()
+    op = _power()
+    w = torch.randn(q.shape[:3] + (8,), generator=torch.Generator().manual_seed(27))
+    with launch.switched(ATTENTION_FORM="always"):
+        got = op.backward_impl([q, k, v], g, q.shape[-1] ** -0.5, [], None, "auto", w, [], kept=None)
+    assert backward_calls == [C] and attention_calls == [C]   # the forward again, for den
+    _check_grads(got, [q, k, v, g], w)
+
+
+@pytest.mark.parametrize("normalize,gated", [(False, True), (True, True), (True, False)])
+def test_a_bound_training_call_on_it_equals_the_validated_call(normalize, gated, interpreter_binds):
+    """An autograd call like an earlier one in all but its data replays that call's launches,
+    forward (keeping o and den) and backward (the two gradient kernels; dΛ's gap shares after
+    the replay, as after a validated call): o and every gradient bitwise equal."""
+    op = hladsl.load("power", backend="triton", chunk_size=C, p=2, normalize=normalize)
+    gen = torch.Generator().manual_seed(28)
+    steps = []
+    for _ in range(3):
+        q, k, v, g = _tokens(gen, 2, 48, 2, 8, 8, gated=gated, positive=normalize, strong=False)
+        steps.append((q, k, v, g, torch.randn(2, 48, 2, 8, generator=gen)))
+
+    def train(q, k, v, g, do):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, g) if x is not None]
+        o, _ = op(*leaves[:3], g=leaves[3] if gated else None)
+        o.backward(do)
+        return o.detach(), [x.grad for x in leaves]
+    with launch.switched(ATTENTION_FORM="always", BOUND_CALLS=False):
+        want = [train(*step) for step in steps]
+    assert interpreter_binds == []
+    with launch.switched(ATTENTION_FORM="always", BOUND_CALLS=True):
+        got = [train(*step) for step in steps]
+    half = len(interpreter_binds) // 2   # the second and third calls were bound, alike
+    assert half and interpreter_binds == interpreter_binds[:half] * 2
+    names = [getattr(k, "__name__", None) or k.fn.__name__ for k in interpreter_binds[:half]]
+    assert names == ["attention_kernel", "attention_query_grad_kernel", "attention_key_grad_kernel"], names
+    for (o, grads), (o_want, grads_want) in zip(got, want):
+        assert torch.equal(o, o_want)
+        for a, b in zip(grads, grads_want):
+            assert torch.equal(a, b)
+    assert got[1][1][0].data_ptr() != got[2][1][0].data_ptr()
+
+
+@pytest.mark.parametrize("d,stages", [(32, 2), (64, 2), (128, 1)])
+def test_launch_options_of_its_kernels(d, stages):
+    """``launch.attention_launch``: the backward's stages by feature width (1 above 64 wide),
+    and bf16 tiles at a feature dim under 64 with chained dots get fp32 tiles (``dot_override``
+    sets DOT: run 298 raised a TypeError there, a keyword given twice)."""
+    import triton.language as tl
+    program = chunk_program(hladsl.compile_spec("power", p=2), 64, (("d", d), ("dv", d)), True)
+    first = torch.zeros(1, 1, 2, 64, d, dtype=torch.bfloat16)
+    for backward in (False, True):
+        got = launch.attention_launch(program, first, chained_dots=True, backward=backward)
+        assert got["num_stages"] == (stages if backward else launch.ATTENTION_STAGES)
+        want = tl.float32 if d < 64 else launch.dot_dtype(first.dtype, first.device)
+        assert got["DOT"] == want, got["DOT"]
+        assert got["B_d"] == max(16, d) and got["C"] == 64
