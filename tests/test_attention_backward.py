@@ -19,23 +19,16 @@ from hladsl.ir.pipeline import chunk_program  # noqa: E402
 from hladsl.runtime import attention_backward as attention_bwd_runtime, launch  # noqa: E402
 from hladsl.runtime.attention_backward import gap_share  # noqa: E402
 
-from test_attention_form import (C, UNSHIPPED, _brute, _routing_inputs, _tokens, _unshipped_reference,  # noqa: E402
-                                 _rel, attention_calls)  # noqa: F401 (a fixture)
+from test_attention_form import (C, KERNEL_CASES, UNSHIPPED, _brute, _routing_inputs, _tokens, _unshipped_reference,  # noqa: E402
+                                 _rel, attention_calls, chunks_of_runs)  # noqa: F401 (a fixture)
 
 GRAD_BAR = 1e-4   # issue 10: the kernels under the interpreter (fp32) against float64
 
 
 @pytest.fixture
 def backward_calls(monkeypatch):
-    """The chunk of every ``backward_attention`` run (op.py imports it inside the call)."""
-    calls = []
-    real = attention_bwd_runtime.backward_attention
-
-    def spy(program, *args, **kwargs):
-        calls.append(program.chunk)
-        return real(program, *args, **kwargs)
-    monkeypatch.setattr(attention_bwd_runtime, "backward_attention", spy)
-    return calls
+    """The chunk of every ``backward_attention`` run."""
+    return chunks_of_runs(monkeypatch, attention_bwd_runtime, "backward_attention")
 
 
 def _grads(out, leaves, w):
@@ -74,15 +67,7 @@ def test_programs_without_an_attention_form_have_no_attention_backward(name):
 
 # -- 2. the kernels against float64 autograd of the brute force ----------------------------
 
-GRAD_CASES = [   # name, params, gated, positive features, d, dv, scale
-    ("linear", {}, True, False, 8, 8, None),
-    ("linear", {"normalize": True}, False, True, 6, 5, None),      # dims padded to 16-wide blocks
-    ("power", {"p": 2, "normalize": True}, True, True, 6, 8, None),
-    ("power", {"p": 3}, False, False, 4, 8, None),
-    ("power", {"p": 2}, True, False, 8, 8, 0.7),                   # a scale of the call's
-    ("linear", {"normalize": True}, True, True, 8, 8, 0.25),
-    ("power", {"p": 3, "normalize": True}, True, True, 4, 8, None),
-]
+GRAD_CASES = KERNEL_CASES + [("power", {"p": 3, "normalize": True}, True, True, 4, 8, None)]   # (the forward's)
 
 
 @pytest.mark.parametrize("name,params,gated,positive,d,dv,scale", GRAD_CASES,
@@ -114,7 +99,7 @@ def test_gradients_match_brute_force(name, params, gated, positive, d, dv, scale
 def test_gate_gradient_reaches_across_chunks(backward_calls):
     """Gates only in chunk 1, strong: dg there comes from the pairs that straddle it (queries in
     chunks 2, 3, keys in 0, 1) -- what the kernels' dΛ at whole-sequence Λ misses before
-    ``_gap_share`` moves it to the chunk's last in-chunk Λ."""
+    ``gap_share`` moves it to the chunk's last in-chunk Λ."""
     gen = torch.Generator().manual_seed(22)
     q, k, v, _ = _tokens(gen, 1, 64, 2, 8, 8, gated=False, positive=False)
     g = torch.full((1, 64, 2), -0.01)
@@ -312,3 +297,65 @@ def test_launch_options_of_its_kernels(d, stages):
         want = tl.float32 if d < 64 else launch.dot_dtype(first.dtype, first.device)
         assert got["DOT"] == want, got["DOT"]
         assert got["B_d"] == max(16, d) and got["C"] == 64
+
+
+def test_a_training_forward_runs_at_the_chunk_its_backward_settled_on(monkeypatch):
+    """A backward that had to halve its chunk (no kernel fitting) halves its training forward's
+    next time too (``_on_kernels``' fitted chunk, keyed as the forward reads it): otherwise every
+    step would keep o and den at the wrong chunk and run the forward twice (the review's probe)."""
+    from triton.runtime.errors import OutOfResources
+    from hladsl.runtime import attention_forward
+    runs = []
+    real_b, real_f = attention_bwd_runtime.backward_attention, attention_forward.forward_attention
+
+    def backward(program, *args, **kwargs):
+        runs.append(("bwd", program.chunk))
+        if program.chunk == 32:
+            raise OutOfResources(1 << 20, 1 << 18, "shared memory")
+        return real_b(program, *args, **kwargs)
+
+    def forward(program, *args, **kwargs):
+        runs.append(("fwd", program.chunk))
+        return real_f(program, *args, **kwargs)
+    monkeypatch.setattr(attention_bwd_runtime, "backward_attention", backward)
+    monkeypatch.setattr(attention_forward, "forward_attention", forward)
+    op = hladsl.load("power", backend="triton", chunk_size=32, p=2, normalize=True)
+    gen = torch.Generator().manual_seed(29)
+    steps = []
+    with launch.switched(ATTENTION_FORM="always"):
+        for _ in range(2):
+            runs.clear()
+            q, k, v, g = _tokens(gen, 1, 64, 2, 8, 8, gated=True, positive=True, strong=False)
+            leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+            o, _ = op(*leaves[:3], g=leaves[3])
+            o.backward(torch.randn(o.shape, generator=gen))
+            steps.append(list(runs))
+    # the first step: fwd at 32, its backward halves to 16 (and runs the forward again there)
+    assert steps[0] == [("fwd", 32), ("bwd", 32), ("fwd", 16), ("bwd", 16)], steps[0]
+    assert steps[1] == [("fwd", 16), ("bwd", 16)], steps[1]
+
+
+def test_an_input_both_kernels_reach_sums_its_parts_in_fp32(monkeypatch, tmp_path):
+    """The skip spec's v has a query-side network (o_t += v_t) and key-side ones: the query
+    kernel's part goes to an fp32 buffer the key kernel adds to, not to the bf16 gradient
+    (rounded twice, the review found: a tied spec's dx 1.6e-2 in bf16)."""
+    path = tmp_path / "skip.hla"
+    path.write_text(UNSHIPPED["skip"])
+    seen = {}
+    real = launch.launch
+
+    def spy(kernel, grid, args, *rest, **kw):
+        seen[getattr(kernel, "__name__", None) or kernel.fn.__name__] = {
+            k: v.dtype for k, v in args.items() if k.startswith(("dsum_", "dx_")) and k.endswith("_ptr")}
+        return real(kernel, grid, args, *rest, **kw)
+    monkeypatch.setattr(launch, "launch", spy)
+    gen = torch.Generator().manual_seed(30)
+    leaves = [torch.randn(1, 40, 2, 8, generator=gen).to(torch.bfloat16).requires_grad_() for _ in range(3)]
+    op = hladsl.load(str(path), backend="triton", chunk_size=C)
+    with launch.switched(ATTENTION_FORM="always"):
+        o, _ = op(*leaves, scale=1.0)
+        o.float().sum().backward()
+    for name in ("attention_query_grad_kernel", "attention_key_grad_kernel"):
+        assert seen[name]["dsum_v_ptr"] == torch.float32 and seen[name]["dx_v_ptr"] == torch.bfloat16, seen
+        assert "dsum_k_ptr" not in seen[name]   # (one side only: no buffer)
+    assert all(x.grad is not None and x.grad.dtype == torch.bfloat16 for x in leaves)

@@ -61,18 +61,24 @@ def _tokens(gen, B, T, H, d, dv, *, gated, positive, strong=True):
     return q, k, v, g
 
 
-@pytest.fixture
-def attention_calls(monkeypatch):
-    """The chunk of every ``forward_attention`` run (op.py imports it from the module inside
-    the call, so patching the module attribute sees every one)."""
+def chunks_of_runs(monkeypatch, module, name: str) -> list:
+    """The chunk of every run of ``module.name`` (a function taking the chunk program first;
+    op.py imports it from the module inside the call, so patching the module attribute sees
+    every one)."""
     calls = []
-    real = attention_forward.forward_attention
+    real = getattr(module, name)
 
     def spy(program, *args, **kwargs):
         calls.append(program.chunk)
         return real(program, *args, **kwargs)
-    monkeypatch.setattr(attention_forward, "forward_attention", spy)
+    monkeypatch.setattr(module, name, spy)
     return calls
+
+
+@pytest.fixture
+def attention_calls(monkeypatch):
+    """The chunk of every ``forward_attention`` run."""
+    return chunks_of_runs(monkeypatch, attention_forward, "forward_attention")
 
 
 # -- 1. the IR rule -----------------------------------------------------------------------

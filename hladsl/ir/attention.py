@@ -60,9 +60,11 @@ def attention_backward(program: ChunkProgram) -> AttentionBackward | None:
     other token (``_pair_summed``), not as the backward program plans it (a row dot on its
     input's gradient): each pair adds +W·A[t, n] at t (the query kernel) and −W·A[t, n] at n
     (the key kernel), and dg sums them over every later token of the sequence, where all but
-    the pairs straddling each position cancel -- exactly only if both kernels sum the same
-    rounded A. As a row dot on dq (query side) or dk (key side) each carries that gradient's
-    bf16 rounding: linear, gated and normalised, bf16, T = 8192, dg's RMS ratio 1.2e-2 (run 295)."""
+    the pairs straddling each position cancel -- to fp32 rounding only if both kernels sum the
+    same products of the same bf16 operands (their masks' chunk gaps are summed in opposite
+    orders: they may differ in the last bits). As a row dot on dq (query side) or dk (key side)
+    each carries that gradient's bf16 rounding: linear, gated and normalised, bf16, T = 8192,
+    dg's RMS ratio 1.2e-2 (run 295; 3.6e-3 from the pair products, run 299)."""
     if attention_form(program) is None:
         return None
     bwd = backward_program(program)
@@ -73,7 +75,9 @@ def attention_backward(program: ChunkProgram) -> AttentionBackward | None:
         if g.target not in (Target.TOKEN, Target.LAM):
             raise ValueError(f"{g.text()}: a surviving network of the attention form targets {g.target}")
         t = g.cotangent.indices[0]   # d num[T, e] and d den[T] are indexed by the query's token
-        if g.target is Target.LAM and pairwise_network(g):
+        if g.target is Target.LAM:
+            if not pairwise_network(g):   # (Λ enters a surviving term only through its mask)
+                raise ValueError(f"{g.text()}: a dΛ network of the attention form without an earlier token")
             g = _pair_summed(program, g, t)
         (query if g.indices[0] == t else key).append(g)
     return AttentionBackward(tuple(query), tuple(key))
@@ -86,7 +90,8 @@ def _pair_summed(program: ChunkProgram, g: GradTerm, query: str) -> GradTerm:
     operands in one order on both sides, so both plan the same products."""
     ops = tuple(sorted(g.term.operands, key=lambda o: o.text()))
     (mask,) = [o for o in ops if o.kind is Kind.MASK]
-    pair = mask.indices if g.indices[0] == query else mask.indices[::-1]
+    (key,) = [i for i in mask.indices if i != query]
+    pair = (query, key) if g.indices[0] == query else (key, query)
     sizes = operand_sizes(program, ops)
     pl = plan(tuple(o.indices for o in ops), pair, tuple(sorted((i, sizes[i]) for i in sizes)))
     return replace(g, name="", wrt=None, term=replace(g.term, operands=ops, plan=pl))

@@ -54,8 +54,13 @@ def backward_attention(program: ChunkProgram, tiles: dict[str, torch.Tensor], la
     d_lam = None if lam is None else binding.fresh(torch.empty_like(lam))
     if grad_o.stride(-1) != 1:
         grad_o = grad_o.contiguous()
+    both = {x["name"]: d_tiles[x["name"]] for x in ab["grads"] if x["query"] and x["key"]}
+    sums = {f"dsum_{n}": d if d.dtype == torch.float32 else token_layout(n_seq, heads, n_chunks, chunk, d.shape[-1],
+                                                                          torch.float32, first.device)
+            for n, d in both.items()}   # (an input both kernels reach: the query kernel's part in fp32)
     args = {**_token_args(ab["inputs"], tiles, lam, program.gated, scales),
             **_grad_args(d_tiles, d_lam, grad_scales, parted=False),
+            **{k: v for n, d in sums.items() for k, v in tile_args(n, d).items()},
             "H": heads, "n_chunks": n_chunks, "VARLEN": seq_chunks is not None, **common}
     query_args = {}
     if ctx["normalize"]:   # the query kernel writes d num, d den for the key kernel

@@ -334,11 +334,13 @@ class Op:
                                         seq_chunks=prep.seq_chunks, scales=prep.load_scales, den=den)
             binding.returned(o_tiles, {}, prep)
             o = prep.finish(o_tiles, None)[0]
-            return (o, [], AttentionKept(o_tiles, den)) if keep else o
+            # (the backward reads o only to form d den: an unnormalised program keeps none)
+            return (o, [], AttentionKept(None if den is None else o_tiles, den)) if keep else o
 
         def chunk_form():   # (no attention kernel fitting the GPU at any chunk: the chunk form's kernels)
-            got = self._forward(list(tokens.values()), g, scale, [], cu_seqlens, "auto", keep=keep)
-            return got if keep else got[0]
+            if keep:   # (final states asked for: forward_keeping's chunk form, its own keep rule)
+                return self.forward_keeping(list(tokens.values()), g, scale, [], cu_seqlens, "auto")
+            return self._forward(list(tokens.values()), g, scale, [], cu_seqlens, "auto", keep=False)[0]
         return self._on_kernels("forward", tokens, g, run,
                                 lambda: self._run_torch(tokens, g, scale, [], cu_seqlens)[0], chunk_of="attention",
                                 no_fit=chunk_form)
@@ -365,7 +367,7 @@ class Op:
             prep = _Prepared(self, toks, g, scale, [], cu_seqlens, chunk, keep_dtype=True)
             got = kept
             first = prep.tiles[self.inputs[0]]
-            if got is None or (got.o_tiles is not None and got.o_tiles.shape[:4] != first.shape[:4]):
+            if got is None or (got.den is not None and got.den.shape != first.shape[:4]):
                 got = AttentionKept(None, None)
                 if self.algebra.normalizer is not None:
                     den = self._den_buffer(prep)
@@ -382,7 +384,9 @@ class Op:
             if g is not None:
                 grads.append(prep.gate_vjp(d_lam, g))
             return grads
-        return self._on_kernels("backward", toks, g, run, chunk_form, chunk_of="attention", no_fit=chunk_form)
+        # (direction "attention": a chunk it halves to is the one its training forward reads, as the
+        # chunk form's training forward runs at its backward's, ``_on_kernels``' fitted chunk)
+        return self._on_kernels("attention", toks, g, run, chunk_form, chunk_of="attention", no_fit=chunk_form)
 
     def forward_keeping(self, tokens: list, g, scale: float, init: list, cu_seqlens, schedule: str,
                         final_states: bool = True):
@@ -944,7 +948,9 @@ class _BoundAttentionForward:
         buffers = self.call.run([*tokens, *([] if g is None else [g])],
                                 _gates_deriver(g, self.compute, self.tiling, self.call.derived), self.outputs)
         o = buffers[self.o_buffer]
-        return o, [], AttentionKept(tile(o, *self.tiling), None if self.den is None else buffers[self.den])
+        if self.den is None:   # (as the validated call: o is kept only to form d den)
+            return o, [], AttentionKept(None, None)
+        return o, [], AttentionKept(tile(o, *self.tiling), buffers[self.den])
 
 
 class _BoundTrainingBackward:
