@@ -158,10 +158,11 @@ def attention_bwd_context(program: ChunkProgram) -> dict:
                          "pair": code["pair"], "targets": [a[3:] for a in accs if a.startswith("dx_")],
                          "dlam": "dlam" in accs, "chained_dots": low.block.chained,
                          "networks": [comment(g.text()) for g in grads]}
-    names = list(_Lowering(program).input_dim.items())
+    base = _Lowering(program)   # (every input: either kernel may read or write any)
+    names = list(base.input_dim.items())
     context["attention_bwd"] = {
         **kernels,
-        "inputs": [_Lowering(program).input_info(x) for x, _ in names],
+        "inputs": [base.input_info(x) for x, _ in names],
         "grads": [{"name": x, "dim": dim, "query": x in kernels["query"]["targets"],
                    "key": x in kernels["key"]["targets"]} for x, dim in names],
         "chained_dots": kernels["query"]["chained_dots"] or kernels["key"]["chained_dots"],
