@@ -2,7 +2,7 @@
 # CPU only; the shipped specs' modules are unchanged) on the GPU: the quick suite; the attention tests' slow d = 128
 # cases with their ratios printed (no xdist: it swallows -s); power p = 2 gated fwd + bwd at d = 128 on the chunk
 # form (never timed) beside the attention form, up to 64k; retention at d = 64 fwd + bwd up to 64k (its cold compile
-# outran run 297's limit: give it 300 s).
+# outran run 297's limit: give it 300 s). Over one call's 600 s: run the suite and tests in one call, the benches in another.
 set -u
 export TRITON_CACHE_DIR=/tmp/hl/triton HLADSL_CACHE_DIR=/tmp/hl/hladsl
 bench() { timeout $1 python3 -m hladsl bench "${@:2}" --plot '' 2>&1 | grep -v "^wrote\|compiling " | tail -40; echo "[bench done at $SECONDS s]"; }
