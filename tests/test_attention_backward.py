@@ -359,3 +359,60 @@ def test_an_input_both_kernels_reach_sums_its_parts_in_fp32(monkeypatch, tmp_pat
         assert seen[name]["dsum_v_ptr"] == torch.float32 and seen[name]["dx_v_ptr"] == torch.bfloat16, seen
         assert "dsum_k_ptr" not in seen[name]   # (one side only: no buffer)
     assert all(x.grad is not None and x.grad.dtype == torch.bfloat16 for x in leaves)
+
+
+def _fuzzed_pairwise_specs(count: int, seed: int, tmp_path) -> list:
+    """The first ``count`` mutants (tests/fuzz_specs.py, seeded) of linear and power that compile,
+    have an attention form, and whose backward networks differ from their origin's (not a
+    rename: a coefficient, a zeroed summary, another power), as (path, origin)."""
+    import fuzz_specs
+    shipped = fuzz_specs.shipped_texts()
+
+    def networks(text: str, name: str):
+        path = tmp_path / f"{name}.hla"
+        path.write_text(text)
+        alg = hladsl.compile_spec(str(path))
+        alg = hladsl.compile_spec(str(path), **({"normalize": True} if "normalize" in alg.params else {}))
+        ab = attention_backward(chunk_program(alg, C, tuple(sorted((d, 8) for d in alg.dims)), True))
+        return path, None if ab is None else sorted(g.text() for g in ab.query + ab.key)
+    origins = {o: networks(shipped[o], o)[1] for o in ("linear", "power")}
+    out = []
+    for k, origin, text in fuzz_specs.mutants(2000, seed):
+        if origin not in origins or text == shipped[origin]:
+            continue
+        try:
+            path, got = networks(text, f"m{k}")
+        except Exception:   # (most mutants are not specs: the fuzzer's own tests see to those)
+            continue
+        if got is not None and got != origins[origin]:
+            out.append((path, origin))
+            if len(out) == count:
+                return out
+    return out
+
+
+def test_fuzzed_specs_train_on_their_attention_form(tmp_path, backward_calls, monkeypatch):
+    """Specs no one wrote by hand (the fuzzer's mutants of linear and power that have the form
+    and another backward, normalised where they can be) get their attention form's backward with
+    no new Python: every gradient against the torch backend's float64 autograd. (A longer hunt
+    is round 46's: benchmarks/RESULTS.md.)"""
+    monkeypatch.setenv("HLADSL_CACHE_DIR", str(tmp_path / "cache"))
+    specs = _fuzzed_pairwise_specs(3, 20261129, tmp_path)
+    assert len(specs) == 3
+    for n, (path, origin) in enumerate(specs):
+        alg = hladsl.compile_spec(str(path))
+        params = {"normalize": True} if "normalize" in alg.params else {}
+        gen = torch.Generator().manual_seed(31 + n)
+        x = [torch.rand(1, 40, 2, 8, generator=gen) + 0.1 for _ in alg.inputs]
+        g = -torch.rand(1, 40, 2, generator=gen)
+        leaves = [t.clone().requires_grad_() for t in x + [g]]
+        with launch.switched(ATTENTION_FORM="always"):
+            o, _ = hladsl.load(str(path), backend="triton", chunk_size=C, **params)(*leaves[:-1], g=leaves[-1],
+                                                                                    scale=1.0)
+            w = torch.randn(o.shape, generator=gen)
+            got = _grads(o, leaves, w)
+        ref = [t.detach().double().requires_grad_() for t in leaves]
+        want = _grads(hladsl.load(str(path), backend="torch", **params)(*ref[:-1], g=ref[-1], scale=1.0)[0], ref, w)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert _rel(a, b) <= GRAD_BAR, f"{path.name} (from {origin}), input {i}: {_rel(a, b):.2e}"
+    assert len(backward_calls) == 3
