@@ -326,16 +326,11 @@ class Op:
         tokens = dict(zip(self.inputs, tokens))
 
         def run(chunk):
-            from hladsl.runtime.attention_backward import AttentionKept
-            from hladsl.runtime.attention_forward import forward_attention
             prep = _Prepared(self, tokens, g, scale, [], cu_seqlens, chunk, keep_dtype=True)
-            den = self._den_buffer(prep) if keep else None
-            o_tiles = forward_attention(prep.program, prep.tiles, prep.lam, self.algebra.eps, out_dtype=prep.dtype,
-                                        seq_chunks=prep.seq_chunks, scales=prep.load_scales, den=den)
+            o_tiles, kept = self._attention_outputs(prep, keep)
             binding.returned(o_tiles, {}, prep)
             o = prep.finish(o_tiles, None)[0]
-            # (the backward reads o only to form d den: an unnormalised program keeps none)
-            return (o, [], AttentionKept(None if den is None else o_tiles, den)) if keep else o
+            return (o, [], kept) if keep else o
 
         def chunk_form():   # (no attention kernel fitting the GPU at any chunk: the chunk form's kernels)
             if keep:   # (final states asked for: forward_keeping's chunk form, its own keep rule)
@@ -345,13 +340,20 @@ class Op:
                                 lambda: self._run_torch(tokens, g, scale, [], cu_seqlens)[0], chunk_of="attention",
                                 no_fit=chunk_form)
 
-    def _den_buffer(self, prep):
-        """The fp32 [N, H, nC, C] buffer a training forward on the attention form stores its
-        normaliser in (None without one)."""
-        if self.algebra.normalizer is None:
-            return None
-        first = prep.tiles[self.inputs[0]]
-        return binding.fresh(torch.empty(first.shape[:4], dtype=torch.float32, device=first.device))
+    def _attention_outputs(self, prep, keep: bool):
+        """(o tiles, what the backward reads or None) of the attention form's forward on
+        ``prep``'s tiles; ``keep``: a normalised program's kernel stores den too (fp32
+        [N, H, nC, C]), and o and den are kept (``AttentionKept``: the backward reads o only to
+        form d den, so an unnormalised program keeps nothing)."""
+        from hladsl.runtime.attention_backward import AttentionKept
+        from hladsl.runtime.attention_forward import forward_attention
+        den = None
+        if keep and self.algebra.normalizer is not None:
+            first = prep.tiles[self.inputs[0]]
+            den = binding.fresh(torch.empty(first.shape[:4], dtype=torch.float32, device=first.device))
+        o_tiles = forward_attention(prep.program, prep.tiles, prep.lam, self.algebra.eps, out_dtype=prep.dtype,
+                                    seq_chunks=prep.seq_chunks, scales=prep.load_scales, den=den)
+        return o_tiles, (AttentionKept(None if den is None else o_tiles, den) if keep else None)
 
     def _attention_backward(self, tokens: list, g, scale: float, cu_seqlens, grad_o, kept, chunk_form):
         """The gradients of a stateless call by the attention form's backward
@@ -363,17 +365,13 @@ class Op:
 
         def run(chunk):
             from hladsl.runtime.attention_backward import AttentionKept, backward_attention
-            from hladsl.runtime.attention_forward import forward_attention
             prep = _Prepared(self, toks, g, scale, [], cu_seqlens, chunk, keep_dtype=True)
             got = kept
             first = prep.tiles[self.inputs[0]]
             if got is None or (got.den is not None and got.den.shape != first.shape[:4]):
-                got = AttentionKept(None, None)
-                if self.algebra.normalizer is not None:
-                    den = self._den_buffer(prep)
-                    got = AttentionKept(forward_attention(prep.program, prep.tiles, prep.lam, self.algebra.eps,
-                                                          out_dtype=prep.dtype, seq_chunks=prep.seq_chunks,
-                                                          scales=prep.load_scales, den=den), den)
+                # (an unnormalised program's backward reads nothing of its forward)
+                got = self._attention_outputs(prep, True)[1] if self.algebra.normalizer is not None else \
+                    AttentionKept(None, None)
             d_tiles, d_lam = backward_attention(
                 prep.program, prep.tiles, prep.lam, prep.output_vjp(grad_o), got, self.algebra.eps,
                 grad_dtype=tokens[0].dtype, seq_chunks=prep.seq_chunks, grad_scales=prep.scales,
