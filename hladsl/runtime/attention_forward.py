@@ -7,8 +7,8 @@ import torch
 
 from hladsl.codegen.attention_gen import attention_bwd_kernels, attention_kernels
 from hladsl.ir.chunk import ChunkProgram
-from hladsl.runtime import launch
-from hladsl.runtime.triton_forward import _output_buffer, _token_args, checked_tiles
+from hladsl.runtime import binding, launch
+from hladsl.runtime.triton_forward import _output_buffer, _token_args, checked_tiles, tile_args
 
 _PLANS = launch.plan_cache()
 
@@ -23,15 +23,25 @@ def chunk_firsts(seq_chunks: torch.Tensor, n_chunks: int, last: bool = False) ->
     return seq_chunks[owner.clamp_max(seq_chunks.numel() - 1)].to(torch.int32)
 
 
+def kept_buffers(program: ChunkProgram, first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o_kept, den): the fp32 buffers a normalised program's training forward stores o and
+    its normaliser in for the backward (``forward_attention``), on ``first``'s tiles."""
+    _, ctx = attention_bwd_kernels(program)
+    o_kept = _output_buffer(program, ctx, first, 0.0, torch.float32)[0]
+    return o_kept, binding.fresh(torch.empty(first.shape[:4], dtype=torch.float32, device=first.device))
+
+
 def forward_attention(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam: torch.Tensor | None,
                       eps: float, out_dtype: torch.dtype = torch.float32,
                       seq_chunks: torch.Tensor | None = None, scales: dict[str, float] | None = None,
-                      options: dict | None = None, den: torch.Tensor | None = None) -> torch.Tensor:
+                      options: dict | None = None, den: torch.Tensor | None = None,
+                      o_kept: torch.Tensor | None = None) -> torch.Tensor:
     """o [N, H, nC, C, dv] (a tile view of a contiguous [N, nC*C, H, dv] tensor in
     ``out_dtype``) of a call with no initial state: tiles, lam, seq_chunks and scales as
     ``forward_triton`` takes them; ``options``: launch arguments overriding the rule's.
     ``den``: an fp32 [N, H, nC, C] buffer (normalised programs) the kernel stores the
-    normaliser in, for the backward (``runtime.attention_backward``; the kernel of its module)."""
+    normaliser in, for the backward (``runtime.attention_backward``; the kernel of its module),
+    and ``o_kept`` an fp32 tile buffer like o's that it stores o in before o's rounding."""
     module, ctx = (attention_kernels if den is None else attention_bwd_kernels)(program)
     first, lam = checked_tiles(program, tiles, lam)
     n_seq, heads, n_chunks = first.shape[:3]
@@ -43,7 +53,8 @@ def forward_attention(program: ChunkProgram, tiles: dict[str, torch.Tensor], lam
     # (a varlen call is never bound; without one the kernel never reads chunk_first: any pointer)
     firsts = chunk_firsts(seq_chunks, n_chunks) if varlen else o
     if ctx["normalize"]:
-        out.update(den_ptr=o if den is None else den, STORE_DEN=den is not None)
+        out.update(den_ptr=o if den is None else den, STORE_DEN=den is not None,
+                   **tile_args("okeep", o if o_kept is None else o_kept))
     args = {**_token_args(ctx["attention"]["inputs"], tiles, lam, program.gated, scales), **out,
             "chunk_first": firsts, "VARLEN": varlen, "H": heads, "n_chunks": n_chunks, **common,
             **(options or {})}

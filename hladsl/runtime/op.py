@@ -342,18 +342,18 @@ class Op:
 
     def _attention_outputs(self, prep, keep: bool):
         """(o tiles, what the backward reads or None) of the attention form's forward on
-        ``prep``'s tiles; ``keep``: a normalised program's kernel stores den too (fp32
-        [N, H, nC, C]), and o and den are kept (``AttentionKept``: the backward reads o only to
-        form d den, so an unnormalised program keeps nothing)."""
+        ``prep``'s tiles; ``keep``: a normalised program's kernel stores den and o in fp32 too,
+        and they are kept (``AttentionKept``: the backward reads o only to form d den, so an
+        unnormalised program keeps nothing; o before its rounding, or d den loses to it where
+        -Σ do o cancels)."""
         from hladsl.runtime.attention_backward import AttentionKept
-        from hladsl.runtime.attention_forward import forward_attention
-        den = None
+        from hladsl.runtime.attention_forward import forward_attention, kept_buffers
+        o_kept = den = None
         if keep and self.algebra.normalizer is not None:
-            first = prep.tiles[self.inputs[0]]
-            den = binding.fresh(torch.empty(first.shape[:4], dtype=torch.float32, device=first.device))
+            o_kept, den = kept_buffers(prep.program, prep.tiles[self.inputs[0]])
         o_tiles = forward_attention(prep.program, prep.tiles, prep.lam, self.algebra.eps, out_dtype=prep.dtype,
-                                    seq_chunks=prep.seq_chunks, scales=prep.load_scales, den=den)
-        return o_tiles, (AttentionKept(None if den is None else o_tiles, den) if keep else None)
+                                    seq_chunks=prep.seq_chunks, scales=prep.load_scales, den=den, o_kept=o_kept)
+        return o_tiles, (AttentionKept(o_kept, den) if keep else None)
 
     def _attention_backward(self, tokens: list, g, scale: float, cu_seqlens, grad_o, kept, chunk_form):
         """The gradients of a stateless call by the attention form's backward
@@ -625,7 +625,9 @@ class Op:
         if self.algebra.normalizer is not None:
             den = chunk_torch.outputs(prep.program, "normalizer", prep.tiles, prep.lam, starts,
                                       prep.compute)
-            num = num / (den.unsqueeze(-1) + self.algebra.eps)
+            # (real rows only: a padded row's 0 / 0 would give its zero cotangent NaN gradients at eps = 0)
+            o = prep.real_rows(num) / (prep.real_rows(den.unsqueeze(-1)) + self.algebra.eps)
+            return prep.finish(o, finals, rows=True)
         return prep.finish(num, finals)
 
     def _chunk(self, first, direction: str = "forward", dims: dict | None = None, gated: bool = False,
@@ -924,9 +926,9 @@ class _BoundAttentionForward:
     its recorded launch on fresh buffers, returning o, no finals and what its backward reads
     (``AttentionKept``: o's tiles and, normalised, den) as the validated call does."""
 
-    def __init__(self, call, o_buffer: int, den: int | None, prep):
-        self.call, self.o_buffer, self.den = call, o_buffer, den
-        self.outputs = {o_buffer, *([] if den is None else [den])}
+    def __init__(self, call, o_buffer: int, kept: dict, prep):
+        self.call, self.o_buffer, self.kept = call, o_buffer, kept
+        self.outputs = {o_buffer, *kept.values()}
         self.compute = prep.compute
         self.tiling = (prep.shape[0], prep.n_chunks, prep.chunk, prep.shape[2])
 
@@ -938,17 +940,17 @@ class _BoundAttentionForward:
         if bound is None:
             return None
         call, o_buffer, _, prep = bound
-        den = _place({} if kept.den is None else {"den": kept.den}, call)
-        return None if den is None else cls(call, o_buffer, den.get("den"), prep)
+        places = _place({} if kept.den is None else {"o": kept.o_tiles, "den": kept.den}, call)
+        return None if places is None else cls(call, o_buffer, places, prep)
 
     def __call__(self, tokens: list, g):
         from hladsl.runtime.attention_backward import AttentionKept
         buffers = self.call.run([*tokens, *([] if g is None else [g])],
                                 _gates_deriver(g, self.compute, self.tiling, self.call.derived), self.outputs)
         o = buffers[self.o_buffer]
-        if self.den is None:   # (as the validated call: o is kept only to form d den)
+        if not self.kept:   # (as the validated call: an unnormalised program keeps nothing)
             return o, [], AttentionKept(None, None)
-        return o, [], AttentionKept(tile(o, *self.tiling), buffers[self.den])
+        return o, [], AttentionKept(tile(buffers[self.kept["o"]], *self.tiling), buffers[self.kept["den"]])
 
 
 class _BoundTrainingBackward:
@@ -1120,13 +1122,18 @@ class _Prepared:
         """The final states in storage layout, in the compute dtype."""
         return storage_states(self.op.algebra, self.program, self.dims, self.compute, finals)
 
-    def finish(self, o_tiles, finals):
-        """o [B, T, H, dv] in the inputs' dtype and the final states in storage layout (none
-        where ``finals`` is None: the attention form has no state)."""
+    def real_rows(self, tiles):
+        """[N, H, nC, C, dim] tiles -> [B, T, H, dim]: the rows of real tokens (no padding),
+        in the tiles' dtype."""
         B, T, H = self.shape
-        o = o_tiles.permute(0, 2, 3, 1, 4).reshape(B, -1, H, o_tiles.shape[-1])[:, :T]
-        if self.index is not None:
-            o = o.reshape(-1, *o.shape[2:])[self.index].unsqueeze(0)
+        x = tiles.permute(0, 2, 3, 1, 4).reshape(B, -1, H, tiles.shape[-1])[:, :T]
+        return x if self.index is None else x.reshape(-1, *x.shape[2:])[self.index].unsqueeze(0)
+
+    def finish(self, o_tiles, finals, rows: bool = False):
+        """o [B, T, H, dv] in the inputs' dtype and the final states in storage layout (none
+        where ``finals`` is None: the attention form has no state); ``rows``: o_tiles are
+        ``real_rows`` already."""
+        o = o_tiles if rows else self.real_rows(o_tiles)
         if o.dtype != self.dtype or not o.is_contiguous():   # one copy: cast and lay out together
             o = o.to(self.dtype, memory_format=torch.contiguous_format)
         return o, ([] if finals is None else self.finish_states(finals))
