@@ -5,6 +5,7 @@ its kernels (fp32) against float64 autograd of the brute-force quadratic forms o
 ``test_attention_form`` (issue 10's interpreter bar, 1e-4), over several key chunks with
 strong gates; varlen; unshipped specs (against the brute force and the torch backend in
 float64); the share of the gaps between chunk starts in dΛ; which calls train on it."""
+import json
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"   # before any kernel module is generated
@@ -16,7 +17,7 @@ import hladsl  # noqa: E402
 from hladsl.ir.attention import attention_backward, pairwise_network  # noqa: E402
 from hladsl.ir.backward import Target  # noqa: E402
 from hladsl.ir.pipeline import chunk_program  # noqa: E402
-from hladsl.runtime import attention_backward as attention_bwd_runtime, launch  # noqa: E402
+from hladsl.runtime import attention_backward as attention_bwd_runtime, autotune, launch  # noqa: E402
 from hladsl.runtime.attention_backward import gap_share  # noqa: E402
 
 from test_attention_form import (C, KERNEL_CASES, UNSHIPPED, _brute, _routing_inputs, _tokens, _unshipped_reference,  # noqa: E402
@@ -281,6 +282,60 @@ def test_a_bound_training_call_on_it_equals_the_validated_call(normalize, gated,
         for a, b in zip(grads, grads_want):
             assert torch.equal(a, b)
     assert got[1][1][0].data_ptr() != got[2][1][0].data_ptr()
+
+
+class _FormTuner(autotune.Tuner):
+    """A Tuner whose clock makes ``winner`` the faster form; a schedule is the runner's own
+    "auto" rule's (the test turns the kernels' launch tuning off); ``timed``: the forms timed."""
+
+    def __init__(self, path, winner):
+        super().__init__(path)
+        self.winner, self.timed = winner, []
+
+    def lookup(self, key, fast=None):
+        return {"schedule": "auto"} if key.get("runner") not in (None, "form") else super().lookup(key, fast)
+
+    def measure(self, candidate, fn):
+        self.timed.append(candidate["form"])
+        return 1.0 if candidate["form"] == self.winner else 2.0
+
+
+@pytest.mark.parametrize("winner", ["attention", "chunk"])
+def test_tuning_times_both_forms_and_runs_the_faster(winner, tmp_path, backward_calls, attention_calls,  # noqa: F811
+                                                     monkeypatch):
+    """Under a tuning session a stateless call times the attention and the chunk form -- its
+    forward, and for a call to differentiate its forward and backward -- once per shape class,
+    stores the winner and runs it from then on (on CPU too: the rule alone never takes the form
+    there); the gradients are the brute force's either way."""
+    monkeypatch.setattr(launch, "_tuned", lambda *a, **k: False)   # (the launch rules' configs)
+    tuner = _FormTuner(tmp_path / "t.json", winner)
+    shape = {"gpu": "Fake GPU", "dims": [["d", 8], ["dv", 8]], "dtype": "torch.float32", "gated": True,
+             "bh": 2, "t": 64}
+    gen = torch.Generator().manual_seed(32)
+    q, k, v, g = _tokens(gen, 1, 40, 2, 8, 8, gated=True, positive=True)
+    op = _power()
+    with autotune.tuning(tuner, shape):
+        for step in range(2):
+            leaves = [x.clone().requires_grad_() for x in (q, k, v, g)]
+            del backward_calls[:], attention_calls[:]
+            o, _ = op(*leaves[:3], g=leaves[3])
+            w = torch.randn(o.shape, generator=gen)
+            _check_grads(_grads(o, leaves, w), leaves, w)
+            assert tuner.timed == ["attention", "chunk"], tuner.timed   # (the first step only)
+            if step == 1:   # a remembered winner: its kernels alone
+                assert (attention_calls, backward_calls) == (([C], [C]) if winner == "attention" else ([], []))
+        with torch.no_grad():
+            del attention_calls[:]
+            o_fwd, _ = op(q, k, v, g=g)
+        assert tuner.timed == ["attention", "chunk"] * 2
+        del attention_calls[:]
+        with torch.no_grad():
+            op(q, k, v, g=g)
+        assert attention_calls == ([C] if winner == "attention" else [])
+    torch.testing.assert_close(o_fwd, o.detach(), rtol=1e-5, atol=1e-6)
+    stored = {json.loads(key)["training"]: entry for key, entry in json.loads((tmp_path / "t.json").read_text())[
+        "entries"].items() if json.loads(key).get("runner") == "form"}
+    assert stored == {True: {"form": winner}, False: {"form": winner}}
 
 
 @pytest.mark.parametrize("d,stages", [(32, 2), (64, 2), (128, 1)])

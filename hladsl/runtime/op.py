@@ -13,6 +13,7 @@ or the generated Triton kernels, and a differentiable finish (unpad, cast).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import math
 import os
@@ -29,6 +30,8 @@ from hladsl.runtime.packing import pack, packed_shape, unpack
 from hladsl.runtime.validate import check_inputs, check_state, check_step_state, value_checks
 
 BACKENDS = ("auto", "torch", "triton")
+# the form a stateless call runs while the tuner times it ("attention" / "chunk"; ``Op._tuned_form``)
+_FORCED_FORM: contextvars.ContextVar = contextvars.ContextVar("hladsl_forced_form", default=None)
 _NO_KERNEL_WARNED: set = set()   # (spec, forward/backward, dims, dtype, device) warned about
 # the custom op's schema takes a float: NaN stands for "scale not given" (dim^-0.5)
 DEFAULT_SCALE = float("nan")
@@ -295,13 +298,14 @@ class Op:
         will not read them (a call with no initial state then may run the attention form,
         ``launch.use_attention_form``, and return none; under the "auto" schedule only: a named
         schedule is the chunk form's)."""
-        if not init and not final_states and schedule == "auto" and self._attention(tokens, g, cu_seqlens):
+        if not init and not final_states and schedule == "auto" and self._attention(tokens, g, scale, cu_seqlens):
             return self._attention_forward(tokens, g, scale, cu_seqlens), []
         return self._forward(tokens, g, scale, init, cu_seqlens, schedule, keep=False)[:2]
 
-    def _attention(self, tokens: list, g, cu_seqlens) -> bool:
-        """Does a stateless call run the attention form (``launch.use_attention_form``; on the
-        generated kernels only)?"""
+    def _attention(self, tokens: list, g, scale: float, cu_seqlens, training: bool = False) -> bool:
+        """Does a stateless call run the attention form (on the generated kernels only)? By
+        ``launch.use_attention_form``'s rule, or, while tuning, by timing both forms (the
+        forward, or ``training``: forward and backward) once per shape class."""
         first = tokens[0]
         if launch.ATTENTION_FORM == "never" or not self.use_triton(first):
             return False
@@ -313,12 +317,50 @@ class Op:
         if not launch.remembered(self._long_chunks, ("attention form", dims, gated),
                                  lambda: attention_form(program_at(launch.ATTENTION_CHUNK)) is not None):
             return False
+        forced = _FORCED_FORM.get()
+        if forced is not None:   # (a candidate the tuner is timing)
+            return forced == "attention"
+        if launch.ATTENTION_FORM == "auto":
+            tuned = self._tuned_form(tokens, g, scale, cu_seqlens, training, dict(dims))
+            if tuned is not None:
+                return tuned == "attention"
         if cu_seqlens is not None:   # (the layout reads the bounds too: a sync either way)
             bounds = cu_seqlens.tolist()
             return launch.use_attention_form(program_at, [b - a for a, b in zip(bounds, bounds[1:])], first.device)
         key = ("attention", dims, gated, first.shape[1], str(first.device))
         return launch.remembered(self._long_chunks, key,
                                  lambda: launch.use_attention_form(program_at, [first.shape[1]], first.device))
+
+    def _tuned_form(self, tokens: list, g, scale: float, cu_seqlens, training: bool, dims: dict) -> str | None:
+        """While tuning (``runtime.autotune``): the faster form, "attention" or "chunk", of a
+        stateless call of this shape class -- its forward, or (``training``) forward and backward
+        from o as the cotangent -- timed once and remembered (None: not tuning)."""
+        first = tokens[0]
+        with contextlib.ExitStack() as stack:
+            tuning = autotune.current() or stack.enter_context(
+                autotune.session(self.autotune, first, dims, g is not None, cu_seqlens))
+            if tuning is None:
+                return None
+            from hladsl.codegen.attention_gen import attention_kernels
+            gated = g is not None
+            program = program_for(self.compilation, launch.ATTENTION_CHUNK, tuple(sorted(dims.items())), gated)
+            source = attention_kernels(program)[0].__name__
+            key = {"runner": "form", "training": training, "source": source, **tuning.shape}
+            winner = tuning.tuner.lookup(key, ("form", training, source, tuning.shape_text))
+            if winner is None:
+                def run(candidate):
+                    token = _FORCED_FORM.set(candidate["form"])
+                    try:
+                        if not training:
+                            return self.forward_impl(tokens, g, scale, [], cu_seqlens, "auto", final_states=False)
+                        o, _, kept = self.forward_keeping(tokens, g, scale, [], cu_seqlens, "auto", final_states=False)
+                        return self.backward_impl(tokens, g, scale, [], cu_seqlens, "auto", o, [], kept)
+                    finally:
+                        _FORCED_FORM.reset(token)
+                what = "training" if training else "forward"
+                line = f"hladsl: timing the attention and chunk forms of {self.algebra.name}'s {what}..."
+                winner = tuning.tuner.tune(key, [{"form": "attention"}, {"form": "chunk"}], run, line)
+            return winner["form"]
 
     def _attention_forward(self, tokens: list, g, scale: float, cu_seqlens, keep: bool = False):
         """o of a stateless call by the attention form (``runtime.attention_forward``);
@@ -394,7 +436,8 @@ class Op:
         its chunk starts and the deltas its reverse scan reads. Not while tuning: the tuner
         times the forward's own schedules. ``final_states`` False, no initial state: the
         attention form where ``_attention`` says (no finals; it keeps its o and den)."""
-        if not init and not final_states and schedule == "auto" and self._attention(tokens, g, cu_seqlens):
+        if not init and not final_states and schedule == "auto" and self._attention(tokens, g, scale, cu_seqlens,
+                                                                                      training=True):
             key = _training_key(self, "attention forward", scale, [*tokens, g], init, cu_seqlens, schedule)
             return self._replayed(key, [*tokens, *([] if g is None else [g])],
                                   lambda: self._attention_forward(tokens, g, scale, cu_seqlens, keep=True),
@@ -479,7 +522,8 @@ class Op:
             return self._on_kernels("backward", dict(zip(self.inputs, tokens)), g, run, torch_path, schedule,
                                     cu_seqlens)
         if isinstance(kept, AttentionKept) or (
-                kept is None and not init and not keep and schedule == "auto" and self._attention(tokens, g, cu_seqlens)):
+                kept is None and not init and not keep and schedule == "auto"
+                and self._attention(tokens, g, scale, cu_seqlens, training=True)):
             kept_attention, kept = kept, None   # (the chunk form, where no attention kernel fits, keeps nothing)
             held = [] if kept_attention is None else [x for x in (kept_attention.o_tiles, kept_attention.den)
                                                       if x is not None]

@@ -147,3 +147,21 @@ def test_attention_backward_varlen_matches_fp32_reference(spec_id, record_proper
                                 output_final_state=False, cu_seqlens=cu)
     print(ratios.rows)
     ratios.check()
+
+
+@pytest.mark.parametrize("form", [pytest.param(f, marks=group("attention_bwd", "linear", 64, True, True))
+                                  for f in ("always", "never")])
+def test_eps_zero_with_a_padded_chunk_trains_finite(form, record_property):
+    """eps = 0, T = 8010 (the last chunk padded, whose rows' den is 0): o and every gradient
+    finite and against the fp32 torch path's, on the attention form and the chunk form."""
+    import hladsl
+    spec = BY_ID["linear"]
+    gen = generator(4950)
+    op, ref = (hladsl.load(spec.source(), backend=b, normalize=True, eps=0.0, **spec.params) for b in ("auto", "torch"))
+    ratios = Ratios(record_property)
+    x = tokens(spec, 1, 8010, 4, 64, 64, torch.bfloat16, True, gen)
+    with launch.switched(ATTENTION_FORM=form):
+        check_against_reference(op, ref, Inputs(x, gates(1, 8010, 4, gen)), ratios, GRAD_BAR, gen,
+                                output_final_state=False)
+    print(form, ratios.rows)
+    ratios.check()
