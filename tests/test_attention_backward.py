@@ -60,6 +60,24 @@ def test_networks_split_into_query_and_key_sides(name, params):
     assert len([g for g in ab.query if g.target is Target.TOKEN]) == p * parts
 
 
+def test_networks_of_a_target_sharing_their_last_product_sum_before_it(monkeypatch):
+    """Normalised power's dq: num's network ends in (... M) · k, and so does den's; their other
+    factors are summed first, so the query kernel runs one product with k for both (4 dots a key
+    chunk, 5 with each network's own). The gradients: ``test_gradients_match_brute_force``."""
+    import re
+
+    from hladsl.codegen import attention_gen
+
+    def dots(merge: bool) -> dict:
+        monkeypatch.setattr(attention_gen._AttentionBwdLowering, "merges_last_products", merge)
+        program = chunk_program(hladsl.compile_spec("power", p=2, normalize=True), C, (("d", 8), ("dv", 8)), True)
+        parts = re.split(r"\ndef (attention_\w+)", attention_gen.attention_bwd_source(program))
+        return {parts[i]: parts[i + 1].count("_dot(") for i in range(1, len(parts), 2)}
+    merged, apart = dots(True), dots(False)
+    assert (merged["attention_query_grad_kernel"], apart["attention_query_grad_kernel"]) == (4, 5)
+    assert merged["attention_key_grad_kernel"] <= apart["attention_key_grad_kernel"]
+
+
 @pytest.mark.parametrize("name", ["hla2", "hla3"])
 def test_programs_without_an_attention_form_have_no_attention_backward(name):
     program = chunk_program(hladsl.compile_spec(name), C, (("d", 8), ("dv", 8)), True)

@@ -73,6 +73,8 @@ class _AttentionBwdLowering(_KeyChunkTiles, _BwdLowering):
     tile is its register tile transposed (the query-side kernel computes it: a normalised
     program's d num is never read back there)."""
 
+    merges_last_products = True   # (a normalised program's den networks end in num's last products)
+
     def __init__(self, bwd: BackwardProgram, query: str):
         super().__init__(bwd)
         self.key_side(query)

@@ -167,11 +167,16 @@ class _BwdLowering(_Lowering):
             return self.ct_dims[f"dr_{g.name}"]
         return (None,) if g.target is Target.LAM else ()
 
+    # networks of one target whose last product shares a factor sum their other factors first
+    # (Σ_i X_i · R = (Σ_i X_i) · R: one product for them all; ``_merged_last_products``)
+    merges_last_products = False
+
     # -- one gradient network ---------------------------------------------------------------
     def grads(self, grads, acc: str, defs: dict, tiled: frozenset = frozenset()) -> None:
         """Code adding every network of ``grads`` (one target) into ``acc``; a network
         touching a ``tiled`` dim runs in the loop over its tiles, the rest before it."""
         block = self.block
+        last_products = []   # (meta, a, b, out, sign, label): deferred where merges_last_products
         for g in grads:
             t = g.term
             dims = self.index_dims(t.operands)
@@ -186,8 +191,17 @@ class _BwdLowering(_Lowering):
             sizes.update((i, "C" if dim_of[i] is None else f"B_{dim_of[i]}") for i, _ in g.broadcast)
             block.sizes = sizes
             tiles = [self.operand(o, defs) for o in t.operands]
-            for s in t.plan.steps:
+            steps = t.plan.steps
+            deferred = self._defers_last_product(g)
+            for s in steps[:-1] if deferred else steps:
                 tiles.append(block.contract(tiles[s.left], tiles[s.right], s.indices))
+            if deferred:
+                s = steps[-1]
+                meta = (block.section, block.exact, block.exact_cotangents)
+                last_products.append((meta, tiles[s.left], tiles[s.right], (tuple(s.indices), tuple(t.output)),
+                                      "-" if t.coef < 0 else "+", g.text()))
+                block.note("(its last product summed with its target's others: below)")
+                continue
             value = block.reduce(tiles[t.plan.result], t.output).var
             if t.carry_weight:   # the forward term's carry scale exp(W Λ_end)
                 value = f"{value} * tl.exp({int(t.carry_weight)} * lam_end)"
@@ -202,7 +216,28 @@ class _BwdLowering(_Lowering):
                 # a whole cotangent without the split dim (d den): block 0 alone adds it
                 value = f"tl.where(pid_{self.partial_dim} == 0, {value}, 0.0)"
             block.lines.append(f"{acc} {'-' if t.coef < 0 else '+'}= {value}")
+        for (section, exact, exact_ct), shared, others, out, labels in _merged_last_products(last_products):
+            block.section, block.exact, block.exact_cotangents = section, exact, exact_ct
+            block.lines.append("")
+            for label in labels:
+                block.note(label)
+            sign, first = others[0][0], others[0][1]
+            expr = " ".join([first.var] + [f"{'+' if x_sign == sign else '-'} {x.var}" for x_sign, x in others[1:]])
+            summed = first if len(others) == 1 else Tile(block.define(expr, "their other factors summed"),
+                                                         first.indices)
+            value = block.reduce(block.contract(summed, shared, out[0]), out[1]).var
+            block.lines.append(f"{acc} {sign}= {value}")
         block.section, block.exact, block.exact_cotangents = "pre", False, False
+
+    def _defers_last_product(self, g: GradTerm) -> bool:
+        """May ``g``'s last product wait to be summed with its target's others? Where the lowering
+        merges them and the product is the network's value as it is added (no carry scale,
+        broadcast, power chain, coefficient or split-dim guard after it)."""
+        t = g.term
+        return (self.merges_last_products and bool(t.plan.steps)
+                and t.plan.result == len(t.operands) + len(t.plan.steps) - 1
+                and set(t.plan.steps[-1].indices) == set(t.output) and not t.carry_weight and not g.broadcast
+                and g.target is not Target.POWER and abs(float(t.coef)) == 1.0 and not self.partial_dim)
 
     def exact_network(self, g: GradTerm) -> bool:
         """A gradient network is as exact as the forward sum whose cotangent it reads."""
@@ -244,6 +279,45 @@ class _BwdLowering(_Lowering):
     def keeps_free(self, g: GradTerm, dim: str) -> bool:
         dims = self.index_dims(g.term.operands)
         return {i for i, d in dims.items() if d == dim} <= set(g.term.output)
+
+
+def _merged_last_products(products) -> list:
+    """``grads``' deferred last products grouped: members share one factor tile (the same temp,
+    the same index names), their other factors have the same indices, the same output and the
+    same section and precision. [(meta, shared tile, [(sign, other tile)], out, labels)]; a
+    product with no partner is a group of one (its own two factors, either shared)."""
+    groups: list = []
+    for meta, a, b, out, sign, label in products:
+        for grp in groups:
+            if grp[0] != meta or grp[3] != out:
+                continue
+            shared, others = grp[1], grp[2]
+            if len(others) == 1 and shared is None:   # (a lone product: either factor may be shared)
+                x, y = others[0][1]
+                pick = (x, y) if a == x and b.indices == y.indices else (y, x) if a == y and b.indices == x.indices \
+                    else (x, y) if b == x and a.indices == y.indices else (y, x) if b == y and a.indices == x.indices \
+                    else None
+                if pick is None:
+                    continue
+                grp[1], grp[2] = pick[0], [(others[0][0], pick[1])]
+                shared = pick[0]
+            if a == shared and b.indices == grp[2][0][1].indices:
+                grp[2].append((sign, b))
+            elif b == shared and a.indices == grp[2][0][1].indices:
+                grp[2].append((sign, a))
+            else:
+                continue
+            grp[4].append(label)
+            break
+        else:
+            groups.append([meta, None, [(sign, (a, b))], out, [label]])
+    out_groups = []
+    for meta, shared, others, out, labels in groups:
+        if shared is None:   # alone: its own product
+            sign, (a, b) = others[0]
+            shared, others = b, [(sign, a)]
+        out_groups.append((meta, shared, others, out, labels))
+    return out_groups
 
 
 def _group(grads, key) -> dict:
