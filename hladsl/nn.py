@@ -41,7 +41,8 @@ zero history of an unpadded sequence, and zeroes their q, k, v and gate after th
 feature maps: a token whose inputs are all zero has a zero delta for every summary
 (every delta is a product of token inputs), and with g = 0 it leaves the state as it
 is, so left padding gives the real tokens exactly the unpadded outputs, normalised
-specs included (a padded token's own output is 0 / (0 + eps) = 0). Padding in the
+specs included (a padded token's own output is set to 0: its quotient is 0 / (0 + eps),
+NaN at eps = 0). Padding in the
 middle of a sequence is skipped by the op but not by the convolution.
 
 Varlen (``cu_seqlens``, B = 1, FlashAttention style): the convolution restarts at
@@ -235,6 +236,8 @@ class Mixer(nn.Module):
                                output_final_state=entry is not None, cu_seqlens=cu_seqlens)
             if entry is not None:
                 entry.state = final
+        if mask is not None:   # (a padded token's output: 0, not a normaliser's 0 / 0 at eps = 0)
+            o = torch.where(mask[:, :, None, None] > 0, o, 0.0)
         if entry is not None:
             entry.offsets = _advance(entry.offsets, mask, cu_seqlens, B, T, x.device)
         return self.o_proj(self._output(o, x).reshape(B, T, self.value_dim))

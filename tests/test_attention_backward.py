@@ -340,8 +340,10 @@ def test_tuning_times_both_forms_and_runs_the_faster(winner, tmp_path, backward_
             w = torch.randn(o.shape, generator=gen)
             _check_grads(_grads(o, leaves, w), leaves, w)
             assert tuner.timed == ["attention", "chunk"], tuner.timed   # (the first step only)
-            if step == 1:   # a remembered winner: its kernels alone
-                assert (attention_calls, backward_calls) == (([C], [C]) if winner == "attention" else ([], []))
+            # step 0: the attention candidate's run (once: the fake clock runs nothing), then the winner's;
+            # step 1: a remembered winner, its kernels alone
+            runs = [C] * ((winner == "attention") + (step == 0))
+            assert (attention_calls, backward_calls) == (runs, runs), step
         with torch.no_grad():
             del attention_calls[:]
             o_fwd, _ = op(q, k, v, g=g)

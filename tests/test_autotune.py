@@ -181,7 +181,9 @@ def test_generated_kernels_tuned_under_the_interpreter_match_float64(tmp_path):
     """Every tuned launch of linear's forward and backward (schedules, warps, stages,
     state-pass and reverse-pass widths) gives the oracle's outputs and gradients; the
     winners the clock prefers are stored."""
-    def cost(c):   # prefers fused, narrow blocks, 8 warps, 1 stage
+    def cost(c):   # prefers the chunk form, fused, narrow blocks, 8 warps, 1 stage
+        if "form" in c:
+            return 1.0 if c["form"] == "chunk" else 2.0
         if "schedule" in c:
             return 1.0 if c["schedule"] == "fused" else 2.0
         return sum(v for n, v in c.items() if n.startswith("B_")) - c["num_warps"] + c["num_stages"]
@@ -206,6 +208,7 @@ def test_generated_kernels_tuned_under_the_interpreter_match_float64(tmp_path):
 
     entries = {tuple(json.loads(k).get(f) for f in ("runner", "kernel")): v
                for k, v in json.loads((tmp_path / "t.json").read_text())["entries"].items()}
+    assert entries[("form", None)] == {"form": "chunk"}
     assert entries[("forward_triton", None)] == {"schedule": "fused"}
     assert entries[("backward_triton", None)] == {"schedule": "fused"}
     widths = [x for v in entries.values() for n, x in v.items() if n.startswith("B_")]

@@ -119,6 +119,21 @@ def test_decode_from_an_empty_cache(spec):
     assert rel_err(got, full) < 1e-10
 
 
+
+def test_left_padding_at_eps_zero_trains_finite():
+    """eps = 0, normalised, left padding: a padded token's quotient is 0 / 0, so the layer sets
+    its output to 0 -- y and every gradient finite, the real tokens' as unpadded."""
+    m = mixer("linear", gate="data", normalize=True, eps=0.0)
+    x = torch.randn(2, 9, HIDDEN, dtype=F64, requires_grad=True)
+    mask = torch.ones(2, 9)
+    mask[1, :4] = 0
+    y = m(x, attention_mask=mask)
+    (y * mask[..., None]).sum().backward()
+    assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+    with torch.no_grad():
+        assert rel_err(y[1, 4:], m(x[1:, 4:].detach())[0]) < 1e-10
+
 @pytest.mark.parametrize("variant", [dict(gate="data", conv_size=4, output_norm="gated",
                                           normalize=True),            # elu+1 by default
                                      dict(gate="scalar", conv_size=2, feature_map="l2")],

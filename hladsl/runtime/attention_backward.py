@@ -18,9 +18,10 @@ _PLANS = launch.plan_cache()
 
 
 class AttentionKept:
-    """What a training forward on the attention form keeps for its backward: its output tiles
-    and (normalised programs) its normaliser den [N, H, nC, C] fp32 -- the backward's d num
-    and d den come from them, as FlashAttention's from its output and log-sum-exp."""
+    """What a training forward on the attention form keeps for its backward (normalised programs
+    only): its output o in fp32 before its rounding, as tiles, and its normaliser den
+    [N, H, nC, C] fp32 -- the backward's d num and d den come from them, as FlashAttention's
+    from its output and log-sum-exp."""
 
     def __init__(self, o_tiles: torch.Tensor | None, den: torch.Tensor | None):
         self.o_tiles, self.den = o_tiles, den
@@ -41,7 +42,7 @@ def backward_attention(program: ChunkProgram, tiles: dict[str, torch.Tensor], la
     """(d_tiles {input: [N, H, nC, C, dim] in ``grad_dtype``}, d_lam [N, H, nC, C] fp32 or
     None) as ``backward_triton`` returns them for a call with no initial state and no final
     state's gradient: tiles, lam, grad_o, seq_chunks, grad_scales and scales as it takes them;
-    ``kept``: the forward's o tiles and den (``forward_attention(den=...)``)."""
+    ``kept``: the forward's fp32 o tiles and den (``forward_attention(den=..., o_kept=...)``)."""
     module, ctx = attention_bwd_kernels(program)
     ab = ctx["attention_bwd"]
     first, lam = checked_tiles(program, tiles, lam)

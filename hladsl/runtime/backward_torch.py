@@ -208,10 +208,8 @@ def _output_cotangents(program, tiles, lam, starts, grad_o, eps, dtype) -> dict:
         return {"num": grad_o}
     num = chunk_torch.outputs(program, "output", tiles, lam, starts, dtype)
     den = chunk_torch.outputs(program, "normalizer", tiles, lam, starts, dtype)
-    z = den + eps
-    # (where do is 0 -- padding, whose z is 0 at eps = 0 -- the cotangents are 0, not 0 / 0)
-    return {"num": torch.where(grad_o != 0, grad_o / z.unsqueeze(-1), 0.0),
-            "den": torch.where((grad_o != 0).any(-1), -(grad_o * num).sum(-1) / z / z, 0.0)}
+    d_num, d_den = chunk_torch.quotient_cotangents(grad_o, num, den + eps)
+    return {"num": d_num, "den": d_den}
 
 
 def _token(g, value, env, d_tiles, d_lam):

@@ -117,3 +117,37 @@ def outputs(program: ChunkProgram, which, tokens, lam, chunk_starts, dtype) -> t
         value = fn(env)
         total = value if total is None else total + value
     return total
+
+
+def quotient_cotangents(grad_o: torch.Tensor, num: torch.Tensor, z: torch.Tensor) -> tuple:
+    """(d num, d den) of o = num / z (z = den + eps, one per row): do / z and -Σ_e do num / z²,
+    0 where do is 0 -- a padded row, whose z is 0 at eps = 0, gives no 0 / 0 (a real row with
+    z = 0 keeps its non-finite o; its nonzero do keeps the gradients non-finite too)."""
+    d_num = torch.where(grad_o != 0, grad_o / z.unsqueeze(-1), 0.0)
+    d_den = torch.where((grad_o != 0).any(-1), -(grad_o * num).sum(-1) / z / z, 0.0)
+    return d_num, d_den
+
+
+class _Quotient(torch.autograd.Function):
+    """num / (den + eps) whose backward is ``quotient_cotangents`` (the kernels' rule)."""
+
+    @staticmethod
+    def forward(num, den, eps):
+        return num / (den.unsqueeze(-1) + eps)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        num, den, eps = inputs
+        ctx.save_for_backward(num, den)
+        ctx.eps = eps
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        num, den = ctx.saved_tensors
+        return (*quotient_cotangents(grad_o, num, den + ctx.eps), None)
+
+
+def quotient(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Tensor:
+    """o = num / (den + eps) (num [..., dv], den [...]), differentiable as the kernels are:
+    no cotangent where do is 0."""
+    return _Quotient.apply(num, den, eps)

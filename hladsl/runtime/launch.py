@@ -861,7 +861,8 @@ CARRY_PRODUCTS = True
 # 3.5 stays below all of them, so the form is taken only where it should win: gated power p = 2
 # up to T = 10k at d = 64 and 38k at d = 128, p = 3 up to 158k at d = 64, linear up to 832 and
 # 1280 tokens at d = 64 and 128. It leaves power at d = 128, T = 64k to the chunk form, whose
-# 131 ms the attention form would cut to 82.5.
+# 131 ms the attention form would cut to 82.5. Under an autotuning session "auto" times both forms
+# instead, once per shape class (``Op._tuned_form``).
 # "always": wherever the form exists (tests, A/B runs); "never".
 ATTENTION_FORM = "auto"
 ATTENTION_FORM_MODES = ("auto", "always", "never")

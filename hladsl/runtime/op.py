@@ -296,7 +296,7 @@ class Op:
                      final_states: bool = True):
         """(o, [final state per summary]) without autograd; ``final_states`` False: the caller
         will not read them (a call with no initial state then may run the attention form,
-        ``launch.use_attention_form``, and return none; under the "auto" schedule only: a named
+        ``_attention``, and return none; under the "auto" schedule only: a named
         schedule is the chunk form's)."""
         if not init and not final_states and schedule == "auto" and self._attention(tokens, g, scale, cu_seqlens):
             return self._attention_forward(tokens, g, scale, cu_seqlens), []
@@ -345,8 +345,9 @@ class Op:
             gated = g is not None
             program = program_for(self.compilation, launch.ATTENTION_CHUNK, tuple(sorted(dims.items())), gated)
             source = attention_kernels(program)[0].__name__
-            key = {"runner": "form", "training": training, "source": source, **tuning.shape}
-            winner = tuning.tuner.lookup(key, ("form", training, source, tuning.shape_text))
+            key = {"runner": "form", "training": training, "source": source, "chunk_size": self.chunk_size,
+                   **tuning.shape}
+            winner = tuning.tuner.lookup(key, ("form", training, source, self.chunk_size, tuning.shape_text))
             if winner is None:
                 def run(candidate):
                     token = _FORCED_FORM.set(candidate["form"])
@@ -669,8 +670,9 @@ class Op:
         if self.algebra.normalizer is not None:
             den = chunk_torch.outputs(prep.program, "normalizer", prep.tiles, prep.lam, starts,
                                       prep.compute)
-            # (real rows only: a padded row's 0 / 0 would give its zero cotangent NaN gradients at eps = 0)
-            o = prep.real_rows(num) / (prep.real_rows(den.unsqueeze(-1)) + self.algebra.eps)
+            # (real rows only, and no cotangent where do is 0: at eps = 0 a padded row's -- or a zeroed
+            # token's, the layer's left padding -- 0 / 0 would make its zero cotangent NaN gradients)
+            o = chunk_torch.quotient(prep.real_rows(num), prep.real_rows(den.unsqueeze(-1))[..., 0], self.algebra.eps)
             return prep.finish(o, finals, rows=True)
         return prep.finish(num, finals)
 
@@ -816,12 +818,12 @@ def _training_key(op: Op, direction: str, scale, tensors: list, init, cu_seqlens
 def _may_bind(op: Op, tensors: list) -> bool:
     """Whether a call of ``op`` on ``tensors`` (None: an absent one) may be recorded or
     replayed at all: not on the torch backend, with bound calls on, not while torch.compile
-    or torch.func traces, not while autotuning is asked for, not with HLADSL_CHECK_VALUES=1
+    or torch.func traces, not while autotuning is asked for or runs, not with HLADSL_CHECK_VALUES=1
     (a bound call checks no values), plain tensors only (a subclass -- a FakeTensor while
     tracing -- may not have an address)."""
     return not (op.backend == "torch" or not launch.BOUND_CALLS or torch.compiler.is_compiling()
                 or torch._C._are_functorch_transforms_active() or autotune.requested(op.autotune)
-                or os.environ.get("HLADSL_CHECK_VALUES") == "1"
+                or autotune.current() is not None or os.environ.get("HLADSL_CHECK_VALUES") == "1"
                 or any(x is not None and type(x) is not torch.Tensor for x in tensors))
 
 
@@ -968,7 +970,7 @@ class _BoundTrainingForward:
 class _BoundAttentionForward:
     """The forward of an autograd call on the attention form replayed (``Op.forward_keeping``):
     its recorded launch on fresh buffers, returning o, no finals and what its backward reads
-    (``AttentionKept``: o's tiles and, normalised, den) as the validated call does."""
+    (``AttentionKept``: o in fp32 and den where normalised) as the validated call does."""
 
     def __init__(self, call, o_buffer: int, kept: dict, prep):
         self.call, self.o_buffer, self.kept = call, o_buffer, kept
