@@ -61,21 +61,25 @@ def test_networks_split_into_query_and_key_sides(name, params):
 
 
 def test_networks_of_a_target_sharing_their_last_product_sum_before_it(monkeypatch):
-    """Normalised power's dq: num's network ends in (... M) · k, and so does den's; their other
-    factors are summed first, so the query kernel runs one product with k for both (4 dots a key
-    chunk, 5 with each network's own). The gradients: ``test_gradients_match_brute_force``."""
+    """Normalised power's dq: num's network ends in (... M) · k, and den's in (d den ∘ q kᵀ ∘ M) · k
+    once d den, a vector on a kept index, leaves its product ((d den ∘ q) kᵀ = d den ∘ (q kᵀ), q kᵀ
+    computed already); their other factors are summed first, so the query kernel runs as many dots
+    a key chunk as the unnormalised one's (3; 5 with each network's own). dk: d den moves onto the
+    other side of its last product (Σ_t (d den_t q_t) A_t,n = Σ_t q_t (d den_t A_t,n)), which then
+    shares q with num's. The gradients: ``test_gradients_match_brute_force``."""
     import re
 
     from hladsl.codegen import attention_gen
 
-    def dots(merge: bool) -> dict:
+    def dots(merge: bool, **params) -> dict:
         monkeypatch.setattr(attention_gen._AttentionBwdLowering, "merges_last_products", merge)
-        program = chunk_program(hladsl.compile_spec("power", p=2, normalize=True), C, (("d", 8), ("dv", 8)), True)
+        program = chunk_program(hladsl.compile_spec("power", p=2, **params), C, (("d", 8), ("dv", 8)), True)
         parts = re.split(r"\ndef (attention_\w+)", attention_gen.attention_bwd_source(program))
         return {parts[i]: parts[i + 1].count("_dot(") for i in range(1, len(parts), 2)}
-    merged, apart = dots(True), dots(False)
-    assert (merged["attention_query_grad_kernel"], apart["attention_query_grad_kernel"]) == (4, 5)
-    assert merged["attention_key_grad_kernel"] <= apart["attention_key_grad_kernel"]
+    merged, apart, plain = dots(True, normalize=True), dots(False, normalize=True), dots(True)
+    assert (merged["attention_query_grad_kernel"], apart["attention_query_grad_kernel"]) == (3, 5)
+    assert merged["attention_query_grad_kernel"] == plain["attention_query_grad_kernel"]
+    assert merged["attention_key_grad_kernel"] < apart["attention_key_grad_kernel"]
 
 
 @pytest.mark.parametrize("name", ["hla2", "hla3"])

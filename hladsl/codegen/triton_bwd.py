@@ -74,6 +74,9 @@ class _TransposingBlock(Block):
     def __init__(self, sizes=None):
         super().__init__(sizes)
         self._products: dict = {}   # canonical (operands, result) -> (var, indices, section)
+        # a product with a side v ∘ x, v a vector on a kept index, is v ∘ (the product with x):
+        # the product with x is often one computed already (d den's dq: (d den ∘ q) kᵀ = d den ∘ (q kᵀ))
+        self.pulls_vectors = False
 
     def contract(self, a: Tile, b: Tile, out) -> Tile:
         key, names = self._canonical(a, b, out)
@@ -84,9 +87,40 @@ class _TransposingBlock(Block):
             back = {c: i for i, c in names.items()}
             self.note(f"[{','.join(out)}] = {a.label()} · {b.label()}   = {var}, computed above")
             return self._ordered(Tile(var, tuple(back[c] for c in canon)), tuple(out))
+        if self.pulls_vectors:
+            for x, y in ((a, b), (b, a)):
+                split = self.vector_factor(x, kept=tuple(out), other=y)
+                if split is not None:
+                    vector, rest = split
+                    self.note(f"[{','.join(out)}] = {x.label()} · {y.label()}   = {vector.label()} · ({rest.label()} · {y.label()})")
+                    return self.contract(vector, self.contract(rest, y, out), out)
         r = super().contract(a, b, out)
         self._products[key] = (r.var, tuple(names[i] for i in r.indices), self.section)
         return r
+
+    def vector_factor(self, t: Tile, kept=None, other: Tile | None = None):
+        """(v, x) where ``t`` is the elementwise product v ∘ x of a vector v and a tile x over all of
+        ``t``'s indices, v's index among ``kept`` and not ``other``'s (it can leave a product of
+        ``t`` with ``other``: a summed index stays), or, ``kept`` None, v's index ``other``'s and
+        summed (it can move onto ``other``); else None. Only where ``t`` and ``other`` share a
+        summed index (a product, not an elementwise step)."""
+        hit = self._elementwise.get(t.var)
+        if hit is None or other is None:
+            return None
+        f1, f2, idx = hit
+        named = dict(zip(idx, t.indices))    # (CSE may hand the temp out under other index names)
+        f1, f2 = (Tile(f.var, tuple(named[i] for i in f.indices)) for f in (f1, f2))
+        out = kept if kept is not None else ()
+        if not any(i in other.indices and i not in out for i in t.indices):
+            return None
+        for v, x in ((f1, f2), (f2, f1)):
+            if len(v.indices) != 1 or set(x.indices) != set(t.indices):
+                continue
+            i = v.indices[0]
+            if (kept is not None and i in kept and i not in other.indices) or \
+                    (kept is None and i in other.indices):
+                return v, x
+        return None
 
     def mark(self):
         """What the code so far makes reusable (its temps stay defined)."""
@@ -152,6 +186,7 @@ class _BwdLowering(_Lowering):
     def region(self) -> None:
         super().region()
         self.block = _TransposingBlock()
+        self.block.pulls_vectors = self.merges_last_products
 
     def target_shape(self, g: GradTerm) -> str:
         """The register-tile shape of ``g``'s accumulator (constexpr extents)."""
@@ -168,7 +203,8 @@ class _BwdLowering(_Lowering):
         return (None,) if g.target is Target.LAM else ()
 
     # networks of one target whose last product shares a factor sum their other factors first
-    # (Σ_i X_i · R = (Σ_i X_i) · R: one product for them all; ``_merged_last_products``)
+    # (Σ_i X_i · R = (Σ_i X_i) · R: one product for them all; ``_merged_last_products``), vectors
+    # moved off a product's sides where they let it (``_TransposingBlock.pulls_vectors``)
     merges_last_products = False
 
     # -- one gradient network ---------------------------------------------------------------
@@ -198,7 +234,8 @@ class _BwdLowering(_Lowering):
             if deferred:
                 s = steps[-1]
                 meta = (block.section, block.exact, block.exact_cotangents)
-                last_products.append((meta, tiles[s.left], tiles[s.right], (tuple(s.indices), tuple(t.output)),
+                a, b = self._vector_moved(tiles[s.left], tiles[s.right], tuple(s.indices))
+                last_products.append((meta, a, b, (tuple(s.indices), tuple(t.output)),
                                       "-" if t.coef < 0 else "+", g.text()))
                 block.note("(its last product summed with its target's others: below)")
                 continue
@@ -228,6 +265,17 @@ class _BwdLowering(_Lowering):
             value = block.reduce(block.contract(summed, shared, out[0]), out[1]).var
             block.lines.append(f"{acc} {sign}= {value}")
         block.section, block.exact, block.exact_cotangents = "pre", False, False
+
+    def _vector_moved(self, a: Tile, b: Tile, out) -> tuple[Tile, Tile]:
+        """A deferred last product's factors with a vector on a summed index moved off a side
+        that is v ∘ x onto the other (Σ_t (v_t x_t,i) y_t,n = Σ_t x_t,i (v_t y_t,n)): x, often a
+        token tile as loaded, is then the factor other networks' last products share."""
+        for x, y in ((a, b), (b, a)):
+            split = self.block.vector_factor(x, other=y)
+            if split is not None:
+                vector, rest = split
+                return rest, self.block.contract(vector, y, y.indices)
+        return a, b
 
     def _defers_last_product(self, g: GradTerm) -> bool:
         """May ``g``'s last product wait to be summed with its target's others? Where the lowering
