@@ -1,5 +1,6 @@
 # Round 47, call 3: the final tree's GPU suite; the attention tests' slow cases with ratios; the normalised
-# attention-form training after den's networks share num's last product (against run 301's 1.988 / 26.48 ms).
+# attention-form training after den's networks share num's last products and products with d den pulled out
+# (normalised power: 5 -> 3 dots a key chunk in the query kernel, 6 -> 4 in the key kernel; run 301: 1.988 / 26.48 ms).
 set -u
 export TRITON_CACHE_DIR=/tmp/hl/triton HLADSL_CACHE_DIR=/tmp/hl/hladsl
 bench() { timeout $1 python3 -m hladsl bench "${@:2}" --plot '' 2>&1 | grep -v "^wrote\|compiling " | tail -40; echo "[bench done at $SECONDS s]"; }
