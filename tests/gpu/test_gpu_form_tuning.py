@@ -32,9 +32,9 @@ class FormOnlyTuner(autotune.Tuner):
     pytest.param("power2", 1, 4096, 16, "attention", marks=group("form_tuning", "power2")),
     pytest.param("linear", 2, 16384, 16, "chunk", marks=group("form_tuning", "linear"))])
 def test_tuning_times_the_forms_and_runs_the_winner(spec_id, B, T, H, winner, tmp_path, record_property, monkeypatch):
-    """(Tuning times unbound calls, host time included: at B = 1, H = 4 linear's chunk form lost
-    to the attention form at 16k, run 300, where its bound calls would win: a shape where the GPU's
-    time dominates.)"""
+    """(Tuning times calls as a tuned op runs them, unbound, host time included: at B = 1, H = 4
+    linear's chunk form lost to the attention form at 16k, run 300 -- right for a tuned op, which
+    never binds; the test runs where the GPU's time dominates.)"""
     spec = BY_ID[spec_id]
     monkeypatch.setattr(launch, "_tuned", lambda *a, **k: False)   # (the launch rules' configs)
     d = 64
