@@ -1,0 +1,153 @@
+"""A hand-written prototype (not generated, not used by the op): power p = 2's forward as a windowed
+hybrid -- windows of W tokens (a long chunk); the state at each window's start from a state pass that
+reads each window once (its rows in sub-tiles of R), the in-window part by hladsl's attention form
+(each window a sequence of a varlen call), the part before the window as φ(q) · S_w. The question it
+answers: does a chunk of ~1024 whose in-chunk part is attention bring d = 128 at T = 64k near issue 13's
+4.5x of d = 64 (RESULTS.md round 47)? Gated, unnormalised, packed symmetric states (i <= j, weights m).
+
+    python benchmarks/proto_window.py            # check against the op at T = 4096, then time T = 65536
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+import hladsl
+from hladsl.runtime import launch
+
+
+@triton.jit
+def window_state_kernel(k_ptr, v_ptr, lam_ptr, pi_ptr, pj_ptr, s_ptr, T, NW, D,
+                        W: tl.constexpr, R: tl.constexpr, BA: tl.constexpr, DK: tl.constexpr,
+                        DV: tl.constexpr, DOT: tl.constexpr):
+    """S_w [NW, D, DV] (in S's dtype; DOT: the dots' operand dtype, fp32 under the interpreter) at each window's start: S_{w+1} = e^{Λ_w,end} S_w + Σ_n φ(k_n) e^{Λ_end − Λ_n} v_nᵀ,
+    Λ the in-window cumulative log gate. A program owns BA packed columns of one (sequence, head)."""
+    pid_a = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    offs_a = pid_a * BA + tl.arange(0, BA)
+    amask = offs_a < D
+    ia = tl.load(pi_ptr + offs_a, mask=amask, other=0)
+    ja = tl.load(pj_ptr + offs_a, mask=amask, other=0)
+    offs_r = tl.arange(0, R)
+    offs_v = tl.arange(0, DV)
+    base_k = k_ptr + pid_bh * T * DK
+    base_v = v_ptr + pid_bh * T * DV
+    base_l = lam_ptr + pid_bh * T
+    S = tl.zeros((BA, DV), dtype=tl.float32)
+    for w in range(NW):
+        tl.store(s_ptr + ((pid_bh * NW + w) * D + offs_a[:, None]) * DV + offs_v[None, :],
+                 S.to(s_ptr.dtype.element_ty), mask=amask[:, None])
+        lam_end = tl.load(base_l + w * W + W - 1)
+        acc = tl.zeros((BA, DV), dtype=tl.float32)
+        for r0 in range(0, W, R):
+            rows = w * W + r0 + offs_r
+            ki = tl.load(base_k + rows[:, None] * DK + ia[None, :]).to(tl.float32)
+            kj = tl.load(base_k + rows[:, None] * DK + ja[None, :]).to(tl.float32)
+            phi = (ki * kj).to(DOT)                                          # [R, BA]
+            lam = tl.load(base_l + rows)
+            vv = tl.load(base_v + rows[:, None] * DV + offs_v[None, :]).to(tl.float32)
+            wv = (vv * tl.exp(lam_end - lam)[:, None]).to(DOT)               # [R, DV]
+            acc += tl.dot(tl.trans(phi), wv)
+        S = S * tl.exp(lam_end) + acc
+
+
+@triton.jit
+def window_output_kernel(q_ptr, lam_ptr, pi_ptr, pj_ptr, pm_ptr, s_ptr, o_ptr, T, NW, D,
+                         W: tl.constexpr, C: tl.constexpr, BA: tl.constexpr, DK: tl.constexpr,
+                         DV: tl.constexpr, DOT: tl.constexpr):
+    """o_t += e^{Λ_t} φ(q_t) · S_w for the C rows of one chunk (w its window), fp32 [BH, T, DV]."""
+    pid_c = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    rows = pid_c * C + tl.arange(0, C)
+    w = (pid_c * C) // W
+    offs_v = tl.arange(0, DV)
+    base_q = q_ptr + pid_bh * T * DK
+    acc = tl.zeros((C, DV), dtype=tl.float32)
+    for a0 in range(0, D, BA):
+        offs_a = a0 + tl.arange(0, BA)
+        amask = offs_a < D
+        ia = tl.load(pi_ptr + offs_a, mask=amask, other=0)
+        ja = tl.load(pj_ptr + offs_a, mask=amask, other=0)
+        m = tl.load(pm_ptr + offs_a, mask=amask, other=0.0)
+        qi = tl.load(base_q + rows[:, None] * DK + ia[None, :]).to(tl.float32)
+        qj = tl.load(base_q + rows[:, None] * DK + ja[None, :]).to(tl.float32)
+        phi = (qi * qj * m[None, :]).to(DOT)                                 # [C, BA]
+        s = tl.load(s_ptr + ((pid_bh * NW + w) * D + offs_a[:, None]) * DV + offs_v[None, :],
+                    mask=amask[:, None], other=0.0).to(DOT)                  # [BA, DV]
+        acc += tl.dot(phi, s)
+    lam = tl.load(lam_ptr + pid_bh * T + rows)
+    o_at = o_ptr + (pid_bh * T + rows[:, None]) * DV + offs_v[None, :]
+    tl.store(o_at, tl.load(o_at) + acc * tl.exp(lam)[:, None])
+
+
+def pairs(d: int, device):
+    i, j = torch.triu_indices(d, d, device=device)
+    return i.int().contiguous(), j.int().contiguous(), torch.where(i == j, 1.0, 2.0).to(device)
+
+
+def windowed(op, q, k, v, g, W: int, warps=(4, 4), R: int = 64, BA: int = 64):
+    """o [B, T, H, dv] fp32: the window part by the op's attention form (windows as varlen
+    sequences), the earlier part by the two kernels above. q already scaled."""
+    B, T, H, d = q.shape
+    dv = v.shape[-1]
+    NW = T // W
+    cu = torch.arange(0, B * T + 1, W, device=q.device, dtype=torch.int32)
+    with torch.no_grad(), launch.switched(ATTENTION_FORM="always"):
+        o_in, _ = op(*(x.reshape(1, B * T, H, -1) for x in (q, k, v)), g=g.reshape(1, B * T, H), scale=1.0,
+                     cu_seqlens=cu)
+    o = o_in.reshape(B, T, H, dv).float().permute(0, 2, 1, 3).contiguous().reshape(B * H, T, dv)
+    qh, kh, vh = (x.permute(0, 2, 1, 3).contiguous() for x in (q, k, v))
+    lam = g.float().permute(0, 2, 1).reshape(B * H, NW, W).cumsum(-1).reshape(B * H, T).contiguous()
+    pi, pj, pm = pairs(d, q.device)
+    D = pi.numel()
+    interpret = q.device.type == "cpu"
+    dot = tl.float32 if interpret else tl.bfloat16
+    S = torch.empty(B * H, NW, D, dv, device=q.device, dtype=torch.float32 if interpret else torch.bfloat16)
+    window_state_kernel[(triton.cdiv(D, BA), B * H)](kh, vh, lam, pi, pj, S, T, NW, D, W=W, R=R, BA=BA, DK=d, DV=dv,
+                                                     DOT=dot, num_warps=warps[0])
+    C = min(64, W)
+    window_output_kernel[(T // C, B * H)](qh, lam, pi, pj, pm, S, o, T, NW, D, W=W, C=C, BA=BA, DK=d, DV=dv,
+                                          DOT=dot, num_warps=warps[1])
+    return o.reshape(B, H, T, dv).permute(0, 2, 1, 3)
+
+
+def main():
+    from triton.testing import do_bench
+    dev = "cuda"
+    op = hladsl.load("power", p=2)
+    for d in (128, 64):
+        gen = torch.Generator(device=dev).manual_seed(7)
+        for T, check in ((4096, True), (65536, False)):
+            B, H = (1, 4) if check else (2, 16)
+            q = (torch.randn(B, T, H, d, device=dev, generator=gen) * d ** -0.5).to(torch.bfloat16)
+            k = (torch.randn(B, T, H, d, device=dev, generator=gen) * d ** -0.5).to(torch.bfloat16)
+            v = torch.randn(B, T, H, d, device=dev, generator=gen).to(torch.bfloat16)
+            g = -0.05 * torch.rand(B, T, H, device=dev, generator=gen)
+            if check:
+                with torch.no_grad():
+                    want = op(q, k, v, g=g, scale=1.0)[0].float()
+                for W in (1024, 2048):
+                    got = windowed(op, q, k, v, g, W)
+                    err = ((got - want).norm() / want.norm()).item()
+                    print(f"d={d} T={T} W={W}: rel. error against the op {err:.2e}", flush=True)
+                continue
+            with torch.no_grad():
+                rule = do_bench(lambda: op(q, k, v, g=g, scale=1.0), warmup=5, rep=50)
+                with launch.switched(ATTENTION_FORM="always"):
+                    attention = do_bench(lambda: op(q, k, v, g=g, scale=1.0), warmup=5, rep=50)
+                line = f"d={d} T={T} B={B} H={H}: op by the rule {rule:.2f} ms, attention form {attention:.2f}"
+                for W in (1024, 2048):
+                    for warps in ((4, 4), (8, 4)):
+                        try:
+                            t = do_bench(lambda: windowed(op, q, k, v, g, W, warps), warmup=3, rep=30)
+                            line += f"; window {W} warps {warps} {t:.2f}"
+                        except Exception as exc:   # (a prototype: report and go on)
+                            line += f"; window {W} warps {warps} failed: {type(exc).__name__}"
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
