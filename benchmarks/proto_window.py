@@ -114,7 +114,41 @@ def windowed(op, q, k, v, g, W: int, warps=(4, 4), R: int = 64, BA: int = 64):
     return o.reshape(B, H, T, dv).permute(0, 2, 1, 3)
 
 
+def parts(d: int = 128, T: int = 65536, W: int = 1024):
+    """The time of each part at one shape: the windows' attention, the state pass, the output kernel."""
+    from triton.testing import do_bench
+    dev, B, H = "cuda", 2, 16
+    op = hladsl.load("power", p=2)
+    gen = torch.Generator(device=dev).manual_seed(7)
+    q, k = ((torch.randn(B, T, H, d, device=dev, generator=gen) * d ** -0.5).to(torch.bfloat16) for _ in range(2))
+    v = torch.randn(B, T, H, d, device=dev, generator=gen).to(torch.bfloat16)
+    g = -0.05 * torch.rand(B, T, H, device=dev, generator=gen)
+    NW = T // W
+    cu = torch.arange(0, B * T + 1, W, device=dev, dtype=torch.int32)
+    flat = [x.reshape(1, B * T, H, -1) for x in (q, k, v)]
+    qh, kh, vh = (x.permute(0, 2, 1, 3).contiguous() for x in (q, k, v))
+    lam = g.float().permute(0, 2, 1).reshape(B * H, NW, W).cumsum(-1).reshape(B * H, T).contiguous()
+    pi, pj, pm = pairs(d, dev)
+    D = pi.numel()
+    S = torch.empty(B * H, NW, D, d, device=dev, dtype=torch.bfloat16)
+    o = torch.zeros(B * H, T, d, device=dev)
+    with torch.no_grad(), launch.switched(ATTENTION_FORM="always"):
+        t_att = do_bench(lambda: op(*flat, g=g.reshape(1, B * T, H), scale=1.0, cu_seqlens=cu), warmup=3, rep=30)
+    t_state = do_bench(lambda: window_state_kernel[(triton.cdiv(D, 64), B * H)](
+        kh, vh, lam, pi, pj, S, T, NW, D, W=W, R=64, BA=64, DK=d, DV=d, DOT=tl.bfloat16, num_warps=4), warmup=3, rep=30)
+    t_out = do_bench(lambda: window_output_kernel[(T // 64, B * H)](
+        qh, lam, pi, pj, pm, S, o, T, NW, D, W=W, C=64, BA=64, DK=d, DV=d, DOT=tl.bfloat16, num_warps=4),
+        warmup=3, rep=30)
+    flops = 2 * B * H * T * D * d   # each of the state pass and the output: one multiply-add per (token, α, e)
+    print(f"d={d} T={T} W={W}: windows' attention {t_att:.2f} ms, state pass {t_state:.2f} "
+          f"({flops / t_state / 1e9:.0f} TFLOP/s), output {t_out:.2f} ({flops / t_out / 1e9:.0f} TFLOP/s)", flush=True)
+
+
 def main():
+    if sys.argv[1:] == ["parts"]:
+        parts(128)
+        parts(64)
+        return
     from triton.testing import do_bench
     dev = "cuda"
     op = hladsl.load("power", p=2)
