@@ -83,12 +83,80 @@ def window_output_kernel(q_ptr, lam_ptr, pi_ptr, pj_ptr, pm_ptr, s_ptr, o_ptr, T
     tl.store(o_at, tl.load(o_at) + acc * tl.exp(lam)[:, None])
 
 
+@triton.jit
+def rows_state_kernel(k_ptr, v_ptr, lam_ptr, ti_ptr, tj_ptr, s_ptr, T, NW, NT,
+                      W: tl.constexpr, R: tl.constexpr, BA: tl.constexpr, DK: tl.constexpr,
+                      DV: tl.constexpr, DOT: tl.constexpr):
+    """``window_state_kernel`` over row tiles of the pairs: tile (i, j0) holds φ_(i, j) = k_i k_j for
+    j in [j0, j0 + BA) -- one column times an aligned slice of the token tile, no gathers (pairs
+    j < i come along, weighted 0 on the query side). S_w [NW, NT, BA, DV]."""
+    pid_a = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    i = tl.load(ti_ptr + pid_a)
+    offs_j = tl.load(tj_ptr + pid_a) + tl.arange(0, BA)
+    offs_r = tl.arange(0, R)
+    offs_v = tl.arange(0, DV)
+    base_k = k_ptr + pid_bh * T * DK
+    base_v = v_ptr + pid_bh * T * DV
+    base_l = lam_ptr + pid_bh * T
+    S = tl.zeros((BA, DV), dtype=tl.float32)
+    for w in range(NW):
+        tl.store(s_ptr + (((pid_bh * NW + w) * NT + pid_a) * BA + tl.arange(0, BA)[:, None]) * DV + offs_v[None, :],
+                 S.to(s_ptr.dtype.element_ty))
+        lam_end = tl.load(base_l + w * W + W - 1)
+        acc = tl.zeros((BA, DV), dtype=tl.float32)
+        for r0 in range(0, W, R):
+            rows = w * W + r0 + offs_r
+            kcol = tl.load(base_k + rows * DK + i).to(tl.float32)
+            kblk = tl.load(base_k + rows[:, None] * DK + offs_j[None, :]).to(tl.float32)
+            phi = (kcol[:, None] * kblk).to(DOT)                             # [R, BA]
+            lam = tl.load(base_l + rows)
+            vv = tl.load(base_v + rows[:, None] * DV + offs_v[None, :]).to(tl.float32)
+            wv = (vv * tl.exp(lam_end - lam)[:, None]).to(DOT)
+            acc += tl.dot(tl.trans(phi), wv)
+        S = S * tl.exp(lam_end) + acc
+
+
+@triton.jit
+def rows_output_kernel(q_ptr, lam_ptr, ti_ptr, tj_ptr, s_ptr, o_ptr, T, NW, NT,
+                       W: tl.constexpr, C: tl.constexpr, BA: tl.constexpr, DK: tl.constexpr,
+                       DV: tl.constexpr, DOT: tl.constexpr):
+    """``window_output_kernel`` over the row tiles: m(i, j) = 2 for j > i, 1 for j = i, 0 below."""
+    pid_c = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    rows = pid_c * C + tl.arange(0, C)
+    w = (pid_c * C) // W
+    offs_v = tl.arange(0, DV)
+    base_q = q_ptr + pid_bh * T * DK
+    acc = tl.zeros((C, DV), dtype=tl.float32)
+    for a in range(NT):
+        i = tl.load(ti_ptr + a)
+        offs_j = tl.load(tj_ptr + a) + tl.arange(0, BA)
+        m = tl.where(offs_j > i, 2.0, tl.where(offs_j == i, 1.0, 0.0))
+        qcol = tl.load(base_q + rows * DK + i).to(tl.float32)
+        qblk = tl.load(base_q + rows[:, None] * DK + offs_j[None, :]).to(tl.float32)
+        phi = (qcol[:, None] * qblk * m[None, :]).to(DOT)                    # [C, BA]
+        s = tl.load(s_ptr + (((pid_bh * NW + w) * NT + a) * BA + tl.arange(0, BA)[:, None]) * DV
+                    + offs_v[None, :]).to(DOT)
+        acc += tl.dot(phi, s)
+    lam = tl.load(lam_ptr + pid_bh * T + rows)
+    o_at = o_ptr + (pid_bh * T + rows[:, None]) * DV + offs_v[None, :]
+    tl.store(o_at, tl.load(o_at) + acc * tl.exp(lam)[:, None])
+
+
+def row_tiles(d: int, BA: int, device):
+    """(i, j0) of every row tile: j0 the aligned blocks of width BA that reach j >= i."""
+    tiles = [(i, j0) for i in range(d) for j0 in range(0, d, BA) if j0 + BA > i]
+    ti, tj = zip(*tiles)
+    return (torch.tensor(ti, dtype=torch.int32, device=device), torch.tensor(tj, dtype=torch.int32, device=device))
+
+
 def pairs(d: int, device):
     i, j = torch.triu_indices(d, d, device=device)
     return i.int().contiguous(), j.int().contiguous(), torch.where(i == j, 1.0, 2.0).to(device)
 
 
-def windowed(op, q, k, v, g, W: int, warps=(4, 4), R: int = 64, BA: int = 64):
+def windowed(op, q, k, v, g, W: int, warps=(4, 4), R: int = 64, BA: int = 64, rows: bool = False):
     """o [B, T, H, dv] fp32: the window part by the op's attention form (windows as varlen
     sequences), the earlier part by the two kernels above. q already scaled."""
     B, T, H, d = q.shape
@@ -105,10 +173,19 @@ def windowed(op, q, k, v, g, W: int, warps=(4, 4), R: int = 64, BA: int = 64):
     D = pi.numel()
     interpret = q.device.type == "cpu"
     dot = tl.float32 if interpret else tl.bfloat16
+    C = min(64, W)
+    if rows:   # (the row-tiled kernels: BA-wide row tiles of the pairs)
+        ti, tj = row_tiles(d, BA, q.device)
+        NT = ti.numel()
+        S = torch.empty(B * H, NW, NT, BA, dv, device=q.device, dtype=torch.float32 if interpret else torch.bfloat16)
+        rows_state_kernel[(NT, B * H)](kh, vh, lam, ti, tj, S, T, NW, NT, W=W, R=R, BA=BA, DK=d, DV=dv, DOT=dot,
+                                       num_warps=warps[0])
+        rows_output_kernel[(T // C, B * H)](qh, lam, ti, tj, S, o, T, NW, NT, W=W, C=C, BA=BA, DK=d, DV=dv,
+                                            DOT=dot, num_warps=warps[1])
+        return o.reshape(B, H, T, dv).permute(0, 2, 1, 3)
     S = torch.empty(B * H, NW, D, dv, device=q.device, dtype=torch.float32 if interpret else torch.bfloat16)
     window_state_kernel[(triton.cdiv(D, BA), B * H)](kh, vh, lam, pi, pj, S, T, NW, D, W=W, R=R, BA=BA, DK=d, DV=dv,
                                                      DOT=dot, num_warps=warps[0])
-    C = min(64, W)
     window_output_kernel[(T // C, B * H)](qh, lam, pi, pj, pm, S, o, T, NW, D, W=W, C=C, BA=BA, DK=d, DV=dv,
                                           DOT=dot, num_warps=warps[1])
     return o.reshape(B, H, T, dv).permute(0, 2, 1, 3)
@@ -140,8 +217,24 @@ def parts(d: int = 128, T: int = 65536, W: int = 1024):
         qh, lam, pi, pj, pm, S, o, T, NW, D, W=W, C=64, BA=64, DK=d, DV=d, DOT=tl.bfloat16, num_warps=4),
         warmup=3, rep=30)
     flops = 2 * B * H * T * D * d   # each of the state pass and the output: one multiply-add per (token, α, e)
-    print(f"d={d} T={T} W={W}: windows' attention {t_att:.2f} ms, state pass {t_state:.2f} "
-          f"({flops / t_state / 1e9:.0f} TFLOP/s), output {t_out:.2f} ({flops / t_out / 1e9:.0f} TFLOP/s)", flush=True)
+    line = (f"d={d} T={T} W={W}: windows' attention {t_att:.2f} ms, gathered state pass {t_state:.2f} "
+            f"({flops / t_state / 1e9:.0f} TFLOP/s), output {t_out:.2f} ({flops / t_out / 1e9:.0f} TFLOP/s)")
+    for BA in (32, 64):   # row tiles (TFLOP/s by the packed pairs' FLOPs: the useful work)
+        ti, tj = row_tiles(d, BA, dev)
+        NT = ti.numel()
+        S_rows = torch.empty(B * H, NW, NT, BA, d, device=dev, dtype=torch.bfloat16)
+        for warps in (4, 8):
+            t_state = do_bench(lambda: rows_state_kernel[(NT, B * H)](
+                kh, vh, lam, ti, tj, S_rows, T, NW, NT, W=W, R=64, BA=BA, DK=d, DV=d, DOT=tl.bfloat16,
+                num_warps=warps),
+                warmup=3, rep=30)
+            t_out = do_bench(lambda: rows_output_kernel[(T // 64, B * H)](
+                qh, lam, ti, tj, S_rows, o, T, NW, NT, W=W, C=64, BA=BA, DK=d, DV=d, DOT=tl.bfloat16,
+                num_warps=warps),
+                warmup=3, rep=30)
+            line += (f"; rows BA={BA} ({NT * BA} columns) {warps} warps: state {t_state:.2f} "
+                     f"({flops / t_state / 1e9:.0f}), output {t_out:.2f} ({flops / t_out / 1e9:.0f})")
+    print(line, flush=True)
 
 
 def main():
