@@ -86,7 +86,7 @@ def window_output_kernel(q_ptr, lam_ptr, pi_ptr, pj_ptr, pm_ptr, s_ptr, o_ptr, T
 @triton.jit
 def rows_state_kernel(k_ptr, v_ptr, lam_ptr, ti_ptr, tj_ptr, s_ptr, T, NW, NT,
                       W: tl.constexpr, R: tl.constexpr, BA: tl.constexpr, DK: tl.constexpr,
-                      DV: tl.constexpr, DOT: tl.constexpr):
+                      DV: tl.constexpr, DOT: tl.constexpr, DECAYED: tl.constexpr = False):
     """``window_state_kernel`` over row tiles of the pairs: tile (i, j0) holds φ_(i, j) = k_i k_j for
     j in [j0, j0 + BA) -- one column times an aligned slice of the token tile, no gathers (pairs
     j < i come along, weighted 0 on the query side). S_w [NW, NT, BA, DV]."""
@@ -110,9 +110,12 @@ def rows_state_kernel(k_ptr, v_ptr, lam_ptr, ti_ptr, tj_ptr, s_ptr, T, NW, NT,
             kcol = tl.load(base_k + rows * DK + i).to(tl.float32)
             kblk = tl.load(base_k + rows[:, None] * DK + offs_j[None, :]).to(tl.float32)
             phi = (kcol[:, None] * kblk).to(DOT)                             # [R, BA]
-            lam = tl.load(base_l + rows)
-            vv = tl.load(base_v + rows[:, None] * DV + offs_v[None, :]).to(tl.float32)
-            wv = (vv * tl.exp(lam_end - lam)[:, None]).to(DOT)
+            if DECAYED:   # (v e^{Λ_end − Λ_n} formed once for every tile, ``decayed_values``)
+                wv = tl.load(base_v + rows[:, None] * DV + offs_v[None, :]).to(DOT)
+            else:
+                lam = tl.load(base_l + rows)
+                vv = tl.load(base_v + rows[:, None] * DV + offs_v[None, :]).to(tl.float32)
+                wv = (vv * tl.exp(lam_end - lam)[:, None]).to(DOT)
             acc += tl.dot(tl.trans(phi), wv)
         S = S * tl.exp(lam_end) + acc
 
@@ -142,6 +145,14 @@ def rows_output_kernel(q_ptr, lam_ptr, ti_ptr, tj_ptr, s_ptr, o_ptr, T, NW, NT,
     lam = tl.load(lam_ptr + pid_bh * T + rows)
     o_at = o_ptr + (pid_bh * T + rows[:, None]) * DV + offs_v[None, :]
     tl.store(o_at, tl.load(o_at) + acc * tl.exp(lam)[:, None])
+
+
+def decayed_values(vh, lam, W: int):
+    """v_n e^{Λ_end − Λ_n} [BH, T, dv] in v's dtype, Λ in-window (each row's weight into its window's end)."""
+    BH, T, dv = vh.shape
+    lam_w = lam.reshape(BH, T // W, W)
+    return (vh.reshape(BH, T // W, W, dv).float() * (lam_w[..., -1:] - lam_w).exp()[..., None]).to(vh.dtype).reshape(
+        BH, T, dv)
 
 
 def row_tiles(d: int, BA: int, device):
@@ -234,6 +245,13 @@ def parts(d: int = 128, T: int = 65536, W: int = 1024):
                 warmup=3, rep=30)
             line += (f"; rows BA={BA} ({NT * BA} columns) {warps} warps: state {t_state:.2f} "
                      f"({flops / t_state / 1e9:.0f}), output {t_out:.2f} ({flops / t_out / 1e9:.0f})")
+        if BA == 64:   # the values' decay formed once, rows by 64 or 128 a step
+            kh3, vh3 = kh.reshape(B * H, T, d), vh.reshape(B * H, T, d)
+            for R in (64, 128):
+                t_state = do_bench(lambda: rows_state_kernel[(NT, B * H)](
+                    kh3, decayed_values(vh3, lam, W), lam, ti, tj, S_rows, T, NW, NT, W=W, R=R, BA=BA, DK=d, DV=d,
+                    DOT=tl.bfloat16, DECAYED=True, num_warps=4), warmup=3, rep=30)
+                line += f"; rows BA=64 decayed v, R={R}: state {t_state:.2f} ({flops / t_state / 1e9:.0f})"
     print(line, flush=True)
 
 
