@@ -255,7 +255,41 @@ def parts(d: int = 128, T: int = 65536, W: int = 1024):
     print(line, flush=True)
 
 
+def best(d: int = 128, T: int = 65536, W: int = 1024):
+    """The row-tiled parts at larger steps: the state pass at 256 rows a step, the output at 128
+    query rows a program (each S tile read once for more rows)."""
+    from triton.testing import do_bench
+    dev, B, H = "cuda", 2, 16
+    gen = torch.Generator(device=dev).manual_seed(7)
+    kh, qh = ((torch.randn(B * H, T, d, device=dev, generator=gen) * d ** -0.5).to(torch.bfloat16) for _ in range(2))
+    vh = torch.randn(B * H, T, d, device=dev, generator=gen).to(torch.bfloat16)
+    lam = (-0.05 * torch.rand(B * H, T // W, W, device=dev, generator=gen)).cumsum(-1).reshape(B * H, T).contiguous()
+    NW, flops = T // W, None
+    o = torch.zeros(B * H, T, d, device=dev)
+    line = f"d={d} T={T} W={W}"
+    for BA in (32, 64):
+        ti, tj = row_tiles(d, BA, dev)
+        NT = ti.numel()
+        flops = 2 * B * H * T * (d * (d + 1) // 2) * d
+        S = torch.empty(B * H, NW, NT, BA, d, device=dev, dtype=torch.bfloat16)
+        for R, warps in ((128, 4), (256, 4), (256, 8)):
+            t = do_bench(lambda: rows_state_kernel[(NT, B * H)](
+                kh, decayed_values(vh, lam, W), lam, ti, tj, S, T, NW, NT, W=W, R=R, BA=BA, DK=d, DV=d,
+                DOT=tl.bfloat16, DECAYED=True, num_warps=warps), warmup=3, rep=30)
+            line += f"; BA={BA} state R={R} {warps}w {t:.2f} ({flops / t / 1e9:.0f})"
+        for Cq, warps in ((64, 4), (128, 4), (128, 8)):
+            t = do_bench(lambda: rows_output_kernel[(T // Cq, B * H)](
+                qh, lam, ti, tj, S, o, T, NW, NT, W=W, C=Cq, BA=BA, DK=d, DV=d, DOT=tl.bfloat16, num_warps=warps),
+                warmup=3, rep=30)
+            line += f"; BA={BA} output C={Cq} {warps}w {t:.2f} ({flops / t / 1e9:.0f})"
+        del S
+    print(line, flush=True)
+
+
 def main():
+    if sys.argv[1:] == ["best"]:
+        best(128)
+        return
     if sys.argv[1:] == ["parts"]:
         parts(128)
         parts(64)
