@@ -282,7 +282,6 @@ def best(d: int = 128, T: int = 65536, W: int = 1024):
                 qh, lam, ti, tj, S, o, T, NW, NT, W=W, C=Cq, BA=BA, DK=d, DV=d, DOT=tl.bfloat16, num_warps=warps),
                 warmup=3, rep=30)
             line += f"; BA={BA} output C={Cq} {warps}w {t:.2f} ({flops / t / 1e9:.0f})"
-        del S
     print(line, flush=True)
 
 
