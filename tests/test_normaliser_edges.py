@@ -103,3 +103,35 @@ def test_the_attention_forms_d_den_reads_o_before_its_rounding(tmp_path):
             errors[form] = [_rel(a, b) for a, b in zip(_grads(o, leaves, w), want)]
     for n, (a, c) in enumerate(zip(errors["attention"], errors["chunk"])):
         assert a <= 1.25 * c and a <= 5e-3, f"input {n}: attention form {a:.2e}, chunk form {c:.2e}"
+
+
+def test_the_torch_paths_quotient_has_exact_second_derivatives():
+    """backend "torch", float64: the quotient's backward is linear in do, so forward-mode through
+    double backward (torch.autograd.functional.jvp, whose cotangent is zeros) and Hessian-vector
+    products agree with central differences (a mask on do zeroed the JVP; the review's finding)."""
+    op = hladsl.load("linear", backend="torch", normalize=True, chunk_size=4)
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.rand(1, 5, 1, 3, generator=gen, dtype=torch.float64) + 0.1 for _ in range(2))
+    v = torch.randn(1, 5, 1, 3, generator=gen, dtype=torch.float64)
+    g = -torch.rand(1, 5, 1, generator=gen, dtype=torch.float64)
+    xs = (q, k, v, g)
+
+    def f(*x):
+        return op(*x[:3], g=x[3])[0]
+    tangent = tuple(torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in xs)
+    step = 1e-6
+    with torch.no_grad():
+        want = (f(*(x + step * t for x, t in zip(xs, tangent))) - f(*(x - step * t for x, t in zip(xs, tangent)))) / (
+            2 * step)
+    _, got = torch.autograd.functional.jvp(f, xs, tangent)
+    assert _rel(got, want) < 1e-7
+
+    def loss(q):
+        return f(q, k, v, g).square().sum()
+
+    def grad(q):
+        q = q.clone().requires_grad_()
+        return torch.autograd.grad(loss(q), q)[0]
+    _, hvp = torch.autograd.functional.hvp(loss, q, tangent[0])
+    want = (grad(q + step * tangent[0]) - grad(q - step * tangent[0])) / (2 * step)
+    assert _rel(hvp, want) < 1e-6

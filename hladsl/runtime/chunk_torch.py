@@ -121,10 +121,13 @@ def outputs(program: ChunkProgram, which, tokens, lam, chunk_starts, dtype) -> t
 
 def quotient_cotangents(grad_o: torch.Tensor, num: torch.Tensor, z: torch.Tensor) -> tuple:
     """(d num, d den) of o = num / z (z = den + eps, one per row): do / z and -Σ_e do num / z²,
-    0 where do is 0 -- a padded row, whose z is 0 at eps = 0, gives no 0 / 0 (a real row with
-    z = 0 keeps its non-finite o; its nonzero do keeps the gradients non-finite too)."""
-    d_num = torch.where(grad_o != 0, grad_o / z.unsqueeze(-1), 0.0)
-    d_den = torch.where((grad_o != 0).any(-1), -(grad_o * num).sum(-1) / z / z, 0.0)
+    and 0 where z is 0 (a padded row, or a token with zero inputs, at eps = 0: its o is 0 / 0,
+    no 0 / 0 reaches the gradients). Linear in do (a mask on do would make the derivative of
+    this backward with respect to do wrong at do = 0: JVPs by double backward)."""
+    real = z != 0
+    z = torch.where(real, z, 1.0)
+    d_num = torch.where(real.unsqueeze(-1), grad_o / z.unsqueeze(-1), 0.0)
+    d_den = torch.where(real, -(grad_o * num).sum(-1) / z / z, 0.0)
     return d_num, d_den
 
 
@@ -149,5 +152,5 @@ class _Quotient(torch.autograd.Function):
 
 def quotient(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Tensor:
     """o = num / (den + eps) (num [..., dv], den [...]), differentiable as the kernels are:
-    no cotangent where do is 0."""
+    no cotangent where den + eps is 0."""
     return _Quotient.apply(num, den, eps)

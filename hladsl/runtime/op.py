@@ -670,8 +670,8 @@ class Op:
         if self.algebra.normalizer is not None:
             den = chunk_torch.outputs(prep.program, "normalizer", prep.tiles, prep.lam, starts,
                                       prep.compute)
-            # (real rows only, and no cotangent where do is 0: at eps = 0 a padded row's -- or a zeroed
-            # token's, the layer's left padding -- 0 / 0 would make its zero cotangent NaN gradients)
+            # (real rows only, and no cotangent where den + eps is 0: at eps = 0 a padded row's -- or a
+            # zeroed token's, the layer's left padding -- 0 / 0 would make its zero cotangent NaN gradients)
             o = chunk_torch.quotient(prep.real_rows(num), prep.real_rows(den.unsqueeze(-1))[..., 0], self.algebra.eps)
             return prep.finish(o, finals, rows=True)
         return prep.finish(num, finals)
