@@ -234,7 +234,7 @@ class _BwdLowering(_Lowering):
             if deferred:
                 s = steps[-1]
                 meta = (block.section, block.exact, block.exact_cotangents)
-                a, b = self._vector_moved(tiles[s.left], tiles[s.right], tuple(s.indices))
+                a, b = self._vector_moved(tiles[s.left], tiles[s.right])
                 last_products.append((meta, a, b, (tuple(s.indices), tuple(t.output)),
                                       "-" if t.coef < 0 else "+", g.text()))
                 block.note("(its last product summed with its target's others: below)")
@@ -266,7 +266,7 @@ class _BwdLowering(_Lowering):
             block.lines.append(f"{acc} {sign}= {value}")
         block.section, block.exact, block.exact_cotangents = "pre", False, False
 
-    def _vector_moved(self, a: Tile, b: Tile, out) -> tuple[Tile, Tile]:
+    def _vector_moved(self, a: Tile, b: Tile) -> tuple[Tile, Tile]:
         """A deferred last product's factors with a vector on a summed index moved off a side
         that is v ∘ x onto the other (Σ_t (v_t x_t,i) y_t,n = Σ_t x_t,i (v_t y_t,n)): x, often a
         token tile as loaded, is then the factor other networks' last products share."""
@@ -331,41 +331,27 @@ class _BwdLowering(_Lowering):
 
 def _merged_last_products(products) -> list:
     """``grads``' deferred last products grouped: members share one factor tile (the same temp,
-    the same index names), their other factors have the same indices, the same output and the
-    same section and precision. [(meta, shared tile, [(sign, other tile)], out, labels)]; a
-    product with no partner is a group of one (its own two factors, either shared)."""
-    groups: list = []
+    the same index names), their other factors have the same indices, and they have the same
+    output, section and precision. [(meta, shared tile, [(sign, other tile)], out, labels)]; a
+    product with no partner is a group of one."""
+    groups: list = []   # [meta, out, (shared, other) orientations still open, members (sign, a, b), labels]
     for meta, a, b, out, sign, label in products:
         for grp in groups:
-            if grp[0] != meta or grp[3] != out:
+            if grp[0] != meta or grp[1] != out:
                 continue
-            shared, others = grp[1], grp[2]
-            if len(others) == 1 and shared is None:   # (a lone product: either factor may be shared)
-                x, y = others[0][1]
-                pick = (x, y) if a == x and b.indices == y.indices else (y, x) if a == y and b.indices == x.indices \
-                    else (x, y) if b == x and a.indices == y.indices else (y, x) if b == y and a.indices == x.indices \
-                    else None
-                if pick is None:
-                    continue
-                grp[1], grp[2] = pick[0], [(others[0][0], pick[1])]
-                shared = pick[0]
-            if a == shared and b.indices == grp[2][0][1].indices:
-                grp[2].append((sign, b))
-            elif b == shared and a.indices == grp[2][0][1].indices:
-                grp[2].append((sign, a))
-            else:
-                continue
-            grp[4].append(label)
-            break
+            fits = [(s, o) for s, o in grp[2] if any(x == s and y.indices == o.indices for x, y in ((a, b), (b, a)))]
+            if fits:
+                grp[2] = fits[:1]
+                grp[3].append((sign, a, b))
+                grp[4].append(label)
+                break
         else:
-            groups.append([meta, None, [(sign, (a, b))], out, [label]])
-    out_groups = []
-    for meta, shared, others, out, labels in groups:
-        if shared is None:   # alone: its own product
-            sign, (a, b) = others[0]
-            shared, others = b, [(sign, a)]
-        out_groups.append((meta, shared, others, out, labels))
-    return out_groups
+            groups.append([meta, out, [(b, a), (a, b)], [(sign, a, b)], [label]])
+    merged = []
+    for meta, out, orientations, members, labels in groups:
+        shared = orientations[0][0]
+        merged.append((meta, shared, [(sign, b if a == shared else a) for sign, a, b in members], out, labels))
+    return merged
 
 
 def _group(grads, key) -> dict:

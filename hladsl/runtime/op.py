@@ -321,7 +321,8 @@ class Op:
         if forced is not None:   # (a candidate the tuner is timing)
             return forced == "attention"
         if launch.ATTENTION_FORM == "auto":
-            tuned = self._tuned_form(tokens, g, scale, cu_seqlens, training, dict(dims))
+            tuned = self._tuned_form(tokens, g, scale, cu_seqlens, training, dict(dims),
+                                     program_at(launch.ATTENTION_CHUNK))
             if tuned is not None:
                 return tuned == "attention"
         if cu_seqlens is not None:   # (the layout reads the bounds too: a sync either way)
@@ -331,10 +332,12 @@ class Op:
         return launch.remembered(self._long_chunks, key,
                                  lambda: launch.use_attention_form(program_at, [first.shape[1]], first.device))
 
-    def _tuned_form(self, tokens: list, g, scale: float, cu_seqlens, training: bool, dims: dict) -> str | None:
+    def _tuned_form(self, tokens: list, g, scale: float, cu_seqlens, training: bool, dims: dict,
+                    program) -> str | None:
         """While tuning (``runtime.autotune``): the faster form, "attention" or "chunk", of a
         stateless call of this shape class -- its forward, or (``training``) forward and backward
-        from o as the cotangent -- timed once and remembered (None: not tuning)."""
+        from o as the cotangent -- timed once and remembered (None: not tuning). ``program``: the
+        call's at the attention form's chunk (its module names the key)."""
         first = tokens[0]
         with contextlib.ExitStack() as stack:
             tuning = autotune.current() or stack.enter_context(
@@ -342,8 +345,6 @@ class Op:
             if tuning is None:
                 return None
             from hladsl.codegen.attention_gen import attention_kernels
-            gated = g is not None
-            program = program_for(self.compilation, launch.ATTENTION_CHUNK, tuple(sorted(dims.items())), gated)
             source = attention_kernels(program)[0].__name__
             key = {"runner": "form", "training": training, "source": source, "chunk_size": self.chunk_size,
                    **tuning.shape}
@@ -670,10 +671,9 @@ class Op:
         if self.algebra.normalizer is not None:
             den = chunk_torch.outputs(prep.program, "normalizer", prep.tiles, prep.lam, starts,
                                       prep.compute)
-            # (real rows only, and no cotangent where den + eps is 0: at eps = 0 a padded row's -- or a
-            # zeroed token's, the layer's left padding -- 0 / 0 would make its zero cotangent NaN gradients)
-            o = chunk_torch.quotient(prep.real_rows(num), prep.real_rows(den.unsqueeze(-1))[..., 0], self.algebra.eps)
-            return prep.finish(o, finals, rows=True)
+            # (no cotangent where den + eps is 0: at eps = 0 a padded row's -- or a zeroed token's, the
+            # layer's left padding -- 0 / 0 would make its zero cotangent NaN gradients)
+            num = chunk_torch.quotient(num, den, self.algebra.eps)
         return prep.finish(num, finals)
 
     def _chunk(self, first, direction: str = "forward", dims: dict | None = None, gated: bool = False,
@@ -1168,18 +1168,13 @@ class _Prepared:
         """The final states in storage layout, in the compute dtype."""
         return storage_states(self.op.algebra, self.program, self.dims, self.compute, finals)
 
-    def real_rows(self, tiles):
-        """[N, H, nC, C, dim] tiles -> [B, T, H, dim]: the rows of real tokens (no padding),
-        in the tiles' dtype."""
-        B, T, H = self.shape
-        x = tiles.permute(0, 2, 3, 1, 4).reshape(B, -1, H, tiles.shape[-1])[:, :T]
-        return x if self.index is None else x.reshape(-1, *x.shape[2:])[self.index].unsqueeze(0)
-
-    def finish(self, o_tiles, finals, rows: bool = False):
+    def finish(self, o_tiles, finals):
         """o [B, T, H, dv] in the inputs' dtype and the final states in storage layout (none
-        where ``finals`` is None: the attention form has no state); ``rows``: o_tiles are
-        ``real_rows`` already."""
-        o = o_tiles if rows else self.real_rows(o_tiles)
+        where ``finals`` is None: the attention form has no state)."""
+        B, T, H = self.shape
+        o = o_tiles.permute(0, 2, 3, 1, 4).reshape(B, -1, H, o_tiles.shape[-1])[:, :T]
+        if self.index is not None:
+            o = o.reshape(-1, *o.shape[2:])[self.index].unsqueeze(0)
         if o.dtype != self.dtype or not o.is_contiguous():   # one copy: cast and lay out together
             o = o.to(self.dtype, memory_format=torch.contiguous_format)
         return o, ([] if finals is None else self.finish_states(finals))
