@@ -147,6 +147,74 @@ def rows_output_kernel(q_ptr, lam_ptr, ti_ptr, tj_ptr, s_ptr, o_ptr, T, NW, NT,
     tl.store(o_at, tl.load(o_at) + acc * tl.exp(lam)[:, None])
 
 
+@triton.jit
+def pair_state_kernel(k_ptr, v_ptr, ti_ptr, tj_ptr, s_ptr, lam_ptr, T, NW, NT,
+                      W: tl.constexpr, R: tl.constexpr, BA: tl.constexpr, DK: tl.constexpr,
+                      DV: tl.constexpr, DOT: tl.constexpr):
+    """``rows_state_kernel`` (values decayed) with two row tiles of one slice a program (tiles 2a, 2a + 1,
+    ``row_tiles(..., paired=True)``): the slice and the values are loaded once for both dots."""
+    pid_a = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    i0 = tl.load(ti_ptr + 2 * pid_a)
+    i1 = tl.load(ti_ptr + 2 * pid_a + 1)
+    offs_j = tl.load(tj_ptr + 2 * pid_a) + tl.arange(0, BA)
+    offs_r = tl.arange(0, R)
+    offs_v = tl.arange(0, DV)
+    offs_b = tl.arange(0, BA)
+    base_k = k_ptr + pid_bh * T * DK
+    base_v = v_ptr + pid_bh * T * DV
+    base_l = lam_ptr + pid_bh * T
+    S0 = tl.zeros((BA, DV), dtype=tl.float32)
+    S1 = tl.zeros((BA, DV), dtype=tl.float32)
+    for w in range(NW):
+        at = s_ptr + (((pid_bh * NW + w) * NT + 2 * pid_a) * BA + offs_b[:, None]) * DV + offs_v[None, :]
+        tl.store(at, S0.to(s_ptr.dtype.element_ty))
+        tl.store(at + BA * DV, S1.to(s_ptr.dtype.element_ty))
+        decay = tl.exp(tl.load(base_l + w * W + W - 1))
+        acc0 = tl.zeros((BA, DV), dtype=tl.float32)
+        acc1 = tl.zeros((BA, DV), dtype=tl.float32)
+        for r0 in range(0, W, R):
+            rows = w * W + r0 + offs_r
+            kblk = tl.load(base_k + rows[:, None] * DK + offs_j[None, :]).to(tl.float32)
+            k0 = tl.load(base_k + rows * DK + i0).to(tl.float32)
+            k1 = tl.load(base_k + rows * DK + i1).to(tl.float32)
+            wv = tl.load(base_v + rows[:, None] * DV + offs_v[None, :]).to(DOT)
+            acc0 += tl.dot(tl.trans((k0[:, None] * kblk).to(DOT)), wv)
+            acc1 += tl.dot(tl.trans((k1[:, None] * kblk).to(DOT)), wv)
+        S0 = S0 * decay + acc0
+        S1 = S1 * decay + acc1
+
+
+@triton.jit
+def pair_output_kernel(q_ptr, lam_ptr, ti_ptr, tj_ptr, s_ptr, o_ptr, T, NW, NT,
+                       W: tl.constexpr, C: tl.constexpr, BA: tl.constexpr, DK: tl.constexpr,
+                       DV: tl.constexpr, DOT: tl.constexpr):
+    """``rows_output_kernel`` over paired row tiles: the query slice loaded once for both tiles."""
+    pid_c = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    rows = pid_c * C + tl.arange(0, C)
+    w = (pid_c * C) // W
+    offs_v = tl.arange(0, DV)
+    offs_b = tl.arange(0, BA)
+    base_q = q_ptr + pid_bh * T * DK
+    acc = tl.zeros((C, DV), dtype=tl.float32)
+    for a in range(NT // 2):
+        i0 = tl.load(ti_ptr + 2 * a)
+        i1 = tl.load(ti_ptr + 2 * a + 1)
+        offs_j = tl.load(tj_ptr + 2 * a) + offs_b
+        m0 = tl.where(offs_j > i0, 2.0, tl.where(offs_j == i0, 1.0, 0.0))
+        m1 = tl.where(offs_j > i1, 2.0, tl.where(offs_j == i1, 1.0, 0.0))
+        qblk = tl.load(base_q + rows[:, None] * DK + offs_j[None, :]).to(tl.float32)
+        q0 = tl.load(base_q + rows * DK + i0).to(tl.float32)
+        q1 = tl.load(base_q + rows * DK + i1).to(tl.float32)
+        at = s_ptr + (((pid_bh * NW + w) * NT + 2 * a) * BA + offs_b[:, None]) * DV + offs_v[None, :]
+        acc += tl.dot((q0[:, None] * qblk * m0[None, :]).to(DOT), tl.load(at).to(DOT))
+        acc += tl.dot((q1[:, None] * qblk * m1[None, :]).to(DOT), tl.load(at + BA * DV).to(DOT))
+    lam = tl.load(lam_ptr + pid_bh * T + rows)
+    o_at = o_ptr + (pid_bh * T + rows[:, None]) * DV + offs_v[None, :]
+    tl.store(o_at, tl.load(o_at) + acc * tl.exp(lam)[:, None])
+
+
 def decayed_values(vh, lam, W: int):
     """v_n e^{Λ_end − Λ_n} [BH, T, dv] in v's dtype, Λ in-window (each row's weight into its window's end)."""
     BH, T, dv = vh.shape
@@ -155,9 +223,12 @@ def decayed_values(vh, lam, W: int):
         BH, T, dv)
 
 
-def row_tiles(d: int, BA: int, device):
-    """(i, j0) of every row tile: j0 the aligned blocks of width BA that reach j >= i."""
+def row_tiles(d: int, BA: int, device, paired: bool = False):
+    """(i, j0) of every row tile: j0 the aligned blocks of width BA that reach j >= i. Paired: ordered
+    by slice, so tiles 2a and 2a + 1 share theirs (a slice j0 has j0 + BA tiles: even for an even BA)."""
     tiles = [(i, j0) for i in range(d) for j0 in range(0, d, BA) if j0 + BA > i]
+    if paired:
+        tiles.sort(key=lambda t: (t[1], t[0]))
     ti, tj = zip(*tiles)
     return (torch.tensor(ti, dtype=torch.int32, device=device), torch.tensor(tj, dtype=torch.int32, device=device))
 
@@ -167,7 +238,8 @@ def pairs(d: int, device):
     return i.int().contiguous(), j.int().contiguous(), torch.where(i == j, 1.0, 2.0).to(device)
 
 
-def windowed(op, q, k, v, g, W: int, warps=(4, 4), R: int = 64, BA: int = 64, rows: bool = False):
+def windowed(op, q, k, v, g, W: int, warps=(4, 4), R: int = 64, BA: int = 64, rows: bool = False,
+             paired: bool = False, C: int = 64):
     """o [B, T, H, dv] fp32: the window part by the op's attention form (windows as varlen
     sequences), the earlier part by the two kernels above. q already scaled."""
     B, T, H, d = q.shape
@@ -184,7 +256,16 @@ def windowed(op, q, k, v, g, W: int, warps=(4, 4), R: int = 64, BA: int = 64, ro
     D = pi.numel()
     interpret = q.device.type == "cpu"
     dot = tl.float32 if interpret else tl.bfloat16
-    C = min(64, W)
+    C = min(C, W)
+    if paired:   # (two row tiles of one slice a program, the values decayed once)
+        ti, tj = row_tiles(d, BA, q.device, paired=True)
+        NT = ti.numel()
+        S = torch.empty(B * H, NW, NT, BA, dv, device=q.device, dtype=torch.float32 if interpret else torch.bfloat16)
+        pair_state_kernel[(NT // 2, B * H)](kh, decayed_values(vh.reshape(B * H, T, dv), lam, W), ti, tj, S, lam, T, NW, NT, W=W, R=R,
+                                            BA=BA, DK=d, DV=dv, DOT=dot, num_warps=warps[0])
+        pair_output_kernel[(T // C, B * H)](qh, lam, ti, tj, S, o, T, NW, NT, W=W, C=C, BA=BA, DK=d, DV=dv,
+                                            DOT=dot, num_warps=warps[1])
+        return o.reshape(B, H, T, dv).permute(0, 2, 1, 3)
     if rows:   # (the row-tiled kernels: BA-wide row tiles of the pairs)
         ti, tj = row_tiles(d, BA, q.device)
         NT = ti.numel()
@@ -285,7 +366,54 @@ def best(d: int = 128, T: int = 65536, W: int = 1024):
     print(line, flush=True)
 
 
+def paired(d: int = 128, T: int = 65536, W: int = 1024):
+    """Two row tiles of one slice a program (the slice, the values and the query slice loaded once for
+    two dots), beside the op by the rule and on the attention form, and the whole windowed forward."""
+    from triton.testing import do_bench
+    dev, B, H = "cuda", 2, 16
+    op = hladsl.load("power", p=2)
+    gen = torch.Generator(device=dev).manual_seed(7)
+    q, k = ((torch.randn(B, T, H, d, device=dev, generator=gen) * d ** -0.5).to(torch.bfloat16) for _ in range(2))
+    v = torch.randn(B, T, H, d, device=dev, generator=gen).to(torch.bfloat16)
+    g = -0.05 * torch.rand(B, T, H, device=dev, generator=gen)
+    qh, kh, vh = (x.permute(0, 2, 1, 3).contiguous().reshape(B * H, T, d) for x in (q, k, v))
+    NW = T // W
+    lam = g.float().permute(0, 2, 1).reshape(B * H, NW, W).cumsum(-1).reshape(B * H, T).contiguous()
+    flops = 2 * B * H * T * (d * (d + 1) // 2) * d
+    o = torch.zeros(B * H, T, d, device=dev)
+    line = f"d={d} T={T} W={W} paired"
+    for BA in (32, 64):
+        ti, tj = row_tiles(d, BA, dev, paired=True)
+        NT = ti.numel()
+        S = torch.empty(B * H, NW, NT, BA, d, device=dev, dtype=torch.bfloat16)
+        vd = decayed_values(vh, lam, W)
+        for R, warps in ((64, 4), (128, 4), (128, 8)):
+            t = do_bench(lambda: pair_state_kernel[(NT // 2, B * H)](
+                kh, vd, ti, tj, S, lam, T, NW, NT, W=W, R=R, BA=BA, DK=d, DV=d, DOT=tl.bfloat16,
+                num_warps=warps), warmup=3, rep=30)
+            line += f"; BA={BA} state R={R} {warps}w {t:.2f} ({flops / t / 1e9:.0f})"
+        for Cq, warps in ((64, 4), (128, 4), (128, 8)):
+            t = do_bench(lambda: pair_output_kernel[(T // Cq, B * H)](
+                qh, lam, ti, tj, S, o, T, NW, NT, W=W, C=Cq, BA=BA, DK=d, DV=d, DOT=tl.bfloat16,
+                num_warps=warps), warmup=3, rep=30)
+            line += f"; BA={BA} output C={Cq} {warps}w {t:.2f} ({flops / t / 1e9:.0f})"
+        print(line, flush=True)
+        line = f"d={d} T={T} W={W} paired"
+    with torch.no_grad():
+        rule = do_bench(lambda: op(q, k, v, g=g, scale=1.0), warmup=3, rep=30)
+        with launch.switched(ATTENTION_FORM="always"):
+            attention = do_bench(lambda: op(q, k, v, g=g, scale=1.0), warmup=3, rep=30)
+    line = f"d={d} T={T}: op by the rule {rule:.2f} ms, attention form {attention:.2f}"
+    for BA, R, C, warps in ((64, 128, 64, (4, 4)), (64, 128, 128, (4, 8)), (32, 128, 128, (4, 8))):
+        t = do_bench(lambda: windowed(op, q, k, v, g, W, warps, R=R, BA=BA, paired=True, C=C), warmup=3, rep=30)
+        line += f"; windowed paired BA={BA} R={R} C={C} warps {warps} {t:.2f}"
+    print(line, flush=True)
+
+
 def main():
+    if sys.argv[1:] == ["paired"]:
+        paired(128)
+        return
     if sys.argv[1:] == ["best"]:
         best(128)
         return

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import proto_window  # noqa: E402
 
 
-@pytest.mark.parametrize("rows", [False, True], ids=["gathered", "row-tiles"])
+@pytest.mark.parametrize("rows", [False, True, "paired"], ids=["gathered", "row-tiles", "paired-row-tiles"])
 @pytest.mark.parametrize("W", [16, 32])
 def test_the_windowed_prototype_matches_the_op(rows, W):
     op = hladsl.load("power", p=2)
@@ -27,5 +27,6 @@ def test_the_windowed_prototype_matches_the_op(rows, W):
     v = torch.randn(B, T, H, d, generator=gen)
     g = -0.05 * torch.rand(B, T, H, generator=gen)
     want = op(q, k, v, g=g, scale=1.0)[0]
-    got = proto_window.windowed(op, q, k, v, g, W, R=16, BA=16, rows=rows)
+    got = proto_window.windowed(op, q, k, v, g, W, R=16, BA=8 if rows == "paired" else 16, rows=bool(rows), paired=rows == "paired",
+                                C=16)
     assert ((got - want).norm() / want.norm()).item() < 1e-5
