@@ -72,6 +72,27 @@ if POWER_COLUMNS not in POWER_COLUMN_MODES:
 PACKED_TILE = 64   # entries of a packed symmetric dim per tile (state-pass block, output loop step)
 
 
+def column_pick_macs(program: ChunkProgram) -> int:
+    """Multiply-adds a chunk of one head spends in the forward's one-hot column dots
+    (``slot_columns``'s "dot": a [C, d] x [d, D] dot a slot; under "auto" where the token tile
+    is over POWER_GATHER_MAX_WIDTH wide). Each kernel forms each packed power of an input once
+    a chunk (its temps are shared): the output kernel spow(q), the state pass spow(k), counted
+    once whatever value-dim blocks the state pass splits into. Tensor-core work the algebra's
+    products (``ChunkProgram.flops``) do not count; the attention-form rule adds it."""
+    if POWER_COLUMNS not in ("auto", "dot"):
+        return 0
+    sizes = dict(program.sizes) | {pd.name: pd.size for pd in program.packed}
+    kernels = (program.output + program.normalizer, tuple(t for _, ts in program.states for t in ts))
+    macs = 0
+    for terms in kernels:
+        powers = {(o.name, o.packed, o.power) for t in terms for o in t.operands if o.kind == Kind.POWER}
+        for name, packed, power in powers:
+            width = sizes[program.algebra.inputs[name]]
+            if POWER_COLUMNS == "dot" or block_size(width) > POWER_GATHER_MAX_WIDTH:
+                macs += power * program.chunk * width * sizes[packed]
+    return macs
+
+
 def constexprs(program: ChunkProgram) -> dict[str, int]:
     """The tl.constexpr arguments shared by both kernels: C, D_<dim>, B_<dim>
     (a packed dim is always tiled: B is its tile, not its padded size)."""

@@ -76,7 +76,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from hladsl.codegen.triton_gen import block_size
+from hladsl.codegen.triton_gen import block_size, column_pick_macs
 from hladsl.errors import SettingError
 from hladsl.runtime import autotune, binding, direct, progress
 
@@ -893,7 +893,16 @@ def use_attention_form(program_at: Callable[[int], object], lengths, device) -> 
     if ATTENTION_FORM == "always":
         return True
     pairs = sum(attention_macs(form, program, n) for n in lengths)
-    return pairs <= ATTENTION_MAC_RATIO * sum(chunk_macs(program, n) for n in lengths)
+    return pairs <= ATTENTION_MAC_RATIO * chunk_form_macs(program, lengths)
+
+
+def chunk_form_macs(program, lengths) -> int:
+    """The chunk form's forward multiply-adds over sequences of ``lengths`` tokens: the
+    algebra's products (``ir.attention.chunk_macs``) and the one-hot dots that pick packed
+    power columns (``triton_gen.column_pick_macs``), work its kernels run as surely."""
+    from hladsl.ir.attention import chunk_macs
+    picks = column_pick_macs(program)
+    return sum(chunk_macs(program, n) + picks * -(-n // program.chunk) for n in lengths)
 
 
 def attention_chunk(T: int, chunk_size: int | None, device) -> int:
