@@ -215,6 +215,39 @@ def pair_output_kernel(q_ptr, lam_ptr, ti_ptr, tj_ptr, s_ptr, o_ptr, T, NW, NT,
     tl.store(o_at, tl.load(o_at) + acc * tl.exp(lam)[:, None])
 
 
+@triton.jit
+def slice_output_kernel(q_ptr, lam_ptr, s_ptr, o_ptr, T, NW, NT,
+                        W: tl.constexpr, C: tl.constexpr, BA: tl.constexpr, DK: tl.constexpr,
+                        DV: tl.constexpr, DOT: tl.constexpr):
+    """``pair_output_kernel`` with the tiles' (i, j0) from the loop counters, not loaded (the paired
+    order: slice j0 = s·BA holds tiles i = 0 .. j0 + BA - 1, from BA·s(s + 1)/2 on), so the
+    inner loop's loads depend on nothing loaded in it; the query slice loaded once a slice."""
+    pid_c = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    rows = pid_c * C + tl.arange(0, C)
+    w = (pid_c * C) // W
+    offs_v = tl.arange(0, DV)
+    offs_b = tl.arange(0, BA)
+    base_q = q_ptr + pid_bh * T * DK
+    base_s = s_ptr + (pid_bh * NW + w) * NT * BA * DV
+    acc = tl.zeros((C, DV), dtype=tl.float32)
+    for s in range(DK // BA):
+        offs_j = s * BA + offs_b
+        qblk = tl.load(base_q + rows[:, None] * DK + offs_j[None, :]).to(tl.float32)
+        first = BA * s * (s + 1) // 2
+        for i in range(0, (s + 1) * BA, 2):
+            m0 = tl.where(offs_j > i, 2.0, tl.where(offs_j == i, 1.0, 0.0))
+            m1 = tl.where(offs_j > i + 1, 2.0, tl.where(offs_j == i + 1, 1.0, 0.0))
+            q0 = tl.load(base_q + rows * DK + i).to(tl.float32)
+            q1 = tl.load(base_q + rows * DK + i + 1).to(tl.float32)
+            at = base_s + ((first + i) * BA + offs_b[:, None]) * DV + offs_v[None, :]
+            acc += tl.dot((q0[:, None] * qblk * m0[None, :]).to(DOT), tl.load(at).to(DOT))
+            acc += tl.dot((q1[:, None] * qblk * m1[None, :]).to(DOT), tl.load(at + BA * DV).to(DOT))
+    lam = tl.load(lam_ptr + pid_bh * T + rows)
+    o_at = o_ptr + (pid_bh * T + rows[:, None]) * DV + offs_v[None, :]
+    tl.store(o_at, tl.load(o_at) + acc * tl.exp(lam)[:, None])
+
+
 def decayed_values(vh, lam, W: int):
     """v_n e^{Λ_end − Λ_n} [BH, T, dv] in v's dtype, Λ in-window (each row's weight into its window's end)."""
     BH, T, dv = vh.shape
@@ -239,7 +272,7 @@ def pairs(d: int, device):
 
 
 def windowed(op, q, k, v, g, W: int, warps=(4, 4), R: int = 64, BA: int = 64, rows: bool = False,
-             paired: bool = False, C: int = 64):
+             paired: bool = False, C: int = 64, sliced: bool = False):
     """o [B, T, H, dv] fp32: the window part by the op's attention form (windows as varlen
     sequences), the earlier part by the two kernels above. q already scaled."""
     B, T, H, d = q.shape
@@ -263,8 +296,12 @@ def windowed(op, q, k, v, g, W: int, warps=(4, 4), R: int = 64, BA: int = 64, ro
         S = torch.empty(B * H, NW, NT, BA, dv, device=q.device, dtype=torch.float32 if interpret else torch.bfloat16)
         pair_state_kernel[(NT // 2, B * H)](kh, decayed_values(vh.reshape(B * H, T, dv), lam, W), ti, tj, S, lam, T, NW, NT, W=W, R=R,
                                             BA=BA, DK=d, DV=dv, DOT=dot, num_warps=warps[0])
-        pair_output_kernel[(T // C, B * H)](qh, lam, ti, tj, S, o, T, NW, NT, W=W, C=C, BA=BA, DK=d, DV=dv,
-                                            DOT=dot, num_warps=warps[1])
+        if sliced:
+            slice_output_kernel[(T // C, B * H)](qh, lam, S, o, T, NW, NT, W=W, C=C, BA=BA, DK=d, DV=dv, DOT=dot,
+                                                 num_warps=warps[1])
+        else:
+            pair_output_kernel[(T // C, B * H)](qh, lam, ti, tj, S, o, T, NW, NT, W=W, C=C, BA=BA, DK=d, DV=dv,
+                                                DOT=dot, num_warps=warps[1])
         return o.reshape(B, H, T, dv).permute(0, 2, 1, 3)
     if rows:   # (the row-tiled kernels: BA-wide row tiles of the pairs)
         ti, tj = row_tiles(d, BA, q.device)
@@ -410,7 +447,49 @@ def paired(d: int = 128, T: int = 65536, W: int = 1024):
     print(line, flush=True)
 
 
+def sliced(d: int = 128, T: int = 65536, W: int = 1024):
+    """``slice_output_kernel`` against ``pair_output_kernel`` at warps and stages, and the whole windowed
+    forward with the paired state pass and either output."""
+    from triton.testing import do_bench
+    dev, B, H = "cuda", 2, 16
+    op = hladsl.load("power", p=2)
+    gen = torch.Generator(device=dev).manual_seed(7)
+    q, k = ((torch.randn(B, T, H, d, device=dev, generator=gen) * d ** -0.5).to(torch.bfloat16) for _ in range(2))
+    v = torch.randn(B, T, H, d, device=dev, generator=gen).to(torch.bfloat16)
+    g = -0.05 * torch.rand(B, T, H, device=dev, generator=gen)
+    qh = q.permute(0, 2, 1, 3).contiguous().reshape(B * H, T, d)
+    NW = T // W
+    lam = g.float().permute(0, 2, 1).reshape(B * H, NW, W).cumsum(-1).reshape(B * H, T).contiguous()
+    flops = 2 * B * H * T * (d * (d + 1) // 2) * d
+    o = torch.zeros(B * H, T, d, device=dev)
+    BA = 64
+    ti, tj = row_tiles(d, BA, dev, paired=True)
+    NT = ti.numel()
+    S = torch.randn(B * H, NW, NT, BA, d, device=dev).to(torch.bfloat16)
+    line = f"d={d} T={T} W={W} output"
+    for Cq, warps, stages in ((64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2), (128, 8, 3)):
+        t_pair = do_bench(lambda: pair_output_kernel[(T // Cq, B * H)](
+            qh, lam, ti, tj, S, o, T, NW, NT, W=W, C=Cq, BA=BA, DK=d, DV=d, DOT=tl.bfloat16,
+            num_warps=warps, num_stages=stages), warmup=3, rep=30)
+        t_slice = do_bench(lambda: slice_output_kernel[(T // Cq, B * H)](
+            qh, lam, S, o, T, NW, NT, W=W, C=Cq, BA=BA, DK=d, DV=d, DOT=tl.bfloat16,
+            num_warps=warps, num_stages=stages), warmup=3, rep=30)
+        line += (f"; C={Cq} {warps}w {stages}s pair {t_pair:.2f} ({flops / t_pair / 1e9:.0f}) "
+                 f"slice {t_slice:.2f} ({flops / t_slice / 1e9:.0f})")
+    print(line, flush=True)
+    line = f"d={d} T={T} W={W} windowed"
+    for Cq, warps in ((64, (4, 4)), (128, (4, 8))):
+        for sl in (False, True):
+            t = do_bench(lambda: windowed(op, q, k, v, g, W, warps, R=128, BA=BA, paired=True, C=Cq, sliced=sl),
+                         warmup=3, rep=30)
+            line += f"; C={Cq} {'sliced' if sl else 'paired'} {t:.2f}"
+    print(line, flush=True)
+
+
 def main():
+    if sys.argv[1:] == ["sliced"]:
+        sliced(128)
+        return
     if sys.argv[1:] == ["paired"]:
         paired(128)
         return

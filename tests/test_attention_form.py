@@ -6,6 +6,7 @@ varlen; specs that are not shipped; which calls ``Op`` routes to it; the launch 
 ``launch.use_attention_form`` on a CUDA device object; ``--emit attention``."""
 import os
 from pathlib import Path
+from unittest import mock
 
 os.environ["TRITON_INTERPRET"] = "1"   # before any kernel module is generated
 
@@ -13,6 +14,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import hladsl  # noqa: E402
+from hladsl.codegen import triton_gen  # noqa: E402
+from hladsl.codegen.triton_gen import column_pick_macs  # noqa: E402
 from hladsl.ir.attention import attention_form, attention_macs, chunk_macs, why_not  # noqa: E402
 from hladsl.ir.pipeline import chunk_program  # noqa: E402
 from hladsl.runtime import attention_forward, launch  # noqa: E402
@@ -488,7 +491,43 @@ def _by_macs(at, lengths) -> bool:
     program = at(launch.ATTENTION_CHUNK)
     form = attention_form(program)
     return form is not None and (sum(attention_macs(form, program, n) for n in lengths)
-                                 <= launch.ATTENTION_MAC_RATIO * sum(chunk_macs(program, n) for n in lengths))
+                                 <= launch.ATTENTION_MAC_RATIO * launch.chunk_form_macs(program, lengths))
+
+
+@pytest.mark.parametrize("name,params,d,picks", [
+    ("power", {"p": 2}, 128, 2 * (2 * 64 * 128 * 8256)),          # spow2(q) in the output kernel, spow2(k) in the state pass
+    ("power", {"p": 2, "normalize": True}, 128, 2 * (2 * 64 * 128 * 8256)),   # z shares U's columns in each kernel
+    ("power", {"p": 3}, 128, 2 * (3 * 64 * 128 * 357760)),
+    ("power", {"p": 2}, 64, 0), ("linear", {}, 128, 0)])           # gathered in registers; no packed power
+def test_the_chunk_form_counts_its_one_hot_column_dots(name, params, d, picks):
+    """The chunk form's MACs for the rule: the algebra's products plus the one-hot dots that pick a
+    wide tile's packed power columns, p [C, d] x [d, D] dots a chunk in each kernel forming spow."""
+    at, _ = _program_at(name, d, **params)
+    program = at(launch.ATTENTION_CHUNK)
+    assert column_pick_macs(program) == picks
+    C = program.chunk
+    assert launch.chunk_form_macs(program, [3 * C, 2 * C - 5]) == 5 * (chunk_macs(program, C) + picks)
+    if name == "power" and d == 64:   # "dot" picks every tile's columns by dots, "rows" none
+        with mock.patch.object(triton_gen, "POWER_COLUMNS", "dot"):
+            assert column_pick_macs(program) == 2 * (params["p"] * C * 64 * 2080)
+    if picks:
+        with mock.patch.object(triton_gen, "POWER_COLUMNS", "rows"):
+            assert column_pick_macs(program) == 0
+
+
+def test_power_at_d128_and_64k_takes_the_attention_form():
+    """Run 312 (H200, gated forward, B = 2, H = 16): 82.6 ms on the attention form against the chunk
+    form's 131.3 at T = 64k, and at 96k 190.6 vs 196.5; the chunk form's training at 64k runs out of
+    memory. Counting the column dots moves the rule's MAC ratio there from 5.92 to 1.99."""
+    power, _ = _program_at("power", 128, p=2)
+    linear, _ = _program_at("linear", 128)
+    with launch.switched(ATTENTION_FORM="auto"):
+        assert launch.use_attention_form(power, [65536], CUDA) is True
+        assert launch.use_attention_form(power, [98304], CUDA) is True
+        assert launch.use_attention_form(power, [1 << 17], CUDA) is False
+        assert launch.use_attention_form(linear, [65536], CUDA) is False
+        with mock.patch.object(triton_gen, "POWER_COLUMNS", "rows"):   # (no dots: the algebra's count alone)
+            assert launch.use_attention_form(power, [65536], CUDA) is False
 
 
 @pytest.mark.parametrize("name,params,d,lengths", [

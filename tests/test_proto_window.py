@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import proto_window  # noqa: E402
 
 
-@pytest.mark.parametrize("rows", [False, True, "paired"], ids=["gathered", "row-tiles", "paired-row-tiles"])
+@pytest.mark.parametrize("rows", [False, True, "paired", "sliced"],
+                         ids=["gathered", "row-tiles", "paired-row-tiles", "sliced-output"])
 @pytest.mark.parametrize("W", [16, 32])
 def test_the_windowed_prototype_matches_the_op(rows, W):
     op = hladsl.load("power", p=2)
@@ -27,6 +28,6 @@ def test_the_windowed_prototype_matches_the_op(rows, W):
     v = torch.randn(B, T, H, d, generator=gen)
     g = -0.05 * torch.rand(B, T, H, generator=gen)
     want = op(q, k, v, g=g, scale=1.0)[0]
-    got = proto_window.windowed(op, q, k, v, g, W, R=16, BA=8 if rows == "paired" else 16, rows=bool(rows), paired=rows == "paired",
-                                C=16)
+    got = proto_window.windowed(op, q, k, v, g, W, R=16, BA={"paired": 8, "sliced": 4}.get(rows, 16), rows=bool(rows),
+                                paired=rows in ("paired", "sliced"), C=16, sliced=rows == "sliced")
     assert ((got - want).norm() / want.norm()).item() < 1e-5

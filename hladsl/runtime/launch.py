@@ -849,7 +849,9 @@ CARRY_PRODUCTS = True
 # chunk, key chunk) pairs, no chunk-start states (``use_attention_form``); differentiated, its
 # backward too (two kernels, ``runtime.attention_backward``; the rule is the forward's).
 # "auto": on CUDA where its multiply-adds are at most ATTENTION_MAC_RATIO x the chunk form's
-# (``ir.attention.attention_macs`` / ``chunk_macs``): its dense [C, C] token products run nearer
+# (``ir.attention.attention_macs`` / ``chunk_form_macs``: the algebra's products and, since round
+# 48, the one-hot dots that pick a wide tile's packed power columns, 2x the state products of
+# power p = 2 at d = 128 in each of its kernels): its dense [C, C] token products run nearer
 # the tensor cores' peak than the chunk form's state products. H200, bf16, B = 2, H = 16, gated
 # forward, attention form vs the chunk form (MAC ratio in brackets; runs 292 at 3 stages, 291 at
 # 2): power p = 2 at d = 64, T = 4k (1.45) 0.264 vs 0.815 ms, 16k (5.72) 3.47 vs 3.14, 64k (22.8)
@@ -857,12 +859,17 @@ CARRY_PRODUCTS = True
 # 82.5 vs 131.1; p = 3 at d = 64, T = 16k (0.36) 3.82 vs 87.4 (2 stages); linear (ratio >= 10.8,
 # 2 stages) 2.3-63x slower. MAC ratio over time ratio (how much more efficiently the attention
 # form runs a MAC): linear 3.8 at d = 64 and 4.7 at d = 128 (T = 4k), power p = 2 5.2 at d = 64
-# (16k) and 9.4 at d = 128 (64k: the chunk form's packed d = 128 states run least efficiently).
-# 3.5 stays below all of them, so the form is taken only where it should win: gated power p = 2
-# up to T = 10k at d = 64 and 38k at d = 128, p = 3 up to 158k at d = 64, linear up to 832 and
-# 1280 tokens at d = 64 and 128. It leaves power at d = 128, T = 64k to the chunk form, whose
-# 131 ms the attention form would cut to 82.5. Under an autotuning session "auto" times both forms
-# instead, once per shape class (``Op._tuned_form``).
+# (16k); at d = 128 3.2 at 64k (ratio 1.99: 82.6 vs 131.3 ms) and 3.1 at 96k (2.98: 190.6 vs
+# 196.5), normalised 4.1 at 64k (3.30: 84.7 vs 104.3; run 312). Before round 48 the count left
+# out the column dots (d = 128 at 64k: ratio 5.92, efficiency 9.4) and kept that shape on the
+# chunk form. 3.5 stays below all but d = 128's 3.1, so the form is taken where it should win
+# save d = 128 between ~101k and the rule's 115k (up to ~12 % slower there; 3.0 would instead
+# give up to 40 % at d = 64 between 8.6k and 10k): gated power p = 2 up to T = 10k at d = 64
+# and 115k at d = 128 (normalised: 6.2k, 69k), p = 3 up to 158k at d = 64, linear up to 832 and
+# 1280 tokens at d = 64 and 128. Training takes the forward's rule: at d = 128, T = 64k the
+# attention form trains in 537 ms where the chunk form's backward runs out of the H200's memory
+# (B = 2, H = 16). Under an autotuning session "auto" times both forms instead, once per shape
+# class (``Op._tuned_form``).
 # "always": wherever the form exists (tests, A/B runs); "never".
 ATTENTION_FORM = "auto"
 ATTENTION_FORM_MODES = ("auto", "always", "never")
@@ -883,7 +890,7 @@ ATTENTION_BWD_WIDE_STAGES = 1   # where a feature block is over 64 wide
 def use_attention_form(program_at: Callable[[int], object], lengths, device) -> bool:
     """Does a stateless call over sequences of ``lengths`` tokens run the attention form
     (``ATTENTION_FORM``)? ``program_at(chunk)``: the call's chunk program at a chunk size."""
-    from hladsl.ir.attention import attention_form, attention_macs, chunk_macs
+    from hladsl.ir.attention import attention_form, attention_macs
     if ATTENTION_FORM == "never" or (ATTENTION_FORM == "auto" and device.type != "cuda"):
         return False
     program = program_at(ATTENTION_CHUNK)
