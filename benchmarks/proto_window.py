@@ -486,7 +486,34 @@ def sliced(d: int = 128, T: int = 65536, W: int = 1024):
     print(line, flush=True)
 
 
+def against_the_op(T: int = 65536, W: int = 1024):
+    """Issue 13's ratio in one process: the op's d = 64 forward (its rule: the chunk form) and d = 128
+    (its rule: the attention form) beside the windowed prototype at d = 128 (paired state pass, sliced
+    output), gated, B = 2, H = 16, bf16."""
+    from triton.testing import do_bench
+    dev, B, H = "cuda", 2, 16
+    op = hladsl.load("power", p=2)
+    times = {}
+    for d in (64, 128):
+        gen = torch.Generator(device=dev).manual_seed(7)
+        q, k = ((torch.randn(B, T, H, d, device=dev, generator=gen) * d ** -0.5).to(torch.bfloat16) for _ in range(2))
+        v = torch.randn(B, T, H, d, device=dev, generator=gen).to(torch.bfloat16)
+        g = -0.05 * torch.rand(B, T, H, device=dev, generator=gen)
+        with torch.no_grad():
+            times[f"op d={d}"] = do_bench(lambda: op(q, k, v, g=g, scale=1.0), warmup=3, rep=100)
+            if d == 128:
+                for W_ in (W, 2 * W):
+                    times[f"windowed d={d} W={W_}"] = do_bench(lambda: windowed(
+                        op, q, k, v, g, W_, (4, 4), R=128, BA=64, paired=True, C=64, sliced=True), warmup=3, rep=100)
+        print(f"T={T} " + ", ".join(f"{name} {t:.2f} ms" for name, t in times.items()) + " | ratios to op d=64: "
+              + ", ".join(f"{name} {t / times['op d=64']:.2f}x" for name, t in times.items() if "128" in name),
+              flush=True)
+
+
 def main():
+    if sys.argv[1:] == ["against"]:
+        against_the_op()
+        return
     if sys.argv[1:] == ["sliced"]:
         sliced(128)
         return
