@@ -5,6 +5,7 @@ written here (chunk 16, T not a multiple of it: several key chunks walked, stron
 varlen; specs that are not shipped; which calls ``Op`` routes to it; the launch rule
 ``launch.use_attention_form`` on a CUDA device object; ``--emit attention``."""
 import os
+import re
 from pathlib import Path
 from unittest import mock
 
@@ -490,8 +491,49 @@ def _program_at(name, d, gated=True, **params):
 def _by_macs(at, lengths) -> bool:
     program = at(launch.ATTENTION_CHUNK)
     form = attention_form(program)
-    return form is not None and (sum(attention_macs(form, program, n) for n in lengths)
-                                 <= launch.ATTENTION_MAC_RATIO * launch.chunk_form_macs(program, lengths))
+    chunk = sum(chunk_macs(program, n) + column_pick_macs(program) * -(-n // program.chunk) for n in lengths)
+    return form is not None and sum(attention_macs(form, program, n) for n in lengths) <= launch.ATTENTION_MAC_RATIO * chunk
+
+
+SAME_DIM_POWER = """mechanism same_dim {
+  dims d
+  input q[d], k[d], v[d]
+  param p = 2
+  state U[i^p, e] = k[i^p] v[e]  symmetric(i^p)
+  output o[e] = q[i^p] U[i^p, e]
+}
+"""
+
+
+def _one_hot_dots(source: str) -> dict[str, int]:
+    """Per kernel of a generated forward module: its one-hot column dots, _dot(raw_x, t) of a
+    temp t defined as a one-hot tl.where over a dim's offsets."""
+    counts = {}
+    for chunk in source.split("\ndef ")[1:]:
+        name = chunk.split("(", 1)[0]
+        onehots = set(re.findall(r"^\s*(t\d+) = tl\.where\(\(offs_\w+\[:, None\] ==", chunk, re.M))
+        counts[name] = sum(t in onehots for t in re.findall(r"_dot\(raw_\w+, (t\d+),", chunk))
+    return counts
+
+
+@pytest.mark.parametrize("spec,params,d,dots", [
+    ("power", {"p": 2}, 128, 2), ("power", {"p": 2, "normalize": True}, 128, 2), ("power", {"p": 3}, 128, 3),
+    ("power", {"p": 2}, 64, 0), ("linear", {}, 128, 0), ("same_dim", {}, 128, 0)])
+def test_column_pick_macs_are_the_generated_kernels_one_hot_dots(tmp_path, spec, params, d, dots):
+    """The count against the generated source: each forward kernel forming a packed power runs p
+    one-hot [C, d] x [d, B] dots a packed tile (0 where the columns are gathered in registers, at
+    d <= 64, or loaded, where d is a dim the kernels split: ``same_dim``'s value dim is d)."""
+    if spec == "same_dim":
+        (tmp_path / "same_dim.hla").write_text(SAME_DIM_POWER)
+        spec = str(tmp_path / "same_dim.hla")
+    alg = hladsl.compile_spec(spec, **params)
+    sizes = (("d", d),) if spec.endswith(".hla") else (("d", d), ("dv", d))
+    program = chunk_program(alg, 64, sizes, True)
+    per_kernel = _one_hot_dots(triton_gen.render(triton_gen.kernel_context(program), "test"))
+    assert per_kernel["state_pass_kernel"] == per_kernel["output_kernel"] == dots
+    packed = {pd.name: pd.size for pd in program.packed}
+    (size,) = packed.values() if packed else (0,)
+    assert column_pick_macs(program) == 2 * dots * program.chunk * d * size
 
 
 @pytest.mark.parametrize("name,params,d,picks", [

@@ -77,19 +77,21 @@ def column_pick_macs(program: ChunkProgram) -> int:
     (``slot_columns``'s "dot": a [C, d] x [d, D] dot a slot; under "auto" where the token tile
     is over POWER_GATHER_MAX_WIDTH wide). Each kernel forms each packed power of an input once
     a chunk (its temps are shared): the output kernel spow(q), the state pass spow(k), counted
-    once whatever value-dim blocks the state pass splits into. Tensor-core work the algebra's
-    products (``ChunkProgram.flops``) do not count; the attention-form rule adds it."""
-    if POWER_COLUMNS not in ("auto", "dot"):
-        return 0
+    once whatever value-dim blocks the state pass splits into (a bf16 state pass at d = 128
+    holds its value dim whole; an fp32 one at few (sequence, head) pairs may split it and
+    repeat them: uncounted). The mode is ``_Lowering.column_mode``'s, the one the kernels
+    take. Tensor-core work the algebra's products (``ChunkProgram.flops``) do not count; the
+    attention-form rule adds it (``launch.chunk_form_macs``)."""
+    low = _Lowering(program)
+    low.region(low.row_tiled)   # (the state pass and the output kernel walk the same tiles)
     sizes = dict(program.sizes) | {pd.name: pd.size for pd in program.packed}
     kernels = (program.output + program.normalizer, tuple(t for _, ts in program.states for t in ts))
     macs = 0
     for terms in kernels:
         powers = {(o.name, o.packed, o.power) for t in terms for o in t.operands if o.kind == Kind.POWER}
         for name, packed, power in powers:
-            width = sizes[program.algebra.inputs[name]]
-            if POWER_COLUMNS == "dot" or block_size(width) > POWER_GATHER_MAX_WIDTH:
-                macs += power * program.chunk * width * sizes[packed]
+            if low.column_mode(name, packed) == "dot":
+                macs += power * program.chunk * sizes[program.algebra.inputs[name]] * sizes[packed]
     return macs
 
 
@@ -318,15 +320,12 @@ class _Lowering:
         ms at T = 16k, 60.69 -> 13.81 at 64k (runs 170, 171; ``retention`` 10.58 / 44.25)."""
         block, dim = self.block, self.input_dim[x]
         valid = f"offs_{pd} < D_{pd}"
-        if pd in self.rows_here:
+        mode = self.column_mode(x, pd)
+        if mode == "rows":
             return self.row_tile_columns(x, pd, r)
         col = block.define(f"tl.load(pk_{pd}_idx + {r} * D_{pd} + offs_{pd}, mask={valid}, other=0)",
                            f"slot {r + 1} of each packed index of {pd}")
-        mode = POWER_COLUMNS
-        if mode == "auto":
-            narrow = block_size(dict(self.p.sizes)[dim]) <= POWER_GATHER_MAX_WIDTH
-            mode = "gather" if self.gathers_columns and narrow else "dot"
-        if mode == "load" or dim in self.split_dims:
+        if mode == "load":
             return col, block.define(self.scaled_load(x, (
                 f"tl.load(in_{x}_ptr + base_{x} + offs_t[:, None] * str_{x}_t + {col}[None, :], "
                 f"mask=({valid})[None, :], other=0.0)")) + ".to(tl.float32)")
@@ -340,6 +339,19 @@ class _Lowering:
                               f"one-hot [{dim}, α] of slot {r + 1}")
         return col, block.define(f"_dot(raw_{x}, {onehot}, DOT, PREC)",
                                  f"{x}[T, α_{r + 1}], the tile's columns picked by a dot")
+
+    def column_mode(self, x: str, pd: str) -> str:
+        """How ``slot_columns`` forms x's columns of packed dim ``pd`` in the current kernel:
+        "rows" (its row tiles), "load" (gathered loads: POWER_COLUMNS "load", or x's dim split
+        over blocks), "gather" (in registers) or "dot" (one-hot dots on the tensor cores)."""
+        if pd in self.rows_here:
+            return "rows"
+        dim = self.input_dim[x]
+        mode = POWER_COLUMNS
+        if mode == "auto":
+            narrow = block_size(dict(self.p.sizes)[dim]) <= POWER_GATHER_MAX_WIDTH
+            mode = "gather" if self.gathers_columns and narrow else "dot"
+        return "load" if mode == "load" or dim in self.split_dims else mode
 
     def row_tile_columns(self, x: str, pd: str, r: int) -> tuple[str, str]:
         """``slot_columns`` in a row tile of ``pd`` (the template's ``row_tile``: its slots'

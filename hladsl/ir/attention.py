@@ -10,7 +10,7 @@ in parallel, each summing over the key blocks at or before it, with no state at 
 earlier tokens). Its work grows with T² where the chunk form's grows with T times the
 state size, so it wins where the state is large and the sequence short: power attention at
 d = 128 holds 8256 x 128 numbers a head (``attention_macs`` / ``chunk_macs``; the launch
-layer's ``use_attention_form`` decides).
+layer's ``use_attention_form`` decides, adding the chunk form's column dots: ``chunk_form_macs``).
 """
 from __future__ import annotations
 
@@ -164,7 +164,8 @@ def attention_macs(form: AttentionForm, program: ChunkProgram, length: int) -> i
     tokens, in blocks of ``program.chunk``: each pairwise term's planned MACs on one
     [C, C] block pair, times the block pairs at or below the diagonal. (Planned, as
     ``chunk_macs`` counts them: power's p products q·k count p times where the kernel
-    shares one; the launch rule's ratio is measured on these counts.)"""
+    shares one; the launch rule's ratio is measured on these counts, the chunk form's with its
+    column dots added: ``runtime.launch.chunk_form_macs``.)"""
     blocks = -(-length // program.chunk)
     pairs = blocks * (blocks + 1) // 2
     return sum(t.plan.flops * (pairs if time_indices(t)[1] else blocks)
@@ -173,5 +174,6 @@ def attention_macs(form: AttentionForm, program: ChunkProgram, length: int) -> i
 
 def chunk_macs(program: ChunkProgram, length: int) -> int:
     """Multiply-adds of the chunk form's forward over the same: every output, normaliser
-    and state term once a chunk (``ChunkProgram.flops``)."""
+    and state term once a chunk (``ChunkProgram.flops``): the algebra's products, not the
+    one-hot dots that pick a wide tile's packed columns (``codegen.triton_gen.column_pick_macs``)."""
     return sum(program.flops().values()) * -(-length // program.chunk)

@@ -72,12 +72,13 @@ import contextlib
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from hladsl.codegen.triton_gen import block_size, column_pick_macs
 from hladsl.errors import SettingError
+from hladsl.ir.chunk import ChunkProgram
 from hladsl.runtime import autotune, binding, direct, progress
 
 # triton is imported inside the rules that need it: the torch path never imports it
@@ -853,20 +854,21 @@ CARRY_PRODUCTS = True
 # 48, the one-hot dots that pick a wide tile's packed power columns, 2x the state products of
 # power p = 2 at d = 128 in each of its kernels): its dense [C, C] token products run nearer
 # the tensor cores' peak than the chunk form's state products. H200, bf16, B = 2, H = 16, gated
-# forward, attention form vs the chunk form (MAC ratio in brackets; runs 292 at 3 stages, 291 at
-# 2): power p = 2 at d = 64, T = 4k (1.45) 0.264 vs 0.815 ms, 16k (5.72) 3.47 vs 3.14, 64k (22.8)
+# forward, attention form vs the chunk form (MAC ratio in brackets, by the algebra's count, which
+# is the whole count but at d = 128; runs 292 at 3 stages, 291 at 2): power p = 2 at d = 64, T = 4k (1.45) 0.264 vs 0.815 ms, 16k (5.72) 3.47 vs 3.14, 64k (22.8)
 # 55.3 vs 12.3; at d = 128, T = 4k (0.38) 0.371 vs 8.15, 16k (1.48) 5.19 vs 32.8, 64k (5.92)
-# 82.5 vs 131.1; p = 3 at d = 64, T = 16k (0.36) 3.82 vs 87.4 (2 stages); linear (ratio >= 10.8,
+# 82.5 vs 131.1 (with the column dots 0.13, 0.50, 1.99); p = 3 at d = 64, T = 16k (0.36) 3.82 vs 87.4 (2 stages); linear (ratio >= 10.8,
 # 2 stages) 2.3-63x slower. MAC ratio over time ratio (how much more efficiently the attention
 # form runs a MAC): linear 3.8 at d = 64 and 4.7 at d = 128 (T = 4k), power p = 2 5.2 at d = 64
 # (16k); at d = 128 3.2 at 64k (ratio 1.99: 82.6 vs 131.3 ms) and 3.1 at 96k (2.98: 190.6 vs
 # 196.5), normalised 4.1 at 64k (3.30: 84.7 vs 104.3; run 312). Before round 48 the count left
 # out the column dots (d = 128 at 64k: ratio 5.92, efficiency 9.4) and kept that shape on the
-# chunk form. 3.5 stays below all but d = 128's 3.1, so the form is taken where it should win
-# save d = 128 between ~101k and the rule's 115k (up to ~12 % slower there; 3.0 would instead
-# give up to 40 % at d = 64 between 8.6k and 10k): gated power p = 2 up to T = 10k at d = 64
-# and 115k at d = 128 (normalised: 6.2k, 69k), p = 3 up to 158k at d = 64, linear up to 832 and
-# 1280 tokens at d = 64 and 128. Training takes the forward's rule: at d = 128, T = 64k the
+# chunk form. 3.5 stays below all but d = 128's 3.1-3.2, so the form is taken where it should
+# win save d = 128 between ~101k and the rule's 115k tokens (k = 1000 here; up to ~12 % slower
+# there; 3.0 would instead give up to 40 % at d = 64 between 8.6k and 10k): gated power p = 2 up
+# to T = 10k at d = 64 and 115k at d = 128 (normalised: 6.2k, 69k), p = 3 up to 158k at d = 64,
+# linear up to 832 and 1280 tokens at d = 64 and 128. Training takes the forward's rule (the
+# backward's kernels pick columns by dots at every width, uncounted): at d = 128, T = 64k the
 # attention form trains in 537 ms where the chunk form's backward runs out of the H200's memory
 # (B = 2, H = 16). Under an autotuning session "auto" times both forms instead, once per shape
 # class (``Op._tuned_form``).
@@ -903,7 +905,7 @@ def use_attention_form(program_at: Callable[[int], object], lengths, device) -> 
     return pairs <= ATTENTION_MAC_RATIO * chunk_form_macs(program, lengths)
 
 
-def chunk_form_macs(program, lengths) -> int:
+def chunk_form_macs(program: ChunkProgram, lengths: Sequence[int]) -> int:
     """The chunk form's forward multiply-adds over sequences of ``lengths`` tokens: the
     algebra's products (``ir.attention.chunk_macs``) and the one-hot dots that pick packed
     power columns (``triton_gen.column_pick_macs``), work its kernels run as surely."""
