@@ -340,6 +340,20 @@ class _Lowering:
         return col, block.define(f"_dot(raw_{x}, {onehot}, DOT, PREC)",
                                  f"{x}[T, α_{r + 1}], the tile's columns picked by a dot")
 
+    def tiled_plan(self, t: TermProgram) -> tuple:
+        """(steps, result) of a state term's contraction in a row-tiled kernel, costed at the
+        tiles the kernel holds: a row-tiled packed dim at its tile, not its size (8256 at
+        d = 128). So a per-token weight multiplies the [C, B] power tile, not the [C, dv] value
+        tile, which then reaches its dot as loaded (from its pipelined buffer, no fp32 copy:
+        RESULTS.md round 48)."""
+        dims = self.index_dims(t.operands)
+        sizes = dict(self.p.sizes) | {pd: min(PACKED_TILE, block_size(self.packed[pd].size))
+                                      for pd in self.rows_here}
+        p = plan(tuple(o.indices for o in t.operands), t.output,
+                 tuple(sorted({(i, self.p.chunk if dims[i] is None else sizes[dims[i]])
+                               for o in t.operands for i in o.indices})))
+        return p.steps, p.result
+
     def column_mode(self, x: str, pd: str) -> str:
         """How ``slot_columns`` forms x's columns of packed dim ``pd`` in the current kernel:
         "rows" (its row tiles), "load" (gathered loads: POWER_COLUMNS "load", or x's dim split
@@ -351,7 +365,9 @@ class _Lowering:
         if mode == "auto":
             narrow = block_size(dict(self.p.sizes)[dim]) <= POWER_GATHER_MAX_WIDTH
             mode = "gather" if self.gathers_columns and narrow else "dot"
-        return "load" if mode == "load" or dim in self.split_dims else mode
+        if mode == "load" or dim in self.split_dims:
+            return "load"
+        return "gather" if mode == "gather" else "dot"   # ("rows" outside a row-tiled kernel: dots)
 
     def row_tile_columns(self, x: str, pd: str, r: int) -> tuple[str, str]:
         """``slot_columns`` in a row tile of ``pd`` (the template's ``row_tile``: its slots'
@@ -429,7 +445,7 @@ class _Lowering:
             looped = {i for i, d in self.index_dims(t.operands).items() if d in tiled}
             name = acc[3:] if scale_end else ""
             scan = self.scan.get((name, n))
-            steps, result = t.plan.steps, t.plan.result
+            steps, result = self.tiled_plan(t) if scale_end and self.rows_here else (t.plan.steps, t.plan.result)
             tiles, where = [], []
             if scan is not None and scan.delta in self.deltas:
                 block.note(f"= carried states x the chunk delta of {scan.delta} "
