@@ -399,7 +399,11 @@ class _Lowering:
         288): 33.1 ms with dots, 85.8 with row tiles (state pass 74.0 ms), 44.7 at one pipeline
         stage -- while a hand-written prototype of the same tiles
         (``benchmarks/results/run284_rowtiles.py``, run 285) walks its state pass in 16.1 ms
-        at two stages: RESULTS.md, round 44."""
+        at two stages: RESULTS.md, round 44. Those kernels spilled (255 registers, 592 B of
+        stack); constexpr token strides, the starts' offsets formed in the walk and
+        ``tiled_plan`` removed it (round 48, run 315): 32.7 ms against the dots' 33.2 at 16k
+        (state pass ~10 % faster, the table-walking output kernel 20 % slower), 141.6 against
+        132.1 at 64k: still the A/B mode."""
         if not self.gathers_columns or POWER_COLUMNS != "rows":
             return frozenset()
         return frozenset(name for name, pd in self.packed.items() if pd.base not in self.split_dims)
