@@ -493,6 +493,45 @@ def test_power_row_tiles_match_float64(p, d, dv, gated, normalize, monkeypatch):
     _assert_grads_match_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps, grads)
 
 
+PREFIXED_DIM_POWER = """mechanism prefixed {
+  dims d, d_pow2x
+  input q[d], k[d], v[d_pow2x]
+  param p = 2, normalize = true, eps = 1e-6
+  state U[i^p, e] = k[i^p] v[e]  symmetric(i^p)
+  state z[i^p] = k[i^p]  symmetric(i^p)
+  output o[e] = q[i^p] U[i^p, e]
+  normalizer = q[i^p] z[i^p]
+}
+"""
+
+
+def test_row_tiles_beside_a_dim_named_after_the_packed_one(tmp_path, monkeypatch):
+    """A value dim whose name starts with the packed dim's (d_pow2x beside d_pow2): the row-tiled
+    state pass stores its starts at offsets formed in the walk, and only the packed dim's
+    offsets are the walk's own (the review's case: a substring rename made d_pow2x's offsets
+    ``w_offs_d_pow2x``, never defined). The forward, with an initial state, against float64."""
+    from hladsl.codegen import triton_gen
+    from hladsl.runtime import launch
+    from hladsl.runtime.chunk_torch import outputs, state_pass
+    from hladsl.runtime.triton_forward import forward_triton
+    monkeypatch.setattr(triton_gen, "POWER_COLUMNS", "rows")
+    monkeypatch.setattr(triton_gen, "_MODULES", {})
+    launch.forget_plans()
+    path = tmp_path / "prefixed.hla"
+    path.write_text(PREFIXED_DIM_POWER)
+    alg = hladsl.compile_spec(str(path))
+    program = chunk_program(alg, C, (("d", 16), ("d_pow2x", 8)), True)
+    assert [pd.name for pd in program.packed] == ["d_pow2"]
+    tiles, lam, init, _, _ = _inputs(program, True, seed=5)
+    starts, final = state_pass(program, tiles, lam, init, torch.float64)
+    want = outputs(program, "output", tiles, lam, starts, torch.float64)
+    want = want / (outputs(program, "normalizer", tiles, lam, starts, torch.float64) + alg.eps)[..., None]
+    o, got = forward_triton(program, {k: v.float() for k, v in tiles.items()}, lam.float(),
+                            {k: v.float() for k, v in init.items()}, alg.eps, packed_block=16)
+    launch.forget_plans()
+    assert _rel(o, want) <= 1e-5 and all(_rel(got[s], final[s]) <= 1e-5 for s in final)
+
+
 def test_auto_gathers_power_columns_only_in_the_forwards_narrow_kernels():
     """POWER_COLUMNS "auto": the forward lowering's kernels (state and output passes, in either
     module) gather the columns at d <= 64, the reverse and gradient kernels pick them by one-hot

@@ -347,8 +347,8 @@ class _Lowering:
         tile, which then reaches its dot as loaded (from its pipelined buffer, no fp32 copy:
         RESULTS.md round 48)."""
         dims = self.index_dims(t.operands)
-        sizes = dict(self.p.sizes) | {pd: min(PACKED_TILE, block_size(self.packed[pd].size))
-                                      for pd in self.rows_here}
+        sizes = (dict(self.p.sizes) | {pd: info.size for pd, info in self.packed.items()}
+                 | {pd: min(PACKED_TILE, block_size(self.packed[pd].size)) for pd in self.rows_here})
         p = plan(tuple(o.indices for o in t.operands), t.output,
                  tuple(sorted({(i, self.p.chunk if dims[i] is None else sizes[dims[i]])
                                for o in t.operands for i in o.indices})))
@@ -613,25 +613,28 @@ _OPERAND_TILE = exhaustive({
     "the Triton lowering (operand tiles)")
 
 
-def _layout(dims) -> tuple[str, str, str]:
-    """(offset, mask, numel) expressions of a contiguous state tile over ``dims``."""
+def _layout(dims, offsets: dict | None = None) -> tuple[str, str, str]:
+    """(offset, mask, numel) expressions of a contiguous state tile over ``dims``; ``offsets``:
+    a dim's offsets variable where it is not ``offs_<dim>``."""
     r = len(dims)
     offs, masks = [], []
     for k, dim in enumerate(dims):
         slots = "" if r == 1 else "[" + ", ".join(":" if j == k else "None" for j in range(r)) + "]"
         stride = " * ".join(f"D_{x}" for x in dims[k + 1:])
-        offs.append(f"offs_{dim}{slots}" + (f" * {stride}" if stride else ""))
-        masks.append(f"(offs_{dim}{slots} < D_{dim})")
+        var = (offsets or {}).get(dim, f"offs_{dim}")
+        offs.append(f"{var}{slots}" + (f" * {stride}" if stride else ""))
+        masks.append(f"({var}{slots} < D_{dim})")
     numel = " * ".join(f"D_{x}" for x in dims)
     return " + ".join(offs), " & ".join(masks), numel if r == 1 else f"({numel})"
 
 
-def owned_mask(name: str, dims, splits, mask: str = "msk_") -> str:
+def owned_mask(name: str, dims, splits, mask: str = "msk_", expr: str | None = None) -> str:
     """The store mask of a tile ``name`` over ``dims`` in a kernel split over ``splits``
-    (its load mask is ``mask`` + ``name``): a tile lacking a split dim is computed by every
-    block of it and written by block 0."""
+    (its load mask is ``mask`` + ``name``, or the expression ``expr``): a tile lacking a split
+    dim is computed by every block of it and written by block 0."""
+    load = f"({expr})" if expr is not None else f"{mask}{name}"
     owner = " & ".join(f"(pid_{d} == 0)" for d in splits if d not in dims)
-    return f"tl.where({owner}, {mask}{name}, False)" if owner else f"{mask}{name}"
+    return f"tl.where({owner}, {load}, False)" if owner else load
 
 
 def _defs(defs: dict) -> list[dict]:
@@ -675,6 +678,9 @@ def kernel_context(program: ChunkProgram, stage_complete: bool = False, every_st
                        "off": off, "msk": msk, "own": owned_mask(s.name, dims, splits),
                        "numel": numel, "read": s.name in read,
                        "tiled": any(d in tiled for d in dims)})
+        if low.row_tiled:   # the row-tiled state pass's start stores: offsets formed in the walk
+            walk_off, walk_msk, _ = _layout(dims, {pd: f"w_offs_{pd}" for pd in low.row_tiled})
+            states[-1].update(walk_off=walk_off, walk_own=owned_mask(s.name, dims, splits, expr=walk_msk))
     state_defs, out_defs = {}, {}
     state_code = []
     low.region(low.row_tiled)
