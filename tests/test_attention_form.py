@@ -20,6 +20,7 @@ from hladsl.codegen.triton_gen import column_pick_macs  # noqa: E402
 from hladsl.ir.attention import attention_form, attention_macs, chunk_macs, why_not  # noqa: E402
 from hladsl.ir.pipeline import chunk_program  # noqa: E402
 from hladsl.runtime import attention_forward, launch  # noqa: E402
+from power_specs import SHARED_DIM_POWER  # noqa: E402
 
 C = 16          # the ops' chunk: T = 45 walks three key chunks
 BAR = 1e-5      # interpreter fp32 against float64
@@ -495,16 +496,6 @@ def _by_macs(at, lengths) -> bool:
     return form is not None and sum(attention_macs(form, program, n) for n in lengths) <= launch.ATTENTION_MAC_RATIO * chunk
 
 
-SAME_DIM_POWER = """mechanism same_dim {
-  dims d
-  input q[d], k[d], v[d]
-  param p = 2
-  state U[i^p, e] = k[i^p] v[e]  symmetric(i^p)
-  output o[e] = q[i^p] U[i^p, e]
-}
-"""
-
-
 def _one_hot_dots(source: str) -> dict[str, int]:
     """Per kernel of a generated forward module: its one-hot column dots, _dot(raw_x, t) of a
     temp t defined as a one-hot tl.where over a dim's offsets."""
@@ -524,7 +515,7 @@ def test_column_pick_macs_are_the_generated_kernels_one_hot_dots(tmp_path, spec,
     one-hot [C, d] x [d, B] dots a packed tile (0 where the columns are gathered in registers, at
     d <= 64, or loaded, where d is a dim the kernels split: ``same_dim``'s value dim is d)."""
     if spec == "same_dim":
-        (tmp_path / "same_dim.hla").write_text(SAME_DIM_POWER)
+        (tmp_path / "same_dim.hla").write_text(SHARED_DIM_POWER)
         spec = str(tmp_path / "same_dim.hla")
     alg = hladsl.compile_spec(spec, **params)
     sizes = (("d", d),) if spec.endswith(".hla") else (("d", d), ("dv", d))

@@ -16,6 +16,7 @@ from hladsl.runtime.backward_torch import backward_torch
 
 C, N_CHUNKS, N, H = 16, 3, 1, 2
 
+from power_specs import PREFIXED_DIM_POWER, SHARED_DIM_POWER  # noqa: E402
 from probe_spec import PROBE  # noqa: E402
 
 # (spec, params, dims, gated, normalize): every shipped spec gated and not; the
@@ -336,19 +337,6 @@ def test_triton_bwd_source_names_every_gradient_term():
     assert "one-hot" in src    # the packed power's gradient goes back through one-hot dots
 
 
-# a power whose base dim is also the output's value dim (v[d]): kernels split over that dim
-SHARED_DIM_POWER = """mechanism powshared {
-  dims d
-  input q[d], k[d], v[d]
-  param p = 2, normalize = false, eps = 1e-6
-  state U[i^p, e] = k[i^p] v[e]  symmetric(i^p)
-  state z[i^p] = k[i^p]  symmetric(i^p)
-  output o[e] = q[i^p] U[i^p, e]
-  normalizer = q[i^p] z[i^p]
-}
-"""
-
-
 @pytest.mark.parametrize("p,dims,shared", [(2, (12, 8), False), (3, (8, 8), False), (2, (32,), True)],
                          ids=["p2-d12", "p3", "p2-value-dim-split"])
 def test_power_factors_picked_by_dots_gathers_and_loads_agree(p, dims, shared, monkeypatch, tmp_path):
@@ -493,18 +481,6 @@ def test_power_row_tiles_match_float64(p, d, dv, gated, normalize, monkeypatch):
     _assert_grads_match_torch(program, tiles, lam, init, grad_o, grad_final, alg.eps, grads)
 
 
-PREFIXED_DIM_POWER = """mechanism prefixed {
-  dims d, d_pow2x
-  input q[d], k[d], v[d_pow2x]
-  param p = 2, normalize = true, eps = 1e-6
-  state U[i^p, e] = k[i^p] v[e]  symmetric(i^p)
-  state z[i^p] = k[i^p]  symmetric(i^p)
-  output o[e] = q[i^p] U[i^p, e]
-  normalizer = q[i^p] z[i^p]
-}
-"""
-
-
 def test_row_tiles_beside_a_dim_named_after_the_packed_one(tmp_path, monkeypatch):
     """A value dim whose name starts with the packed dim's (d_pow2x beside d_pow2): the row-tiled
     state pass stores its starts at offsets formed in the walk, and only the packed dim's
@@ -519,7 +495,7 @@ def test_row_tiles_beside_a_dim_named_after_the_packed_one(tmp_path, monkeypatch
     launch.forget_plans()
     path = tmp_path / "prefixed.hla"
     path.write_text(PREFIXED_DIM_POWER)
-    alg = hladsl.compile_spec(str(path))
+    alg = hladsl.compile_spec(str(path), normalize=True)
     program = chunk_program(alg, C, (("d", 16), ("d_pow2x", 8)), True)
     assert [pd.name for pd in program.packed] == ["d_pow2"]
     tiles, lam, init, _, _ = _inputs(program, True, seed=5)
